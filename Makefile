@@ -1,0 +1,33 @@
+# `make test` and `make demo` work on a fresh clone: each creates .venv and installs what it needs.
+# CPU torch is pinned by default (an unpinned torch pulls a multi-GB CUDA build);
+# GPU users override it, e.g. `make test TORCH=torch`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(subst /,_,$(subst =,_,$(subst >,_,$(subst <,_,$(TORCH)))))
+
+.PHONY: install test demo lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test,hf]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+demo: $(STAMP)
+	@echo "longrope demo: not yet — the search arrives with the search service issue."
+	$(BIN)/longrope encodings list
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

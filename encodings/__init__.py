@@ -1,0 +1,40 @@
+"""The positional-encoding suite: the one place in longrope-search where positional-encoding math lives.
+
+Pure torch, no I/O, no Ray. RoPE variants reduce to `inv_freq` + `attention_factor` (`rope_methods`,
+read from transformers configs by `hf_params`); the other families plug into a decoder block through the
+uniform `PositionalEncoding` interface (`interface`).
+"""
+
+from longrope.encodings.errors import EncodingConfigError, PositionOutOfRangeError
+from longrope.encodings.hf_params import from_hf, from_hf_config
+from longrope.encodings.rope_methods import (
+    ROPE_METHODS,
+    DynamicFrequencyCache,
+    DynamicNtkRope,
+    LinearRope,
+    Llama3Rope,
+    LongRope,
+    NtkRope,
+    RopeMethod,
+    YarnRope,
+)
+from longrope.encodings.rotary import apply_rotary, default_inv_freq, rotary_cos_sin
+
+__all__ = [
+    "ROPE_METHODS",
+    "DynamicFrequencyCache",
+    "DynamicNtkRope",
+    "EncodingConfigError",
+    "LinearRope",
+    "Llama3Rope",
+    "LongRope",
+    "NtkRope",
+    "PositionOutOfRangeError",
+    "RopeMethod",
+    "YarnRope",
+    "apply_rotary",
+    "default_inv_freq",
+    "from_hf",
+    "from_hf_config",
+    "rotary_cos_sin",
+]

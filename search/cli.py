@@ -1,0 +1,36 @@
+"""The `longrope` console script: one entry point, one subcommand per thing a user does."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from longrope.encodings.errors import EncodingConfigError
+from longrope.search import cli_encodings
+from longrope.search.factors_file import package_version
+
+# Errors that mean "the user's input is wrong": one line on stderr and exit 2, no traceback.
+USER_ERRORS = (EncodingConfigError,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="longrope", description="Search per-dimension RoPE rescale factors (LongRoPE) and compare baselines."
+    )
+    parser.add_argument("--version", action="version", version=f"longrope-search {package_version()}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    cli_encodings.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except USER_ERRORS as exc:
+        print(f"longrope: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

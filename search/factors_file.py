@@ -1,0 +1,81 @@
+"""The factors JSON file: what `longrope export` writes and `longrope encodings factors` prints.
+
+Its `rope_parameters` block is a transformers `rope_type: "longrope"` block that drops into a model's
+`config.json` as it is (with `max_position_embeddings` beside it); `provenance` says where it came from.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from longrope.encodings import LongRope, RopeMethod
+
+
+def package_version() -> str:
+    try:
+        return version("longrope-search")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class LongRopeParameters(BaseModel):
+    """The transformers / vLLM `rope_parameters` block for searched (or closed-form) per-pair factors."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    rope_type: Literal["longrope"] = "longrope"
+    rope_theta: float = Field(gt=1.0)
+    long_factor: list[float]
+    short_factor: list[float]
+    original_max_position_embeddings: int = Field(gt=0)
+    factor: float = Field(gt=0.0)
+    attention_factor: float = Field(gt=0.0)
+    partial_rotary_factor: float | None = Field(default=None, gt=0.0, le=1.0)
+
+
+class Provenance(BaseModel):
+    """Where a factors file came from; later producers (the search) add their own fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    created_by: str
+    version: str = Field(default_factory=package_version)
+    method: str
+    method_rope_parameters: dict[str, Any]
+    seq_len: int | None = None
+
+
+class FactorsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rope_parameters: LongRopeParameters
+    max_position_embeddings: int = Field(gt=0)
+    provenance: Provenance
+
+
+def factors_file_for(
+    method: RopeMethod, *, method_name: str, target_length: int, original_length: int, created_by: str
+) -> FactorsFile:
+    """State any RoPE method as LongRoPE factors at `target_length` (its long regime)."""
+    longrope = LongRope.from_factors(
+        method.factors(target_length),
+        head_dim=method.head_dim,
+        original_length=original_length,
+        target_length=target_length,
+        rope_theta=method.rope_theta,
+        partial_rotary_factor=method.partial_rotary_factor,
+        attention_factor=method.attention_factor,
+    )
+    return FactorsFile(
+        rope_parameters=LongRopeParameters.model_validate(longrope.to_hf()),
+        max_position_embeddings=target_length,
+        provenance=Provenance(
+            created_by=created_by,
+            method=method_name,
+            method_rope_parameters=method.to_hf(),
+            seq_len=target_length,
+        ),
+    )
