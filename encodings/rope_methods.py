@@ -281,15 +281,16 @@ class LongRope(RopeMethod):
     @model_validator(mode="after")
     def _check_factor_lists(self) -> LongRope:
         pairs = self.rotary_dim // 2
+        problems = []
         for key in ("short_factor", "long_factor"):
             values = getattr(self, key)
             if len(values) != pairs:
-                raise ValueError(
-                    f"{key}: expected {pairs} values (rotary_dim {self.rotary_dim} / 2), got {len(values)}"
-                )
+                problems.append(f"{key}: expected {pairs} values (rotary_dim {self.rotary_dim} / 2), got {len(values)}")
             bad = [(i, v) for i, v in enumerate(values) if not v > 0]
             if bad:
-                raise ValueError(f"{key}: every factor must be > 0, got {bad[0][1]} at pair {bad[0][0]}")
+                problems.append(f"{key}: every factor must be > 0, got {bad[0][1]} at pair {bad[0][0]}")
+        if problems:
+            raise ValueError("; rope_parameters.".join(problems))
         return self
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 import yaml
@@ -77,6 +78,11 @@ def run_factors(args: argparse.Namespace) -> int:
     rope_type = METHOD_ALIASES.get(args.method, args.method)
     if rope_type not in ROPE_METHODS:
         raise EncodingConfigError(f"method: unknown value {args.method!r}; known: {', '.join(sorted(ROPE_METHODS))}")
+    for flag, value in (("--original-length", args.original_length), ("--head-dim", args.head_dim)):
+        if value <= 0:
+            raise EncodingConfigError(f"{flag}: must be a positive integer, got {value}")
+    if not math.isfinite(args.factor) or args.factor <= 0:
+        raise EncodingConfigError(f"--factor: must be a finite number > 0, got {args.factor}")
     target_length = args.target_length or round(args.original_length * args.factor)
     max_positions = args.original_length if rope_type in LENGTH_FROM_MAX_POSITIONS else target_length
     method = from_hf(_rope_parameters(rope_type, args), head_dim=args.head_dim, max_position_embeddings=max_positions)

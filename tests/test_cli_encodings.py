@@ -1,0 +1,102 @@
+"""`longrope encodings list|factors`, run as a user runs them: the console script, from another directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import hf_inv_freq
+
+from longrope.encodings import from_hf
+from longrope.encodings.catalog import METHODS
+from longrope.search.factors_file import FactorsFile
+
+LONGROPE = shutil.which("longrope", path=str(Path(sys.executable).parent))
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    assert LONGROPE, "the longrope console script is not installed next to this interpreter"
+    return subprocess.run([LONGROPE, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_list_names_every_method(tmp_path):
+    result = run_cli("encodings", "list", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [m["name"] for m in json.loads(result.stdout)] == [m.name for m in METHODS]
+    table = run_cli("encodings", "list", cwd=tmp_path)
+    assert table.returncode == 0 and all(m.name in table.stdout for m in METHODS)
+
+
+FACTOR_CASES = {
+    "yarn": (["--factor", "8"], {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096}),
+    "linear": (["--factor", "8"], {"rope_type": "linear", "factor": 8.0}),
+    "ntk": (["--factor", "8", "--theta", "500000"], {"rope_type": "ntk", "factor": 8.0, "rope_theta": 5e5}),
+    "llama3": (
+        ["--factor", "8", "--theta", "500000"],
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 4096,
+            "rope_theta": 5e5,
+        },
+    ),
+    "dynamic": (["--factor", "8"], {"rope_type": "dynamic", "factor": 8.0}),
+}
+
+
+@pytest.mark.parametrize("method", sorted(FACTOR_CASES))
+def test_factors_json_drops_into_transformers(method, tmp_path):
+    """The printed block, loaded by transformers as rope_type longrope at the target length, gives the same
+    frequencies and attention factor as the method itself."""
+    extra, params = FACTOR_CASES[method]
+    result = run_cli(
+        "encodings", "factors", method, "--original-length", "4096", "--head-dim", "128", *extra, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    exported = FactorsFile.model_validate_json(result.stdout)
+    assert exported.max_position_embeddings == 32768
+    block = exported.rope_parameters.model_dump(exclude_none=True)
+    hf_freq, hf_attention = hf_inv_freq(block, head_dim=128, max_position_embeddings=32768, seq_len=32768)
+    max_pos = 4096 if method == "dynamic" else 32768
+    source = from_hf(params, head_dim=128, max_position_embeddings=max_pos)
+    torch.testing.assert_close(hf_freq, source.inv_freq(32768), rtol=1e-6, atol=0)
+    assert hf_attention == pytest.approx(source.attention_factor, rel=1e-12)
+    assert block["short_factor"] == [1.0] * 64
+    assert exported.provenance.method == method
+
+
+def test_factors_yarn_matches_reference_vector(tmp_path):
+    result = run_cli(
+        "encodings", "factors", "yarn", "--factor", "8", "--original-length", "4096", "--head-dim", "128", cwd=tmp_path
+    )
+    block = json.loads(result.stdout)["rope_parameters"]
+    assert block["long_factor"][:21] == [1.0] * 21 and block["long_factor"][46:] == pytest.approx([8.0] * 18)
+    assert block["attention_factor"] == pytest.approx(1.2079441541679836)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["linear", "--factor", "0.5"], "rope_parameters.factor = 0.5"),
+        (["warp", "--factor", "2"], "method: unknown value 'warp'"),
+        (["yarn", "--factor", "nan"], "--factor: must be a finite number > 0, got nan"),
+        (["yarn", "--factor", "4", "--param", "beta_fast"], "--param: expected KEY=VALUE"),
+        (
+            ["longrope", "--factor", "4", "--param", "long_factor=[1, 2]", "--param", "short_factor=[1, 1]"],
+            "rope_parameters.long_factor: expected 64 values",
+        ),
+    ],
+)
+def test_factors_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
+    result = run_cli("encodings", "factors", *args, "--original-length", "4096", "--head-dim", "128", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("longrope: error:")
