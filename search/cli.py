@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from longrope.encodings.errors import EncodingConfigError
-from longrope.search import cli_encodings
+from longrope.search import cli_encodings, cli_workers
 from longrope.search.factors_file import package_version
 
 # Errors that mean "the user's input is wrong": one line on stderr and exit 2, no traceback.
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"longrope-search {package_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     cli_encodings.add_parser(subparsers)
+    cli_workers.add_parser(subparsers)
     return parser
 
 

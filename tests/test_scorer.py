@@ -1,0 +1,147 @@
+"""The rope patch and the scorer against transformers itself, and batched against one-at-a-time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import save_tiny_llama
+from transformers import AutoModelForCausalLM
+
+from longrope.encodings import LongRope, from_hf_config
+from longrope.workers.errors import ModelLoadError
+from longrope.workers.models import load_model
+from longrope.workers.rope_patch import patched_rotary
+from longrope.workers.scorer import Scorer, chunked_nll
+
+ORIGINAL = 64
+TARGET = 256
+PAIRS = 16
+
+
+def rope_blocks() -> dict[str, dict]:
+    long_factor = torch.linspace(1.0, 5.0, PAIRS).tolist()
+    return {
+        "linear": {"rope_type": "linear", "factor": 4.0},
+        "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL},
+        "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": ORIGINAL},
+        "longrope": {"rope_type": "longrope", "long_factor": long_factor, "short_factor": [1.0] * PAIRS,
+                     "original_max_position_embeddings": ORIGINAL, "factor": 4.0},
+        "longrope_attention": {"rope_type": "longrope", "long_factor": long_factor, "short_factor": [1.0] * PAIRS,
+                               "original_max_position_embeddings": ORIGINAL, "attention_factor": 1.4},
+    }
+
+
+def with_rope(model_dir, tmp_path, block: dict) -> tuple:
+    """The same checkpoint, its config.json carrying `block` as rope_parameters (what a user's export does)."""
+    target = tmp_path / "scaled"
+    shutil.copytree(model_dir, target)
+    config = json.loads((target / "config.json").read_text())
+    config.update(rope_parameters={"rope_theta": 10000.0, **block}, max_position_embeddings=TARGET)
+    (target / "config.json").write_text(json.dumps(config))
+    return target, config
+
+
+@pytest.mark.parametrize("name", sorted(rope_blocks()))
+def test_patched_logits_equal_transformers_loading_that_rope(name, tiny_llama_dir, tmp_path, generator):
+    scaled_dir, config = with_rope(tiny_llama_dir, tmp_path, rope_blocks()[name])
+    reference = AutoModelForCausalLM.from_pretrained(scaled_dir, dtype=torch.float32).eval()
+    model, rope = load_model(tiny_llama_dir, device="cpu")
+    candidate = from_hf_config(config)
+    tokens = torch.randint(0, 96, (1, 200), generator=generator)
+    with torch.no_grad():
+        expected = reference(input_ids=tokens).logits
+        with patched_rotary(model, rope.method.original_inv_freq()) as patched:
+            patched.set_candidates([candidate], seq_len=200)
+            logits = model(input_ids=tokens).logits
+    assert not torch.allclose(logits, model(input_ids=tokens).logits, atol=1e-3), "the candidate must change logits"
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_patch_is_restored(tiny_llama_dir):
+    model, rope = load_model(tiny_llama_dir, device="cpu")
+    original = model.model.rotary_emb
+    with patched_rotary(model, rope.method.original_inv_freq()):
+        assert model.model.rotary_emb is not original
+    assert model.model.rotary_emb is original
+
+
+def test_chunked_nll_equals_full_logits_cross_entropy(generator):
+    hidden = torch.randn(3, 50, 16, generator=generator)
+    head = torch.nn.Linear(16, 40, bias=False)
+    targets = torch.randint(0, 40, (3, 50), generator=generator)
+    full = F.cross_entropy(head(hidden).transpose(1, 2), targets, reduction="none").double().sum(1)
+    for chunk in (1, 7, 64, 10_000):
+        torch.testing.assert_close(chunked_nll(hidden, targets, head, chunk_tokens=chunk), full, rtol=1e-6, atol=1e-6)
+
+
+def candidates(rope) -> list[LongRope]:
+    return [
+        LongRope.from_factors(torch.linspace(1.0, top, PAIRS), head_dim=32, original_length=ORIGINAL,
+                              target_length=TARGET, attention_factor=attention, n_hat=n_hat)
+        for top, attention, n_hat in ((1.0, 1.0, 0), (4.0, None, 0), (5.0, 1.2, 8), (3.0, None, 0), (6.0, 1.1, 0))
+    ]
+
+
+def test_batched_scoring_equals_one_at_a_time(tiny_llama_dir, generator):
+    model, rope = load_model(tiny_llama_dir, device="cpu")
+    windows = torch.randint(0, 96, (3, TARGET + 1), generator=generator)
+    batched = Scorer(model, windows, rope.method.original_inv_freq(), candidates_per_forward=4)
+    single = Scorer(model, windows, rope.method.original_inv_freq(), candidates_per_forward=1, loss_chunk_tokens=37)
+    together, alone = batched.score(candidates(rope)), single.score(candidates(rope))
+    for a, b in zip(together, alone, strict=True):
+        assert a.tokens == b.tokens == (TARGET,) * 3
+        assert a.nll == pytest.approx(b.nll, rel=1e-5)
+    assert len({round(s.mean_nll, 4) for s in together}) == len(together), "candidates must score differently"
+
+
+def test_scores_equal_transformers_loss(tiny_llama_dir, tmp_path, generator):
+    """The scorer's NLL for a candidate equals transformers' own loss with that rope_parameters in config."""
+    block = rope_blocks()["longrope_attention"]
+    scaled_dir, config = with_rope(tiny_llama_dir, tmp_path, block)
+    reference = AutoModelForCausalLM.from_pretrained(scaled_dir, dtype=torch.float32).eval()
+    windows = torch.randint(0, 96, (2, TARGET + 1), generator=generator)
+    model, rope = load_model(tiny_llama_dir, device="cpu")
+    (score,) = Scorer(model, windows, rope.method.original_inv_freq()).score([from_hf_config(config)])
+    with torch.no_grad():
+        # a window of n + 1 tokens: transformers reads the first n and predicts tokens 1..n
+        expected_nll = [
+            float(F.cross_entropy(reference(input_ids=w[None, :-1]).logits[0], w[1:], reduction="sum"))
+            for w in windows
+        ]
+    assert score.nll == pytest.approx(expected_nll, rel=1e-5)
+
+
+def test_bad_model_directories_are_refused(tmp_path, tiny_llama_dir):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        load_model(tmp_path / "empty")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="is not valid JSON"):
+        load_model(broken)
+    mrope = tmp_path / "mrope"
+    shutil.copytree(tiny_llama_dir, mrope)
+    config = json.loads((mrope / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 6, 6]}
+    (mrope / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="mrope_section"):
+        load_model(mrope)
+    with pytest.raises(ModelLoadError, match="flash-attn is not installed"):
+        load_model(tiny_llama_dir, attn_implementation="flash_attention_2")
+
+
+def test_reference_like_checkpoint_round_trip(tmp_path):
+    """A checkpoint saved with a longrope config loads, and its ModelRope reports the original length."""
+    path = save_tiny_llama(tmp_path / "m", rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                           "long_factor": [2.0] * PAIRS, "short_factor": [1.0] * PAIRS,
+                           "original_max_position_embeddings": 32}, max_position_embeddings=128)
+    _, rope = load_model(path, device="cpu")
+    assert rope.original_length == 32 and rope.rotary_dim == 32

@@ -1,0 +1,124 @@
+"""Loading a Hugging Face causal LM from a local directory, and reading what the rope patch needs from it.
+
+Only local files are read (`local_files_only`), `trust_remote_code` stays off unless the job asks, and a model
+whose rotary module the patch cannot drive is refused before any scoring starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from longrope.encodings import EncodingConfigError, RopeMethod, from_hf_config
+from longrope.workers.errors import ModelLoadError
+
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+
+
+@dataclass(frozen=True)
+class ModelRope:
+    """The model's own RoPE, read from its config: what every candidate's factors divide."""
+
+    method: RopeMethod
+    original_length: int  # the context the model was pre-trained at
+
+    @property
+    def head_dim(self) -> int:
+        return self.method.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.method.rotary_dim
+
+    @property
+    def rope_theta(self) -> float:
+        return self.method.rope_theta
+
+
+def read_model_config(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    if not Path(model_dir).is_dir():
+        raise ModelLoadError(f"model directory: {str(model_dir)!r} does not exist")
+    if not path.is_file():
+        raise ModelLoadError(f"model directory: {str(model_dir)!r} has no config.json")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"model config: {str(path)!r} is not valid JSON ({exc})") from None
+
+
+def model_rope(config: dict[str, Any]) -> ModelRope:
+    """The model's RoPE; refuses configs the rope patch cannot drive (multi-axis, per-layer, no RoPE)."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if params and not ("rope_type" in params or "type" in params or "rope_theta" in params):
+        raise ModelLoadError(f"rope_parameters: per-layer RoPE ({sorted(params)}) is not supported by the rope patch")
+    if "mrope_section" in params:
+        raise ModelLoadError("rope_parameters.mrope_section: multi-axis M-RoPE models are not supported by the patch")
+    if not params and "rope_theta" not in config:
+        raise ModelLoadError(f"model_type {config.get('model_type')!r}: the config declares no rotary embedding")
+    try:
+        method = from_hf_config(config)
+    except EncodingConfigError as exc:
+        raise ModelLoadError(f"model config: {exc}") from None
+    original = getattr(method, "original_max_position_embeddings", None) or config["max_position_embeddings"]
+    return ModelRope(method=method, original_length=int(original))
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """'auto' is CUDA when torch can use it, else the CPU (a Ray fake-GPU worker lands here too)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device: {device!r} was asked for but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on a GPU and float32 on the CPU."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in choices:
+        raise ModelLoadError(f"dtype: unknown value {dtype!r}; expected auto or one of {sorted(choices)}")
+    return choices[dtype]
+
+
+def load_model(
+    model_dir: Path,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+):
+    """(model, ModelRope): an eval-mode causal LM on `device`, its rotary frequencies kept in float32."""
+    from transformers import AutoModelForCausalLM
+
+    rope = model_rope(read_model_config(model_dir))
+    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ModelLoadError(f"attn_implementation: unknown value {attn_implementation!r}")
+    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ModelLoadError("attn_implementation: 'flash_attention_2' was asked for but flash-attn is not installed")
+    torch_device = resolve_device(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir,
+            dtype=resolve_dtype(dtype, torch_device),
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+            local_files_only=True,
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"model directory: cannot load {str(model_dir)!r}: {exc}") from None
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None or not isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
+        raise ModelLoadError(
+            f"model class {type(model).__name__}: no rotary module at model.model.rotary_emb; the rope patch "
+            "drives the standard transformers layout (Llama, Mistral, Qwen2, Phi-3, Gemma families)"
+        )
+    return model.to(torch_device).eval(), rope

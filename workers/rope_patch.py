@@ -1,0 +1,73 @@
+"""Replacing a transformers model's rotary module with one driven by the encoding suite.
+
+The replacement takes one row of frequencies per batch row, so B candidates score in one forward pass over B
+copies of a window; it multiplies cos and sin by each candidate's attention factor (as transformers does) and
+keeps the original frequencies for positions below a candidate's `n_hat`. Replacing the module, rather than
+overwriting `inv_freq`, is what sticks for every rope_type: transformers rewrites `inv_freq` on each forward
+for `longrope` and `dynamic` models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from longrope.encodings import RopeMethod, rotary_cos_sin
+
+
+class CandidateRotaryEmbedding(nn.Module):
+    """Drop-in for `model.model.rotary_emb`: `forward(x, position_ids) -> (cos, sin)`, one row per candidate."""
+
+    def __init__(self, original_inv_freq: torch.Tensor):
+        super().__init__()
+        self.register_buffer("original_inv_freq", original_inv_freq.float().clone(), persistent=False)
+        self.register_buffer("inv_freq", original_inv_freq.float()[None].clone(), persistent=False)
+        self.attention_factor = torch.ones(1)
+        self.n_hat = torch.zeros(1, dtype=torch.long)
+
+    def set_candidates(self, methods: Sequence[RopeMethod], seq_len: int) -> None:
+        """Frequencies in force for a `seq_len`-token window, one row per method, in batch-row order."""
+        device = self.original_inv_freq.device
+        self.inv_freq = torch.stack([m.inv_freq(seq_len) for m in methods]).to(device)
+        self.attention_factor = torch.tensor([m.attention_factor for m in methods], dtype=torch.float32, device=device)
+        self.n_hat = torch.tensor([m.n_hat for m in methods], dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.inv_freq.shape[0]
+        if position_ids.shape[0] not in (1, rows):
+            raise ValueError(f"batch of {position_ids.shape[0]} rows but {rows} candidates are set")
+        cos, sin = rotary_cos_sin(
+            self.inv_freq,
+            position_ids,
+            attention_factor=self.attention_factor,
+            n_hat=self.n_hat,
+            original_inv_freq=self.original_inv_freq,
+        )
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def patch_rotary(model, original_inv_freq: torch.Tensor) -> tuple[CandidateRotaryEmbedding, nn.Module]:
+    """Install a CandidateRotaryEmbedding; returns (it, the module it replaced)."""
+    original = model.model.rotary_emb
+    device = next(model.parameters()).device
+    patched = CandidateRotaryEmbedding(original_inv_freq.to(device))
+    model.model.rotary_emb = patched
+    return patched, original
+
+
+def restore_rotary(model, original: nn.Module) -> None:
+    model.model.rotary_emb = original
+
+
+@contextmanager
+def patched_rotary(model, original_inv_freq: torch.Tensor) -> Iterator[CandidateRotaryEmbedding]:
+    """The patch for the duration of a block; the model's own rotary module is back afterwards."""
+    patched, original = patch_rotary(model, original_inv_freq)
+    try:
+        yield patched
+    finally:
+        restore_rotary(model, original)

@@ -1,0 +1,108 @@
+"""Scoring candidates: negative log-likelihood per window of a causal LM under each candidate's RoPE.
+
+B candidates share one forward pass over B copies of a window (the rope patch gives each batch row its own
+frequencies). The loss is computed from the final hidden states in chunks of positions, so the
+`[tokens, vocab]` logits never exist at once: at 128k tokens and a 128k vocabulary they would be 64 GB.
+Results are summed NLL and token counts per window, so callers can form perplexities, paired differences
+between candidates on the same windows, and confidence intervals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from longrope.encodings import RopeMethod
+from longrope.workers.rope_patch import patch_rotary, restore_rotary
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """Summed NLL (nats) and predicted-token count per window, in window order."""
+
+    nll: tuple[float, ...]
+    tokens: tuple[int, ...]
+
+    @property
+    def mean_nll(self) -> float:
+        """NLL per token over all windows (NaN/inf stay as they are, for the caller to rank last)."""
+        return sum(self.nll) / sum(self.tokens)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.mean_nll) if math.isfinite(self.mean_nll) else math.inf
+
+
+def chunked_nll(
+    hidden: torch.Tensor, targets: torch.Tensor, lm_head, *, chunk_tokens: int, logit_softcap: float | None = None
+) -> torch.Tensor:
+    """Summed NLL per row of `hidden` [B, T, H] predicting `targets` [B, T], `chunk_tokens` positions at a time."""
+    total = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device)
+    step = max(1, chunk_tokens // hidden.shape[0])
+    for start in range(0, hidden.shape[1], step):
+        logits = lm_head(hidden[:, start : start + step]).float()
+        if logit_softcap:
+            logits = torch.tanh(logits / logit_softcap) * logit_softcap
+        chunk_targets = targets[:, start : start + step]
+        losses = F.cross_entropy(logits.transpose(1, 2), chunk_targets, reduction="none")
+        total += losses.double().sum(dim=1)
+    return total
+
+
+class Scorer:
+    """Scores candidates on fixed token windows with one loaded model (the model is patched while scoring)."""
+
+    def __init__(
+        self,
+        model,
+        windows: torch.Tensor,
+        original_inv_freq: torch.Tensor,
+        *,
+        candidates_per_forward: int = 4,
+        loss_chunk_tokens: int = 4096,
+    ):
+        if windows.ndim != 2 or windows.shape[1] < 2:
+            raise ValueError(f"windows: expected [count, length >= 2] token ids, got shape {tuple(windows.shape)}")
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.windows = windows.to(self.device, dtype=torch.long)
+        self.original_inv_freq = original_inv_freq
+        self.candidates_per_forward = max(1, candidates_per_forward)
+        self.loss_chunk_tokens = loss_chunk_tokens
+        self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    @property
+    def context_length(self) -> int:
+        """Tokens in each forward pass: a window of n + 1 tokens is read at n positions, predicting n tokens."""
+        return self.windows.shape[1] - 1
+
+    @torch.inference_mode()
+    def score(self, candidates: Sequence[RopeMethod]) -> list[CandidateScore]:
+        """One CandidateScore per candidate, in order; every candidate sees exactly the same windows."""
+        nll = torch.zeros(len(candidates), len(self.windows), dtype=torch.float64)
+        patched, original = patch_rotary(self.model, self.original_inv_freq)
+        try:
+            for first in range(0, len(candidates), self.candidates_per_forward):
+                group = candidates[first : first + self.candidates_per_forward]
+                patched.set_candidates(group, seq_len=self.context_length)
+                for index, window in enumerate(self.windows):
+                    nll[first : first + len(group), index] = self._window_nll(window, len(group)).cpu()
+        finally:
+            restore_rotary(self.model, original)
+        tokens = (self.context_length,) * len(self.windows)
+        return [CandidateScore(nll=tuple(row.tolist()), tokens=tokens) for row in nll]
+
+    def _window_nll(self, window: torch.Tensor, copies: int) -> torch.Tensor:
+        batch = window.expand(copies, -1)
+        hidden = self.model.model(input_ids=batch[:, :-1]).last_hidden_state
+        return chunked_nll(
+            hidden,
+            batch[:, 1:],
+            self.model.lm_head,
+            chunk_tokens=self.loss_chunk_tokens,
+            logit_softcap=self.logit_softcap,
+        )
