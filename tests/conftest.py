@@ -49,15 +49,21 @@ def generator() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
 
 
-def save_tiny_llama(path, *, rope_parameters=None, max_position_embeddings=64, vocab_size=96, seed=0,
-                    head_dim=32, layers=2):
+def save_tiny_llama(
+    path, *, rope_parameters=None, max_position_embeddings=64, vocab_size=96, seed=0, head_dim=32, layers=2
+):
     """A randomly initialised small Llama checkpoint (config.json + model.safetensors) in `path`."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=4 * head_dim, intermediate_size=96, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+        vocab_size=vocab_size,
+        hidden_size=4 * head_dim,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
         max_position_embeddings=max_position_embeddings,
         rope_parameters=dict(rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}),
     )

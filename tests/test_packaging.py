@@ -33,6 +33,8 @@ def test_wheel_holds_every_module(wheel):
     for folder, package in CODE_FOLDERS.items():
         for module in (ROOT / folder).glob("*.py"):
             assert f"{package}/{module.name}" in names, f"{module} missing from the wheel"
+    for data in ("config.json", "model.safetensors"):
+        assert f"longrope/workers/reference_model/{data}" in names, f"reference model {data} missing from the wheel"
     assert not any(name.startswith(("encodings/", "longrope/__init__")) for name in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "longrope = longrope.search.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -49,6 +51,8 @@ def test_normal_install_works_from_any_directory(wheel, tmp_path):
     )
     probe = (
         "import encodings, json, longrope.encodings as e, longrope.search.cli as cli;"
+        "from longrope.workers.reference_model import reference_model_dir as d;"
+        "assert (d() / 'model.safetensors').is_file(), d();"
         "print(json.dumps([encodings.__file__, e.__file__, cli.__file__]))"
     )
     workdir = tmp_path / "elsewhere"

@@ -27,12 +27,27 @@ def rope_blocks() -> dict[str, dict]:
     return {
         "linear": {"rope_type": "linear", "factor": 4.0},
         "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL},
-        "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": ORIGINAL},
-        "longrope": {"rope_type": "longrope", "long_factor": long_factor, "short_factor": [1.0] * PAIRS,
-                     "original_max_position_embeddings": ORIGINAL, "factor": 4.0},
-        "longrope_attention": {"rope_type": "longrope", "long_factor": long_factor, "short_factor": [1.0] * PAIRS,
-                               "original_max_position_embeddings": ORIGINAL, "attention_factor": 1.4},
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": ORIGINAL,
+        },
+        "longrope": {
+            "rope_type": "longrope",
+            "long_factor": long_factor,
+            "short_factor": [1.0] * PAIRS,
+            "original_max_position_embeddings": ORIGINAL,
+            "factor": 4.0,
+        },
+        "longrope_attention": {
+            "rope_type": "longrope",
+            "long_factor": long_factor,
+            "short_factor": [1.0] * PAIRS,
+            "original_max_position_embeddings": ORIGINAL,
+            "attention_factor": 1.4,
+        },
     }
 
 
@@ -81,8 +96,14 @@ def test_chunked_nll_equals_full_logits_cross_entropy(generator):
 
 def candidates(rope) -> list[LongRope]:
     return [
-        LongRope.from_factors(torch.linspace(1.0, top, PAIRS), head_dim=32, original_length=ORIGINAL,
-                              target_length=TARGET, attention_factor=attention, n_hat=n_hat)
+        LongRope.from_factors(
+            torch.linspace(1.0, top, PAIRS),
+            head_dim=32,
+            original_length=ORIGINAL,
+            target_length=TARGET,
+            attention_factor=attention,
+            n_hat=n_hat,
+        )
         for top, attention, n_hat in ((1.0, 1.0, 0), (4.0, None, 0), (5.0, 1.2, 8), (3.0, None, 0), (6.0, 1.1, 0))
     ]
 
@@ -110,8 +131,7 @@ def test_scores_equal_transformers_loss(tiny_llama_dir, tmp_path, generator):
     with torch.no_grad():
         # a window of n + 1 tokens: transformers reads the first n and predicts tokens 1..n
         expected_nll = [
-            float(F.cross_entropy(reference(input_ids=w[None, :-1]).logits[0], w[1:], reduction="sum"))
-            for w in windows
+            float(F.cross_entropy(reference(input_ids=w[None, :-1]).logits[0], w[1:], reduction="sum")) for w in windows
         ]
     assert score.nll == pytest.approx(expected_nll, rel=1e-5)
 
@@ -120,7 +140,7 @@ def test_bad_model_directories_are_refused(tmp_path, tiny_llama_dir):
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_model(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelLoadError, match="has no config.json"):
+    with pytest.raises(ModelLoadError, match=r"has no config\.json"):
         load_model(tmp_path / "empty")
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -140,8 +160,16 @@ def test_bad_model_directories_are_refused(tmp_path, tiny_llama_dir):
 
 def test_reference_like_checkpoint_round_trip(tmp_path):
     """A checkpoint saved with a longrope config loads, and its ModelRope reports the original length."""
-    path = save_tiny_llama(tmp_path / "m", rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
-                           "long_factor": [2.0] * PAIRS, "short_factor": [1.0] * PAIRS,
-                           "original_max_position_embeddings": 32}, max_position_embeddings=128)
+    path = save_tiny_llama(
+        tmp_path / "m",
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 1e4,
+            "long_factor": [2.0] * PAIRS,
+            "short_factor": [1.0] * PAIRS,
+            "original_max_position_embeddings": 32,
+        },
+        max_position_embeddings=128,
+    )
     _, rope = load_model(path, device="cpu")
     assert rope.original_length == 32 and rope.rotary_dim == 32

@@ -1,0 +1,107 @@
+"""The worker pool on a real local Ray: results equal direct scoring, and killed workers lose nothing."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from longrope.encodings import LongRope
+from longrope.workers.errors import WorkerPoolError
+from longrope.workers.models import load_model
+from longrope.workers.pool import ModelSpec, PoolSpec, WorkerPool
+from longrope.workers.scorer import Scorer
+
+pytestmark = pytest.mark.slow
+
+ORIGINAL, TARGET, PAIRS = 64, 128, 16
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             object_store_memory=100 * 1024 * 1024)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def windows():
+    return np.random.default_rng(0).integers(0, 96, size=(2, TARGET + 1))
+
+
+def candidates(count: int) -> list[tuple[int, LongRope]]:
+    return [
+        (i, LongRope.from_factors(torch.linspace(1.0, 1.0 + 0.25 * i, PAIRS), head_dim=32, original_length=ORIGINAL,
+                                  target_length=TARGET))
+        for i in range(count)
+    ]
+
+
+@pytest.fixture(scope="module")
+def direct_scores(tiny_llama_dir, windows):
+    model, rope = load_model(tiny_llama_dir, device="cpu")
+    scorer = Scorer(model, torch.from_numpy(windows), rope.method.original_inv_freq(), candidates_per_forward=2)
+    return dict(zip(range(12), scorer.score([m for _, m in candidates(12)]), strict=True))
+
+
+def model_spec(model_dir) -> ModelSpec:
+    return ModelSpec(model_dir=str(model_dir), device="auto", candidates_per_forward=2)
+
+
+def assert_same_results(results, direct_scores, count):
+    keys = [key for key, _ in results]
+    assert sorted(keys) == list(range(count)), "every candidate exactly once"
+    for key, score in results:
+        assert score.nll == pytest.approx(direct_scores[key].nll, rel=1e-6)
+
+
+def test_pool_results_equal_direct_scoring(local_ray, tiny_llama_dir, windows, direct_scores):
+    pool = WorkerPool(model_spec(tiny_llama_dir), windows, PoolSpec(num_workers=2, num_cpus_per_worker=0.5,
+                                                                    batch_size=2))
+    try:
+        assert len(pool.worker_info()) == 2
+        assert_same_results(list(pool.imap(candidates(12))), direct_scores, 12)
+        assert_same_results(list(pool.imap(candidates(5))), direct_scores, 5)  # a pool is reusable
+    finally:
+        pool.shutdown()
+
+
+def test_fake_gpu_workers_fall_back_to_cpu(local_ray, tiny_llama_dir, windows, direct_scores):
+    pool = WorkerPool(model_spec(tiny_llama_dir), windows,
+                      PoolSpec(num_workers=2, num_gpus_per_worker=1, num_cpus_per_worker=0.25, batch_size=3))
+    try:
+        assert [info["device"] for info in pool.worker_info()] == ["cpu", "cpu"]
+        assert_same_results(list(pool.imap(candidates(6))), direct_scores, 6)
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["restarted", "gone-for-good"])
+def test_killed_worker_mid_run_loses_nothing(local_ray, tiny_llama_dir, windows, direct_scores, restart):
+    pool = WorkerPool(model_spec(tiny_llama_dir), windows,
+                      PoolSpec(num_workers=2, num_cpus_per_worker=0.5, batch_size=1, restart_timeout_s=5))
+    try:
+        pool.worker_info()
+        results = []
+        for item in pool.imap(candidates(12)):
+            results.append(item)
+            if len(results) == 2:
+                ray.kill(pool.workers[0].actor, no_restart=not restart)
+        assert pool.failures >= 1
+        assert_same_results(results, direct_scores, 12)
+    finally:
+        pool.shutdown()
+
+
+def test_no_worker_left_is_one_clear_error(local_ray, tiny_llama_dir, windows):
+    pool = WorkerPool(model_spec(tiny_llama_dir), windows,
+                      PoolSpec(num_workers=1, num_cpus_per_worker=0.5, batch_size=1, restart_timeout_s=1))
+    pool.worker_info()
+    ray.kill(pool.workers[0].actor, no_restart=True)
+    with pytest.raises(WorkerPoolError, match=r"no worker left \(1 worker failures\); \d+ candidates were not scored"):
+        list(pool.imap(candidates(4)))
