@@ -23,8 +23,14 @@ ORIGINAL, TARGET, PAIRS = 64, 128, 16
 @pytest.fixture(scope="module")
 def local_ray():
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             object_store_memory=100 * 1024 * 1024)
+    ray.init(
+        num_cpus=2,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        object_store_memory=100 * 1024 * 1024,
+    )
     yield
     ray.shutdown()
 
@@ -36,8 +42,12 @@ def windows():
 
 def candidates(count: int) -> list[tuple[int, LongRope]]:
     return [
-        (i, LongRope.from_factors(torch.linspace(1.0, 1.0 + 0.25 * i, PAIRS), head_dim=32, original_length=ORIGINAL,
-                                  target_length=TARGET))
+        (
+            i,
+            LongRope.from_factors(
+                torch.linspace(1.0, 1.0 + 0.25 * i, PAIRS), head_dim=32, original_length=ORIGINAL, target_length=TARGET
+            ),
+        )
         for i in range(count)
     ]
 
@@ -61,8 +71,9 @@ def assert_same_results(results, direct_scores, count):
 
 
 def test_pool_results_equal_direct_scoring(local_ray, tiny_llama_dir, windows, direct_scores):
-    pool = WorkerPool(model_spec(tiny_llama_dir), windows, PoolSpec(num_workers=2, num_cpus_per_worker=0.5,
-                                                                    batch_size=2))
+    pool = WorkerPool(
+        model_spec(tiny_llama_dir), windows, PoolSpec(num_workers=2, num_cpus_per_worker=0.5, batch_size=2)
+    )
     try:
         assert len(pool.worker_info()) == 2
         assert_same_results(list(pool.imap(candidates(12))), direct_scores, 12)
@@ -72,8 +83,11 @@ def test_pool_results_equal_direct_scoring(local_ray, tiny_llama_dir, windows, d
 
 
 def test_fake_gpu_workers_fall_back_to_cpu(local_ray, tiny_llama_dir, windows, direct_scores):
-    pool = WorkerPool(model_spec(tiny_llama_dir), windows,
-                      PoolSpec(num_workers=2, num_gpus_per_worker=1, num_cpus_per_worker=0.25, batch_size=3))
+    pool = WorkerPool(
+        model_spec(tiny_llama_dir),
+        windows,
+        PoolSpec(num_workers=2, num_gpus_per_worker=1, num_cpus_per_worker=0.25, batch_size=3),
+    )
     try:
         assert [info["device"] for info in pool.worker_info()] == ["cpu", "cpu"]
         assert_same_results(list(pool.imap(candidates(6))), direct_scores, 6)
@@ -83,8 +97,11 @@ def test_fake_gpu_workers_fall_back_to_cpu(local_ray, tiny_llama_dir, windows, d
 
 @pytest.mark.parametrize("restart", [True, False], ids=["restarted", "gone-for-good"])
 def test_killed_worker_mid_run_loses_nothing(local_ray, tiny_llama_dir, windows, direct_scores, restart):
-    pool = WorkerPool(model_spec(tiny_llama_dir), windows,
-                      PoolSpec(num_workers=2, num_cpus_per_worker=0.5, batch_size=1, restart_timeout_s=5))
+    pool = WorkerPool(
+        model_spec(tiny_llama_dir),
+        windows,
+        PoolSpec(num_workers=2, num_cpus_per_worker=0.5, batch_size=1, restart_timeout_s=5),
+    )
     try:
         pool.worker_info()
         results = []
@@ -99,9 +116,25 @@ def test_killed_worker_mid_run_loses_nothing(local_ray, tiny_llama_dir, windows,
 
 
 def test_no_worker_left_is_one_clear_error(local_ray, tiny_llama_dir, windows):
-    pool = WorkerPool(model_spec(tiny_llama_dir), windows,
-                      PoolSpec(num_workers=1, num_cpus_per_worker=0.5, batch_size=1, restart_timeout_s=1))
+    pool = WorkerPool(
+        model_spec(tiny_llama_dir),
+        windows,
+        PoolSpec(num_workers=1, num_cpus_per_worker=0.5, batch_size=1, restart_timeout_s=1),
+    )
     pool.worker_info()
     ray.kill(pool.workers[0].actor, no_restart=True)
     with pytest.raises(WorkerPoolError, match=r"no worker left \(1 worker failures\); \d+ candidates were not scored"):
         list(pool.imap(candidates(4)))
+
+
+def test_actor_resources_fit_the_cluster():
+    from longrope.workers.pool import actor_resources
+
+    gpu_spec = PoolSpec(num_workers=2, num_gpus_per_worker=0.5, num_cpus_per_worker=1)
+    assert actor_resources(gpu_spec, {"CPU": 16, "GPU": 8}) == (1, 0.5)
+    with pytest.warns(UserWarning, match="has no GPU; scoring on CPUs"):
+        assert actor_resources(gpu_spec, {"CPU": 2}) == (1, 0.0)
+    with pytest.raises(WorkerPoolError, match=r"workers\.num_cpus_per_worker = 4: the Ray cluster has only 2 CPUs"):
+        actor_resources(PoolSpec(num_cpus_per_worker=4), {"CPU": 2})
+    with pytest.raises(WorkerPoolError, match=r"workers\.num_gpus_per_worker = 2: the Ray cluster has only 1 GPUs"):
+        actor_resources(PoolSpec(num_gpus_per_worker=2), {"CPU": 2, "GPU": 1})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -102,6 +103,31 @@ def ensure_ray(spec: PoolSpec) -> None:
         ray.init(num_cpus=spec.local_num_cpus, num_gpus=spec.local_num_gpus, **quiet)
 
 
+def actor_resources(spec: PoolSpec, cluster: dict[str, float]) -> tuple[float, float]:
+    """(num_cpus, num_gpus) for each worker actor.
+
+    On a cluster with no GPU at all, GPU workers become CPU workers (with a warning) instead of waiting forever
+    for a GPU; a worker larger than the whole cluster is an error naming the field.
+    """
+    num_gpus = spec.num_gpus_per_worker
+    if num_gpus > 0 and cluster.get("GPU", 0) == 0:
+        warnings.warn(
+            f"workers.num_gpus_per_worker = {num_gpus} but the Ray cluster has no GPU; scoring on CPUs "
+            f"({spec.num_cpus_per_worker} per worker)",
+            stacklevel=3,
+        )
+        num_gpus = 0.0
+    for field_name, need, resource in (
+        ("num_cpus_per_worker", spec.num_cpus_per_worker, "CPU"),
+        ("num_gpus_per_worker", num_gpus, "GPU"),
+    ):
+        if need > cluster.get(resource, 0):
+            raise WorkerPoolError(
+                f"workers.{field_name} = {need}: the Ray cluster has only {cluster.get(resource, 0):g} {resource}s"
+            )
+    return spec.num_cpus_per_worker, num_gpus
+
+
 PROBE_INTERVAL_S = 0.5
 
 
@@ -134,10 +160,11 @@ class WorkerPool:
             raise WorkerPoolError(f"workers.num_workers: must be at least 1, got {spec.num_workers}")
         ensure_ray(spec)
         self.spec = spec
+        num_cpus, num_gpus = actor_resources(spec, ray.cluster_resources())
         windows_ref = ray.put(np.ascontiguousarray(windows, dtype=np.int64))
         actor_class = ray.remote(ScoringWorker).options(
-            num_gpus=spec.num_gpus_per_worker,
-            num_cpus=spec.num_cpus_per_worker,
+            num_gpus=num_gpus,
+            num_cpus=num_cpus,
             max_restarts=spec.max_restarts,
             max_task_retries=0,
         )
