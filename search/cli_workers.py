@@ -24,6 +24,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_train_reference(args: argparse.Namespace) -> int:
     recipe = TrainingRecipe(**{field.name: getattr(args, field.name) for field in fields(TrainingRecipe)})
-    summary = train_reference(args.out, recipe)
+    summary = train_reference(args.out, recipe, log=lambda line: print(line, flush=True))
     print(json.dumps(summary["metrics"], indent=2))
     return 0

@@ -32,8 +32,7 @@ def cluster():
     )
     nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-    yield cluster, nodes
+    yield cluster, nodes  # the pool itself connects, as a job with `workers.address` set does
     ray.shutdown()
     cluster.shutdown()
 

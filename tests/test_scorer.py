@@ -111,8 +111,16 @@ def candidates(rope) -> list[LongRope]:
 def test_batched_scoring_equals_one_at_a_time(tiny_llama_dir, generator):
     model, rope = load_model(tiny_llama_dir, device="cpu")
     windows = torch.randint(0, 96, (3, TARGET + 1), generator=generator)
-    batched = Scorer(model, windows, rope.method.original_inv_freq(), candidates_per_forward=4)
-    single = Scorer(model, windows, rope.method.original_inv_freq(), candidates_per_forward=1, loss_chunk_tokens=37)
+    batched = Scorer(model, windows, rope.method.original_inv_freq(), candidates_per_forward=4, tokens_per_forward=4096)
+    assert batched.windows_per_forward(4) == 3, "short windows are stacked into one forward"
+    single = Scorer(
+        model,
+        windows,
+        rope.method.original_inv_freq(),
+        candidates_per_forward=1,
+        tokens_per_forward=1,
+        loss_chunk_tokens=37,
+    )
     together, alone = batched.score(candidates(rope)), single.score(candidates(rope))
     for a, b in zip(together, alone, strict=True):
         assert a.tokens == b.tokens == (TARGET,) * 3

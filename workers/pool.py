@@ -37,7 +37,8 @@ class ModelSpec:
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     candidates_per_forward: int = 4
-    loss_chunk_tokens: int = 4096
+    tokens_per_forward: int | None = None  # None: the scorer's default for the device
+    loss_chunk_tokens: int = 1024
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class ScoringWorker:
             torch.from_numpy(np.asarray(windows)),
             rope.method.original_inv_freq(),
             candidates_per_forward=spec.candidates_per_forward,
+            tokens_per_forward=spec.tokens_per_forward,
             loss_chunk_tokens=spec.loss_chunk_tokens,
         )
         self.device = str(self.scorer.device)

@@ -28,12 +28,15 @@ class CandidateRotaryEmbedding(nn.Module):
         self.attention_factor = torch.ones(1)
         self.n_hat = torch.zeros(1, dtype=torch.long)
 
-    def set_candidates(self, methods: Sequence[RopeMethod], seq_len: int) -> None:
-        """Frequencies in force for a `seq_len`-token window, one row per method, in batch-row order."""
+    def set_candidates(self, methods: Sequence[RopeMethod], seq_len: int, rows_each: int = 1) -> None:
+        """Frequencies in force for a `seq_len`-token forward: `rows_each` consecutive batch rows per method."""
         device = self.original_inv_freq.device
-        self.inv_freq = torch.stack([m.inv_freq(seq_len) for m in methods]).to(device)
-        self.attention_factor = torch.tensor([m.attention_factor for m in methods], dtype=torch.float32, device=device)
-        self.n_hat = torch.tensor([m.n_hat for m in methods], dtype=torch.long, device=device)
+        inv_freq = torch.stack([m.inv_freq(seq_len) for m in methods])
+        attention_factor = torch.tensor([m.attention_factor for m in methods], dtype=torch.float32)
+        n_hat = torch.tensor([m.n_hat for m in methods], dtype=torch.long)
+        self.inv_freq = inv_freq.repeat_interleave(rows_each, dim=0).to(device)
+        self.attention_factor = attention_factor.repeat_interleave(rows_each).to(device)
+        self.n_hat = n_hat.repeat_interleave(rows_each).to(device)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,16 +41,23 @@ def chunked_nll(
     hidden: torch.Tensor, targets: torch.Tensor, lm_head, *, chunk_tokens: int, logit_softcap: float | None = None
 ) -> torch.Tensor:
     """Summed NLL per row of `hidden` [B, T, H] predicting `targets` [B, T], `chunk_tokens` positions at a time."""
-    total = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device)
-    step = max(1, chunk_tokens // hidden.shape[0])
+    rows = hidden.shape[0]
+    total = torch.zeros(rows, dtype=torch.float64, device=hidden.device)
+    step = max(1, chunk_tokens // rows)
     for start in range(0, hidden.shape[1], step):
         logits = lm_head(hidden[:, start : start + step]).float()
         if logit_softcap:
             logits = torch.tanh(logits / logit_softcap) * logit_softcap
-        chunk_targets = targets[:, start : start + step]
-        losses = F.cross_entropy(logits.transpose(1, 2), chunk_targets, reduction="none")
-        total += losses.double().sum(dim=1)
+        chunk_targets = targets[:, start : start + step].reshape(-1)
+        losses = F.cross_entropy(logits.flatten(0, 1), chunk_targets, reduction="none")
+        total += losses.view(rows, -1).double().sum(dim=1)
+        del logits, losses  # free this chunk before the next one is computed, so only one exists at a time
     return total
+
+
+# Tokens per forward pass when stacking short windows: a CPU runs fastest per token on ~2k-token forwards (bigger
+# activations fall out of cache; measured with bench/scoring.py), a GPU needs far more rows to fill its SMs.
+DEFAULT_TOKENS_PER_FORWARD = {False: 2048, True: 16384}
 
 
 class Scorer:
@@ -63,7 +70,8 @@ class Scorer:
         original_inv_freq: torch.Tensor,
         *,
         candidates_per_forward: int = 4,
-        loss_chunk_tokens: int = 4096,
+        tokens_per_forward: int | None = None,
+        loss_chunk_tokens: int = 1024,
     ):
         if windows.ndim != 2 or windows.shape[1] < 2:
             raise ValueError(f"windows: expected [count, length >= 2] token ids, got shape {tuple(windows.shape)}")
@@ -72,6 +80,7 @@ class Scorer:
         self.windows = windows.to(self.device, dtype=torch.long)
         self.original_inv_freq = original_inv_freq
         self.candidates_per_forward = max(1, candidates_per_forward)
+        self.tokens_per_forward = tokens_per_forward or DEFAULT_TOKENS_PER_FORWARD[self.device.type == "cuda"]
         self.loss_chunk_tokens = loss_chunk_tokens
         self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)
 
@@ -80,24 +89,35 @@ class Scorer:
         """Tokens in each forward pass: a window of n + 1 tokens is read at n positions, predicting n tokens."""
         return self.windows.shape[1] - 1
 
+    def windows_per_forward(self, candidates: int) -> int:
+        """Short windows are stacked so each forward reads about `tokens_per_forward` tokens (one window at least):
+        a 128-token window alone leaves most of a GPU, or the CPU's matmul units, idle."""
+        return max(1, min(len(self.windows), self.tokens_per_forward // (candidates * self.context_length)))
+
     @torch.inference_mode()
     def score(self, candidates: Sequence[RopeMethod]) -> list[CandidateScore]:
-        """One CandidateScore per candidate, in order; every candidate sees exactly the same windows."""
+        """One CandidateScore per candidate, in order; every candidate sees exactly the same windows.
+
+        Each forward pass reads B candidates x K windows as B*K batch rows, candidate-major, and the rope patch
+        gives every row its candidate's frequencies."""
         nll = torch.zeros(len(candidates), len(self.windows), dtype=torch.float64)
         patched, original = patch_rotary(self.model, self.original_inv_freq)
         try:
             for first in range(0, len(candidates), self.candidates_per_forward):
                 group = candidates[first : first + self.candidates_per_forward]
-                patched.set_candidates(group, seq_len=self.context_length)
-                for index, window in enumerate(self.windows):
-                    nll[first : first + len(group), index] = self._window_nll(window, len(group)).cpu()
+                per_forward = self.windows_per_forward(len(group))
+                for start in range(0, len(self.windows), per_forward):
+                    windows = self.windows[start : start + per_forward]
+                    patched.set_candidates(group, seq_len=self.context_length, rows_each=len(windows))
+                    batch = windows.repeat(len(group), 1)
+                    rows_nll = self._batch_nll(batch).view(len(group), len(windows))
+                    nll[first : first + len(group), start : start + len(windows)] = rows_nll.cpu()
         finally:
             restore_rotary(self.model, original)
         tokens = (self.context_length,) * len(self.windows)
         return [CandidateScore(nll=tuple(row.tolist()), tokens=tokens) for row in nll]
 
-    def _window_nll(self, window: torch.Tensor, copies: int) -> torch.Tensor:
-        batch = window.expand(copies, -1)
+    def _batch_nll(self, batch: torch.Tensor) -> torch.Tensor:
         hidden = self.model.model(input_ids=batch[:, :-1]).last_hidden_state
         return chunked_nll(
             hidden,
