@@ -60,7 +60,7 @@ def direct_scores(tiny_llama_dir, windows):
 
 
 def model_spec(model_dir) -> ModelSpec:
-    return ModelSpec(model_dir=str(model_dir), device="auto", candidates_per_forward=2)
+    return ModelSpec(model_dir=str(model_dir), device="auto", candidates_per_forward=2, tokens_per_forward=TARGET)
 
 
 def assert_same_results(results, direct_scores, count):

@@ -39,7 +39,7 @@ def cluster():
 
 def test_removed_node_mid_run_still_returns_every_result(cluster, tiny_llama_dir):
     cluster, nodes = cluster
-    windows = np.random.default_rng(1).integers(0, 96, size=(8, 129))
+    windows = np.random.default_rng(1).integers(0, 96, size=(16, 129))
     candidates = [
         (
             i,
@@ -53,10 +53,11 @@ def test_removed_node_mid_run_still_returns_every_result(cluster, tiny_llama_dir
     direct = Scorer(model, torch.from_numpy(windows), rope.method.original_inv_freq()).score([m for _, m in candidates])
 
     pool = WorkerPool(
-        ModelSpec(model_dir=str(tiny_llama_dir), candidates_per_forward=1),
+        ModelSpec(model_dir=str(tiny_llama_dir), candidates_per_forward=1, tokens_per_forward=128),
         windows,
-        PoolSpec(num_workers=2, num_cpus_per_worker=1, batch_size=1, restart_timeout_s=5),
+        PoolSpec(num_workers=2, num_cpus_per_worker=1, batch_size=1, restart_timeout_s=5, address=cluster.address),
     )
+    assert ray.get_runtime_context().gcs_address == cluster.address
     placed = {info["node"] for info in pool.worker_info()}
     assert len(placed) == 2, "one worker per node"
     results = []

@@ -98,11 +98,16 @@ def ensure_ray(spec: PoolSpec) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
-    if spec.address:
-        ray.init(address=spec.address, **quiet)
-    else:
-        ray.init(num_cpus=spec.local_num_cpus, num_gpus=spec.local_num_gpus, **quiet)
+    quiet = {"log_to_driver": False, "logging_level": "ERROR"}
+    try:
+        if not spec.address:
+            ray.init(num_cpus=spec.local_num_cpus, num_gpus=spec.local_num_gpus, include_dashboard=False, **quiet)
+        elif spec.address.startswith("ray://"):
+            ray.init(address=spec.address)  # Ray Client takes no local-node options
+        else:
+            ray.init(address=spec.address, **quiet)
+    except (ConnectionError, ValueError, RuntimeError, SystemExit) as exc:  # Ray exits when it gives up connecting
+        raise WorkerPoolError(f"workers.address = {spec.address!r}: cannot connect to Ray ({exc})") from None
 
 
 def actor_resources(spec: PoolSpec, cluster: dict[str, float]) -> tuple[float, float]:
