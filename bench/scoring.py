@@ -18,11 +18,14 @@ import statistics
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from longrope.encodings import LongRope
 from longrope.workers.models import load_model
@@ -72,8 +75,8 @@ def plain_scoring(model, windows: torch.Tensor, candidates: list[LongRope]) -> l
     return totals
 
 
-def interleaved_medians(fns: dict[str, object], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, timed in alternating rounds so drifting machine load hits all alike."""
+def interleaved_times(fns: dict[str, object], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each function per round, timed in alternating rounds so drifting load hits all alike."""
     for fn in fns.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -82,7 +85,11 @@ def interleaved_medians(fns: dict[str, object], repeats: int) -> dict[str, float
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def interleaved_medians(fns: dict[str, object], repeats: int) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in interleaved_times(fns, repeats).items()}
 
 
 def bench_throughput(repeats: int, quick: bool) -> None:
@@ -107,6 +114,47 @@ def bench_throughput(repeats: int, quick: bool) -> None:
                 f"{length:>6} {batch:>5} {len(candidates) / seconds['plain']:>13.2f} "
                 f"{len(candidates) / seconds[batch]:>12.2f} {seconds['plain'] / seconds[batch]:>6.2f}"
             )
+
+
+class PeakTensorMemory(TorchDispatchMode):
+    """Peak bytes of live tensors created inside the block (close to what a GPU's max_memory_allocated reports).
+
+    Deterministic, unlike the process's resident size, which moves with the C allocator's caching. Each op's
+    outputs are counted once per storage and released when the last tensor on that storage is collected.
+    Temporaries inside fused aten ops (cross_entropy's log-softmax) are not seen, on either side of the ratio.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.refs: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}
+        self.current = self.peak = 0
+
+    def _release(self, key: int) -> None:
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            self.current -= self.sizes.pop(key)
+            del self.refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.refs:
+                    self.refs[key], self.sizes[key] = 0, storage.nbytes()
+                    self.current += storage.nbytes()
+                    self.peak = max(self.peak, self.current)
+                self.refs[key] += 1
+                weakref.finalize(tensor, self._release, key)
+        return out
+
+
+def peak_tensor_mib(fn) -> float:
+    with PeakTensorMemory() as tracker:
+        fn()
+    return tracker.peak / 2**20
 
 
 def peak_rss_during(fn) -> float:
@@ -152,13 +200,20 @@ def bench_memory(tmp: Path) -> None:
     candidates = candidate_set(1, rope, 8192)
     scorer = Scorer(model, window, rope.method.original_inv_freq(), candidates_per_forward=1)
     scorer.score(candidates)  # warm-up: the first forward grows the allocator's pools once, whatever the loss
-    chunked = peak_rss_during(lambda: scorer.score(candidates))
-    full = peak_rss_during(lambda: plain_scoring(model, window, candidates))
-    chunked = max(chunked, peak_rss_during(lambda: scorer.score(candidates)))
-    print(
-        f"full logits: {full:8.0f} MiB   chunked loss ({scorer.loss_chunk_tokens} tokens a chunk): "
-        f"{chunked:8.0f} MiB   ratio chunked/full: {chunked / full:.3f}"
-    )
+    tensors = {
+        "chunked": peak_tensor_mib(lambda: scorer.score(candidates)),
+        "full": peak_tensor_mib(lambda: plain_scoring(model, window, candidates)),
+    }
+    rss_runs = {"chunked": [], "full": []}
+    for _ in range(3):  # alternating; the resident size moves with the C allocator's caching, so take medians
+        rss_runs["chunked"].append(peak_rss_during(lambda: scorer.score(candidates)))
+        rss_runs["full"].append(peak_rss_during(lambda: plain_scoring(model, window, candidates)))
+    rss = {name: statistics.median(values) for name, values in rss_runs.items()}
+    for name, peaks in (("peak live tensors", tensors), ("peak resident size", rss)):
+        print(
+            f"{name:18s}: full logits {peaks['full']:6.0f} MiB   chunked loss ({scorer.loss_chunk_tokens} tokens a "
+            f"chunk) {peaks['chunked']:6.0f} MiB   ratio chunked/full {peaks['chunked'] / peaks['full']:.3f}"
+        )
 
 
 def bench_pool(repeats: int) -> None:
@@ -169,7 +224,7 @@ def bench_pool(repeats: int) -> None:
     print("\n## 3. Ray pool (1 worker, 2 CPUs) vs the scorer called directly (reference model, 1024 tokens)")
     model, rope = load_model(reference_model_dir(), device="cpu")
     windows = np.random.default_rng(0).integers(0, 256, size=(4, 1025))
-    candidates = candidate_set(8, rope, 1024)
+    candidates = candidate_set(16, rope, 1024)
     scorer = Scorer(model, torch.from_numpy(windows), rope.method.original_inv_freq(), candidates_per_forward=4)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -181,13 +236,15 @@ def bench_pool(repeats: int) -> None:
         )
         pool.worker_info()
         keyed = list(enumerate(candidates))
-        seconds = interleaved_medians(
+        times = interleaved_times(
             {"direct": lambda: scorer.score(candidates), "pool": lambda: list(pool.imap(keyed))}, repeats
         )
-        direct, pooled = seconds["direct"], seconds["pool"]
+        direct, pooled = statistics.median(times["direct"]), statistics.median(times["pool"])
+        overheads = sorted((p / d - 1) * 100 for p, d in zip(times["pool"], times["direct"], strict=True))
         print(
             f"direct: {len(candidates) / direct:.2f} cand/s   pool: {len(candidates) / pooled:.2f} cand/s   "
-            f"overhead: {(pooled / direct - 1) * 100:+.1f}%"
+            f"overhead (median of rounds): {statistics.median(overheads):+.1f}%   "
+            f"rounds from {overheads[0]:+.1f}% to {overheads[-1]:+.1f}%"
         )
         pool.shutdown()
     finally:
