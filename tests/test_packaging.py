@@ -57,25 +57,17 @@ def test_normal_install_works_from_any_directory(wheel, tmp_path):
     )
     workdir = tmp_path / "elsewhere"
     workdir.mkdir()
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(target), "PATH": ""},
-        timeout=300,
-    )
+    result = run_installed(["-c", probe], target, workdir)
     assert result.returncode == 0, result.stderr
     stdlib_codecs, ours, cli = json.loads(result.stdout)
     assert Path(stdlib_codecs).parent.parent == Path(json.__file__).parent.parent  # the stdlib's `encodings`
     assert Path(ours).is_relative_to(target) and Path(cli).is_relative_to(target)
-    listing = subprocess.run(
-        [sys.executable, "-m", "longrope.search.cli", "encodings", "list", "--json"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(target), "PATH": ""},
-        timeout=300,
-    )
+    listing = run_installed(["-m", "longrope.search.cli", "encodings", "list", "--json"], target, workdir)
     assert listing.returncode == 0, listing.stderr
     assert "longrope" in {m["name"] for m in json.loads(listing.stdout)}
+
+
+def run_installed(args: list[str], target: Path, workdir: Path) -> subprocess.CompletedProcess:
+    """This interpreter with only the normal install at `target` on its path, run from another directory."""
+    env = {"PYTHONPATH": str(target), "PATH": ""}
+    return subprocess.run([sys.executable, *args], cwd=workdir, capture_output=True, text=True, env=env, timeout=300)
