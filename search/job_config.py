@@ -1,0 +1,208 @@
+"""The job config: one strict pydantic model, loaded from YAML, every field overridable from the command line.
+
+Bad input stops here, before any model is loaded, with one line per problem naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
+N_HAT_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
+
+
+class JobConfigError(ValueError):
+    """A job config (file, override or resolved value) is invalid; the message names every bad field."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class ModelConfig(Strict):
+    path: str = "reference"  # a local model directory, or "reference" for the shipped reference model
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    trust_remote_code: bool = False
+
+
+class DataConfig(Strict):
+    search_source: str = "corpus:search"  # corpus:<split>, a file, or a folder (txt / jsonl / parquet)
+    test_source: str = "corpus:test"
+    tokenizer: Literal["model", "bytes"] = "model"  # "model": AutoTokenizer from the model directory
+    text_field: str = "text"
+    search_windows: int = Field(default=8, ge=1)
+    test_windows: int = Field(default=32, ge=1)
+    seed: int = 0
+    cache_dir: str | None = None
+
+
+class NHatConfig(Strict):
+    enabled: bool = False  # transformers and vLLM cannot express n_hat, so it is off by default
+    choices: tuple[int, ...] = N_HAT_CHOICES
+
+    @field_validator("choices")
+    @classmethod
+    def _non_negative(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or min(value) < 0:
+            raise ValueError(f"must be non-empty and >= 0, got {list(value)}")
+        return tuple(sorted(set(value)))
+
+
+class AttentionFactorConfig(Strict):
+    mode: Literal["longrope", "searched"] = "longrope"  # longrope: transformers' formula for the export
+    low: float = Field(default=1.0, gt=0)
+    high: float = Field(default=1.6, gt=0)
+    step: float = Field(default=0.01, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AttentionFactorConfig:
+        if self.high < self.low:
+            raise ValueError(f"high: must be >= low ({self.low}), got {self.high}")
+        return self
+
+
+class EarlyStopConfig(Strict):
+    patience: int | None = Field(default=None, ge=1)  # generations without improvement; None: never stop early
+    min_improvement: float = Field(default=0.001, ge=0)  # in mean NLL (nats per token)
+
+
+class SearchConfig(Strict):
+    population: int = Field(default=64, ge=2)
+    generations: int = Field(default=40, ge=0)
+    parents: int = Field(default=32, ge=1)
+    mutations: int = Field(default=16, ge=0)
+    crossovers: int = Field(default=16, ge=0)
+    change_probability: float = Field(default=0.3, gt=0, le=1)
+    grid_step: float = Field(default=0.01, gt=0)
+    max_factor: float | None = Field(default=None, gt=1)  # None: 1.25 x target/original (the paper's bound)
+    seeds: tuple[Literal["pi", "ntk", "yarn", "llama3"], ...] = ("pi", "ntk", "yarn")
+    seed_files: tuple[str, ...] = ()  # factors JSON files (what `longrope export` writes)
+    seed: int = 0
+    n_hat: NHatConfig = NHatConfig()
+    attention_factor: AttentionFactorConfig = AttentionFactorConfig()
+    early_stop: EarlyStopConfig = EarlyStopConfig()
+
+    @model_validator(mode="after")
+    def _sizes(self) -> SearchConfig:
+        if self.parents > self.population:
+            raise ValueError(f"parents: must be <= population ({self.population}), got {self.parents}")
+        if self.mutations + self.crossovers < 1:
+            raise ValueError("mutations: mutations + crossovers must be at least 1, got 0")
+        return self
+
+
+class WorkersConfig(Strict):
+    address: str | None = None  # None: embedded local Ray; "auto" or "ray://host:10001": a running cluster
+    num_workers: int = Field(default=1, ge=1)
+    num_gpus_per_worker: float = Field(default=0.0, ge=0)
+    num_cpus_per_worker: float = Field(default=1.0, gt=0)
+    candidates_per_forward: int = Field(default=4, ge=1)
+    batch_size: int = Field(default=4, ge=1)  # candidates per call to a worker
+    local_num_cpus: int | None = Field(default=None, ge=1)
+
+
+class JobConfig(Strict):
+    name: str = "longrope-search"
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    original_length: int | None = Field(default=None, ge=2)  # None: read from the model config
+    target_length: int = Field(ge=2)
+    search: SearchConfig = SearchConfig()
+    workers: WorkersConfig = WorkersConfig()
+    output_dir: str = "runs/job"
+
+    @model_validator(mode="after")
+    def _lengths(self) -> JobConfig:
+        if self.original_length is not None and self.target_length <= self.original_length:
+            raise ValueError(check_lengths_message(self.original_length, self.target_length))
+        return self
+
+    def hash(self) -> str:
+        """Identity of a run: everything that changes its result (not where it is written or who scores it)."""
+        identity = self.model_dump(mode="json", exclude={"output_dir", "workers"})
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_lengths_message(original_length: int, target_length: int) -> str:
+    return f"target_length: must be greater than original_length ({original_length}), got {target_length}"
+
+
+def describe_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "missing":
+            lines.append(f"{source}: {field}: required but missing")
+        elif isinstance(error["input"], dict) and error["type"] == "value_error":
+            prefix = "" if field == "(top level)" else f"{field}."
+            lines.append(f"{source}: {prefix}{message}")  # a cross-field check: its message names field and value
+        elif error["type"] == "extra_forbidden":
+            lines.append(f"{source}: {field}: unknown field (value {error['input']!r})")
+        else:
+            lines.append(f"{source}: {field} = {error['input']!r}: {message}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`search.generations=10` -> (["search", "generations"], 10); the value is read as YAML."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise JobConfigError(f"--set {text!r}: expected FIELD=VALUE, e.g. search.generations=10")
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise JobConfigError(f"--set {key}: cannot read value {value!r} ({exc.problem})") from None
+    return key.strip().split("."), parsed
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise JobConfigError(f"--set {'.'.join(path)}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def load_job_config(path: str | Path | None, overrides: list[str] = ()) -> JobConfig:
+    """Read YAML (safe_load), apply `--set` overrides, validate; JobConfigError lists every problem."""
+    raw: dict[str, Any] = {}
+    source = str(path) if path else "config"
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise JobConfigError(f"{source}: no such config file")
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise JobConfigError(f"{source}: not valid YAML ({exc})") from None
+        if not isinstance(raw, dict):
+            raise JobConfigError(f"{source}: expected a mapping of fields at the top level, got {type(raw).__name__}")
+    raw = apply_overrides(raw, list(overrides))
+    _reject_non_finite(raw, [])
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise JobConfigError(describe_errors(exc, source)) from None
+
+
+def _reject_non_finite(node: Any, path: list[str]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _reject_non_finite(value, [*path, str(key)])
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise JobConfigError(f"{'.'.join(path)} = {node}: must be a finite number")

@@ -1,0 +1,74 @@
+"""The coordinator with a cheap known objective (no model): optimum found, crash + resume equals a clean run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from rich.console import Console
+from search_helpers import OPTIMUM, FunctionEvaluator, objective, problem
+
+from longrope.search.coordinator import Coordinator
+from longrope.search.job_config import JobConfig
+from longrope.search.run_store import RunDir, RunStoreError
+
+
+def job(tmp_path, **search) -> JobConfig:
+    return JobConfig.model_validate(
+        {"target_length": 256, "output_dir": str(tmp_path), "search": {"generations": 12, "seed": 4, **search}}
+    )
+
+
+def run(config: JobConfig, run_dir: RunDir, evaluator, *, resume: bool = False):
+    coordinator = Coordinator(
+        config.search, problem(), run_dir, evaluator, console=Console(quiet=True), show_progress=False
+    )
+    if resume:
+        coordinator.resume()
+    else:
+        run_dir.create(config)
+    return coordinator.run(), coordinator
+
+
+def test_finds_the_known_optimum(tmp_path):
+    config = job(tmp_path, generations=40)
+    best, coordinator = run(config, RunDir(tmp_path), FunctionEvaluator())
+    seed_best = min(objective(seed.factors) for seed in problem().seeds)
+    assert best["mean_nll"] < 0.05 * seed_best
+    assert np.abs(np.asarray(best["factors"]) - OPTIMUM).max() < 0.35
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["finished"] and len(state["best_by_generation"]) == 41
+    assert json.loads((tmp_path / "best.json").read_text())["key"] == best["key"]
+    lines = (tmp_path / "history.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["key"] for line in lines}), "no candidate scored twice"
+
+
+def test_crash_then_resume_reaches_the_uninterrupted_result(tmp_path):
+    clean_dir, crash_dir = RunDir(tmp_path / "clean"), RunDir(tmp_path / "crash")
+    config = job(tmp_path)
+    clean_best, clean = run(config, clean_dir, FunctionEvaluator())
+    crashing = FunctionEvaluator(fail_on_call=5)  # dies in generation 4, after one result of it is saved
+    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+        run(config, crash_dir, crashing)
+    resumed_evaluator = FunctionEvaluator()
+    resumed_best, resumed = run(config, crash_dir, resumed_evaluator, resume=True)
+    assert resumed_best == clean_best
+    clean_state = json.loads(clean_dir.file("state.json").read_text())
+    resumed_state = json.loads(crash_dir.file("state.json").read_text())
+    assert resumed_state["evolution"] == clean_state["evolution"]
+    assert clean_dir.read_history().keys() == crash_dir.read_history().keys()
+    assert crashing.evaluated + resumed_evaluator.evaluated == len(clean_dir.read_history()), "nothing scored twice"
+
+
+def test_resume_refuses_another_config_and_a_corrupted_state(tmp_path):
+    run_dir = RunDir(tmp_path)
+    config = job(tmp_path, generations=2)
+    run(config, run_dir, FunctionEvaluator())
+    with pytest.raises(RunStoreError, match="already holds this run; continue it with --resume"):
+        run_dir.create(config)
+    with pytest.raises(RunStoreError, match="holds a run of another config"):
+        run_dir.create(job(tmp_path, generations=3))
+    (tmp_path / "state.json").write_text('{"evolution": {"generation": ')
+    with pytest.raises(RunStoreError, match=r"state\.json: corrupted"):
+        run(config, run_dir, FunctionEvaluator(), resume=True)
