@@ -33,7 +33,7 @@ def run(config: JobConfig, run_dir: RunDir, evaluator, *, resume: bool = False):
 
 def test_finds_the_known_optimum(tmp_path):
     config = job(tmp_path, generations=40)
-    best, coordinator = run(config, RunDir(tmp_path), FunctionEvaluator())
+    best, _ = run(config, RunDir(tmp_path), FunctionEvaluator())
     seed_best = min(objective(seed.factors) for seed in problem().seeds)
     assert best["mean_nll"] < 0.05 * seed_best
     assert np.abs(np.asarray(best["factors"]) - OPTIMUM).max() < 0.35
@@ -47,12 +47,12 @@ def test_finds_the_known_optimum(tmp_path):
 def test_crash_then_resume_reaches_the_uninterrupted_result(tmp_path):
     clean_dir, crash_dir = RunDir(tmp_path / "clean"), RunDir(tmp_path / "crash")
     config = job(tmp_path)
-    clean_best, clean = run(config, clean_dir, FunctionEvaluator())
+    clean_best, _ = run(config, clean_dir, FunctionEvaluator())
     crashing = FunctionEvaluator(fail_on_call=5)  # dies in generation 4, after one result of it is saved
     with pytest.raises(RuntimeError, match="simulated coordinator crash"):
         run(config, crash_dir, crashing)
     resumed_evaluator = FunctionEvaluator()
-    resumed_best, resumed = run(config, crash_dir, resumed_evaluator, resume=True)
+    resumed_best, _ = run(config, crash_dir, resumed_evaluator, resume=True)
     assert resumed_best == clean_best
     clean_state = json.loads(clean_dir.file("state.json").read_text())
     resumed_state = json.loads(crash_dir.file("state.json").read_text())
