@@ -22,9 +22,16 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
+DEMO_DIR ?= runs/demo
+
+# The main job on the CPU with an embedded Ray and the shipped reference model: search, export, compare.
 demo: $(STAMP)
-	@echo "longrope demo: not yet — the search arrives with the search service issue."
-	$(BIN)/longrope encodings list
+	rm -rf $(DEMO_DIR)
+	$(BIN)/longrope search configs/demo.yaml --set output_dir=$(DEMO_DIR)
+	$(BIN)/longrope status $(DEMO_DIR)
+	$(BIN)/longrope export $(DEMO_DIR) -o $(DEMO_DIR)/factors.json
+	$(BIN)/longrope compare configs/demo.yaml --set output_dir=$(DEMO_DIR) --factors $(DEMO_DIR)/factors.json
+	@echo "demo: factors in $(DEMO_DIR)/factors.json; table and plots in $(DEMO_DIR)/compare/"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

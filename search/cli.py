@@ -6,11 +6,23 @@ import argparse
 import sys
 
 from longrope.encodings.errors import EncodingConfigError
-from longrope.search import cli_encodings, cli_workers
+from longrope.search import cli_encodings, cli_search, cli_workers
+from longrope.search.export import ExportError
 from longrope.search.factors_file import package_version
+from longrope.search.job_config import JobConfigError
+from longrope.search.run_store import RunStoreError
+from longrope.workers.errors import DataError, ModelLoadError, WorkerPoolError
 
 # Errors that mean "the user's input is wrong": one line on stderr and exit 2, no traceback.
-USER_ERRORS = (EncodingConfigError,)
+USER_ERRORS = (
+    EncodingConfigError,
+    JobConfigError,
+    RunStoreError,
+    ExportError,
+    DataError,
+    ModelLoadError,
+    WorkerPoolError,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     cli_encodings.add_parser(subparsers)
     cli_workers.add_parser(subparsers)
+    cli_search.add_parsers(subparsers)
     return parser
 
 

@@ -57,7 +57,7 @@ class RunDir:
         write_json_atomic(self.file(CONFIG), {"config_hash": config.hash(), "config": config.model_dump(mode="json")})
 
     def read_config(self) -> JobConfig:
-        data = self._read_json(CONFIG)
+        data = self.read_json(CONFIG)
         try:
             config = JobConfig.model_validate(data["config"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -82,7 +82,7 @@ class RunDir:
     def read_state(self) -> dict[str, Any] | None:
         if not self.file(STATE).exists():
             return None
-        state = self._read_json(STATE)
+        state = self.read_json(STATE)
         missing = {"evolution", "generation_seconds"} - set(state) if isinstance(state, dict) else {"evolution"}
         if missing:
             raise RunStoreError(f"{self.file(STATE)}: corrupted (missing {sorted(missing)})")
@@ -114,9 +114,9 @@ class RunDir:
         write_json_atomic(self.file(BEST), record)
 
     def read_best(self) -> dict[str, Any]:
-        return self._read_json(BEST)
+        return self.read_json(BEST)
 
-    def _read_json(self, name: str) -> Any:
+    def read_json(self, name: str) -> Any:
         path = self.file(name)
         if not path.is_file():
             raise RunStoreError(f"{path}: missing (is {str(self.path)!r} a run directory?)")

@@ -1,0 +1,51 @@
+"""`longrope status RUN_DIR`: where a running or finished search stands, best vs its seeds, and an ETA."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from longrope.search.run_store import RunDir
+
+
+def run_status(run_dir: RunDir) -> dict[str, Any]:
+    config = run_dir.read_config()
+    state = run_dir.read_state() or {"evolution": {"generation": 0}, "generation_seconds": []}
+    history = run_dir.read_history()
+    total = 1 + config.search.generations
+    done = int(state["evolution"]["generation"])
+    seconds = state["generation_seconds"]
+    finished = bool(state.get("finished"))
+    eta = None if finished or not seconds else statistics.median(seconds[1:] or seconds) * (total - done)
+    finite = [r for r in history.values() if r["perplexity"] is not None]
+    best = min(finite, key=lambda r: r["perplexity"]) if finite else None
+    seeds = {r["seed"]: r["perplexity"] for r in history.values() if r.get("seed")}
+    return {
+        "run_dir": str(run_dir.path),
+        "name": config.name,
+        "generation": done,
+        "generations": total,
+        "evaluations": len(history),
+        "finished": finished,
+        "stopped_early": bool(state.get("stopped_early")),
+        "best_perplexity": best["perplexity"] if best else None,
+        "best_key": best["key"] if best else None,
+        "seed_perplexities": seeds,
+        "eta_seconds": eta,
+    }
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [
+        f"run {status['name']} in {status['run_dir']}",
+        f"  generation {status['generation']}/{status['generations']}, {status['evaluations']} evaluations, "
+        + ("finished" + (" (stopped early)" if status["stopped_early"] else "") if status["finished"] else "running"),
+    ]
+    if status["best_perplexity"] is not None:
+        lines.append(f"  best perplexity {status['best_perplexity']:.4f} (candidate {status['best_key']})")
+    for name, ppl in sorted(status["seed_perplexities"].items(), key=lambda item: item[1] or float("inf")):
+        gain = f"  best is {100 * (1 - status['best_perplexity'] / ppl):.1f}% lower" if ppl else ""
+        lines.append(f"  seed {name:12s} perplexity {ppl:.4f}{gain}" if ppl else f"  seed {name:12s} diverged")
+    if status["eta_seconds"] is not None:
+        lines.append(f"  ETA {status['eta_seconds'] / 60:.1f} min")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""End to end on the shipped reference model with a small budget: search, export, transformers, compare."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import ray
+import torch
+from rich.console import Console
+from transformers import AutoModelForCausalLM
+
+from longrope.encodings import from_hf
+from longrope.search.compare import paired_difference, run_compare
+from longrope.search.coordinator import Coordinator, SearchProblem
+from longrope.search.export import factors_file_of_run, write_into_model
+from longrope.search.factors_file import FactorsFile
+from longrope.search.job_config import load_job_config
+from longrope.search.job_context import JobContext
+from longrope.search.jobs import run_search
+from longrope.search.run_store import RunDir
+from longrope.workers.models import load_model
+from longrope.workers.pool import WorkerPool
+from longrope.workers.reference_model import reference_model_dir
+from longrope.workers.scorer import Scorer
+
+pytestmark = pytest.mark.slow
+
+SMALL_BUDGET = [
+    "target_length=1024",
+    "data.search_windows=4",
+    "data.test_windows=16",
+    "search.population=8",
+    "search.parents=4",
+    "search.mutations=3",
+    "search.crossovers=3",
+    "search.generations=2",
+    "search.attention_factor.mode=searched",
+    "workers.num_workers=2",
+    "workers.num_cpus_per_worker=0.5",
+    "workers.local_num_cpus=2",
+    "workers.batch_size=2",
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    config = load_job_config(None, [*SMALL_BUDGET, f"output_dir={out}"])
+    best = run_search(config, show_progress=False, console=Console(quiet=True))
+    yield config, RunDir(out), best
+    ray.shutdown()
+
+
+def test_run_directory_is_complete(finished_run):
+    config, run_dir, best = finished_run
+    state = run_dir.read_state()
+    assert state["finished"] and state["evolution"]["generation"] == 3
+    history = run_dir.read_history()
+    assert len(history) == 8 + 2 * 6 and best == run_dir.read_best()
+    assert {r["seed"] for r in history.values()} >= {"pi", "ntk", "yarn"}
+    assert all(len(r["nll"]) == 4 and r["tokens"] == [1024] * 4 for r in history.values())
+
+
+def test_export_validates_and_transformers_loads_it_with_equal_logits(finished_run, tmp_path):
+    _, run_dir, best = finished_run
+    exported = factors_file_of_run(run_dir)
+    FactorsFile.model_validate_json(exported.model_dump_json())  # the JSON validates against its model
+    model_dir = shutil.copytree(reference_model_dir(), tmp_path / "model")
+    write_into_model(exported, model_dir)
+    assert list(model_dir.glob("config.json.*.bak")), "the original config is kept"
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "longrope" and config["max_position_embeddings"] == 1024
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokens = torch.from_numpy(np.random.default_rng(0).integers(0, 256, size=(1, 1025)))
+    ours, rope = load_model(reference_model_dir(), device="cpu")
+    candidate = from_hf(config["rope_parameters"], head_dim=32, max_position_embeddings=1024)
+    (score,) = Scorer(ours, tokens, rope.method.original_inv_freq()).score([candidate])
+    with torch.no_grad():
+        logits = hf_model(input_ids=tokens[:, :-1]).logits[0]
+        hf_nll = float(torch.nn.functional.cross_entropy(logits, tokens[0, 1:], reduction="sum"))
+        from longrope.workers.rope_patch import patched_rotary
+
+        with patched_rotary(ours, rope.method.original_inv_freq()) as patched:
+            patched.set_candidates([candidate], seq_len=1024)
+            our_logits = ours(input_ids=tokens[:, :-1]).logits[0]
+    torch.testing.assert_close(our_logits, logits, rtol=1e-5, atol=1e-5)
+    assert score.nll[0] == pytest.approx(hf_nll, rel=1e-5)
+    assert candidate.attention_factor == pytest.approx(best["attention_factor"])
+
+
+def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path):
+    config, run_dir, _ = finished_run
+    factors_path = tmp_path / "factors.json"
+    factors_path.write_text(factors_file_of_run(run_dir).model_dump_json())
+    context = JobContext.resolve(config)
+    result = run_compare(
+        context, factors_files=[str(factors_path)], lengths=[256, 1024], out_dir=tmp_path / "cmp", log=lambda line: None
+    )
+    methods = result["methods"]
+    best, ntk = methods["file:factors.json"], methods["ntk"]
+    mean, low, high = paired_difference(best["nll_per_window"][1024], ntk["nll_per_window"][1024])
+    assert high < 0, (mean, low, high)
+    for name in ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png"):
+        assert (tmp_path / "cmp" / name).stat().st_size > 0
+    assert set(methods) >= {"none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned"}
+
+
+class KillingEvaluator:
+    """The real pool, with one of its Ray workers killed after the fifth result of the search."""
+
+    def __init__(self, pool: WorkerPool):
+        self.pool, self.seen = pool, 0
+
+    def submit(self, candidates):
+        self.pool.submit(candidates)
+
+    def as_completed(self):
+        for item in self.pool.as_completed():
+            self.seen += 1
+            if self.seen == 5:
+                ray.kill(self.pool.workers[0].actor, no_restart=True)
+            yield item
+
+
+def test_killed_ray_worker_loses_no_candidate(finished_run, tmp_path):
+    config, _, _ = finished_run
+    config = load_job_config(None, [*SMALL_BUDGET, f"output_dir={tmp_path}", "search.seed=7"])
+    context = JobContext.resolve(config)
+    windows = context.windows(config.data.search_source, 1024, config.data.search_windows)
+    pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec())
+    run_dir = RunDir(tmp_path)
+    run_dir.create(config)
+    problem = SearchProblem(context.pairs, context.scale, context.seeds(), context.longrope)
+    coordinator = Coordinator(
+        config.search, problem, run_dir, KillingEvaluator(pool), console=Console(quiet=True), show_progress=False
+    )
+    try:
+        coordinator.run()
+    finally:
+        pool.shutdown()
+    lines = (tmp_path / "history.jsonl").read_text().splitlines()
+    keys = [json.loads(line)["key"] for line in lines]
+    assert len(keys) == len(set(keys)) == 8 + 2 * 6, "every candidate scored exactly once"
+    assert pool.failures == 1 and run_dir.read_state()["finished"]
