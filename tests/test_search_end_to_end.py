@@ -55,7 +55,7 @@ def finished_run(tmp_path_factory):
 
 
 def test_run_directory_is_complete(finished_run):
-    config, run_dir, best = finished_run
+    _, run_dir, best = finished_run
     state = run_dir.read_state()
     assert state["finished"] and state["evolution"]["generation"] == 3
     history = run_dir.read_history()
