@@ -37,13 +37,14 @@ def best_as_longrope(run_dir: RunDir) -> tuple[LongRope, dict[str, Any]]:
 
 
 def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> FactorsFile:
+    config = run_dir.read_config()  # first, so a folder that is no run directory says so
     method, best = best_as_longrope(run_dir)
     if method.n_hat and not allow_n_hat:
         raise ExportError(
             f"best candidate has n_hat = {method.n_hat}, which transformers and vLLM cannot express; "
             "pass --allow-n-hat to export it anyway (they will ignore n_hat)"
         )
-    config, job, history = run_dir.read_config(), run_dir.read_json(JOB_FILE), run_dir.read_history()
+    job, history = run_dir.read_json(JOB_FILE), run_dir.read_history()
     state = run_dir.read_state() or {}
     seeds = {r["seed"]: r["perplexity"] for r in history.values() if r.get("seed")}
     block = method.to_hf()

@@ -189,7 +189,9 @@ def load_job_config(path: str | Path | None, overrides: list[str] = ()) -> JobCo
         try:
             raw = yaml.safe_load(file.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise JobConfigError(f"{source}: not valid YAML ({exc})") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise JobConfigError(f"{source}: not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
         if not isinstance(raw, dict):
             raise JobConfigError(f"{source}: expected a mapping of fields at the top level, got {type(raw).__name__}")
     raw = apply_overrides(raw, list(overrides))

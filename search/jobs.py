@@ -32,10 +32,17 @@ def run_search(
         if config is not None:
             run_dir.check_matches(config)
         config = stored
+    if not resume_dir:
+        run_dir.check_new(config)
     context = JobContext.resolve(config)  # every input check runs before anything is written or scored
     problem = SearchProblem(
         pairs=context.pairs, scale=context.scale, seeds=context.seeds(), make_candidate=context.longrope
     )
+    coordinator = Coordinator(
+        config.search, problem, run_dir, evaluator=None, console=console, show_progress=show_progress
+    )
+    if resume_dir:
+        coordinator.resume()  # a damaged run directory stops here, before anything is written
     windows = context.windows(config.data.search_source, config.target_length, config.data.search_windows)
     if not resume_dir:
         run_dir.create(config)
@@ -58,10 +65,8 @@ def run_search(
         f"(scale {context.scale:g}), {context.pairs} pairs, run dir {run_dir.path}"
     )
     pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec())
+    coordinator.evaluator = pool
     try:
-        coordinator = Coordinator(config.search, problem, run_dir, pool, console=console, show_progress=show_progress)
-        if resume_dir:
-            coordinator.resume()
         return coordinator.run()
     finally:
         pool.shutdown()

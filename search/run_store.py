@@ -46,6 +46,11 @@ class RunDir:
 
     def create(self, config: JobConfig) -> None:
         """Start a new run here; refuses a directory that already holds a run."""
+        self.check_new(config)
+        write_json_atomic(self.file(CONFIG), {"config_hash": config.hash(), "config": config.model_dump(mode="json")})
+
+    def check_new(self, config: JobConfig) -> None:
+        """Refuse, without writing anything, a directory that already holds a run."""
         if self.file(CONFIG).exists():
             stored = self.read_config()
             if stored.hash() != config.hash():
@@ -54,7 +59,6 @@ class RunDir:
                     f"{config.hash()}); choose another output_dir"
                 )
             raise RunStoreError(f"output_dir {str(self.path)!r} already holds this run; continue it with --resume")
-        write_json_atomic(self.file(CONFIG), {"config_hash": config.hash(), "config": config.model_dump(mode="json")})
 
     def read_config(self) -> JobConfig:
         data = self.read_json(CONFIG)

@@ -8,7 +8,9 @@ the search never sees the text the reference model was trained or tested on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import platform
 import sysconfig
 from dataclasses import dataclass
@@ -38,13 +40,20 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def _source_paths(root: Path) -> list[Path]:
+    """The stdlib's .py files, pruning excluded folders before descending (site-packages can be huge)."""
+    paths = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d not in EXCLUDED_DIRS)
+        paths.extend(Path(folder) / name for name in files if name.endswith(".py"))
+    return sorted(paths)
+
+
 def _source_documents() -> list[Document]:
     root = stdlib_root()
     documents = []
-    for path in sorted(root.rglob("*.py")):
+    for path in _source_paths(root):
         relative = path.relative_to(root)
-        if EXCLUDED_DIRS.intersection(relative.parts):
-            continue
         unit = relative.parts[0].removesuffix(".py")
         documents.append(Document(str(relative), unit, path.read_text(encoding="utf-8", errors="replace")))
     return documents
@@ -60,7 +69,12 @@ def corpus_documents(split: Split) -> list[Document]:
     """Every document of one split, in a fixed order."""
     if split not in SPLITS:
         raise ValueError(f"split: unknown value {split!r}; expected one of {SPLITS}")
-    return [doc for doc in _pydoc_documents() + _source_documents() if split_of(doc.unit) == split]
+    return list(_split_documents(split))
+
+
+@functools.cache
+def _split_documents(split: Split) -> tuple[Document, ...]:
+    return tuple(doc for doc in _pydoc_documents() + _source_documents() if split_of(doc.unit) == split)
 
 
 def corpus_provenance() -> dict[str, str]:

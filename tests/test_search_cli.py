@@ -1,0 +1,207 @@
+"""Bad input to the search service: one line on stderr naming the field and value, non-zero exit, nothing
+written or overwritten. Run through the installed `longrope` script, as a user runs it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from search_helpers import FunctionEvaluator, problem
+
+from longrope.search.coordinator import Coordinator
+from longrope.search.job_config import load_job_config
+from longrope.search.run_store import RunDir
+
+pytestmark = pytest.mark.slow
+LONGROPE = shutil.which("longrope", path=str(Path(sys.executable).parent))
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([LONGROPE, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def write(path: Path, data) -> Path:
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def seed_file(path: Path, factors: list[float]) -> Path:
+    block = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "long_factor": factors,
+        "short_factor": [1.0] * 16,
+        "original_max_position_embeddings": 128,
+        "factor": 8.0,
+        "attention_factor": 1.1,
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "rope_parameters": block,
+                "max_position_embeddings": 1024,
+                "provenance": {"created_by": "test", "method": "x", "method_rope_parameters": {}},
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def finished_run(tmp_path) -> Path:
+    """A finished run directory (cheap objective, no model) for the commands that read one."""
+    run_dir = tmp_path / "run"
+    config = load_job_config(None, ["target_length=256", "search.generations=1", f"output_dir={run_dir}"])
+    RunDir(run_dir).create(config)
+    Coordinator(config.search, problem(), RunDir(run_dir), FunctionEvaluator(), show_progress=False).run()
+    return run_dir
+
+
+def base(tmp_path: Path, **fields) -> dict:
+    return {"target_length": 1024, "output_dir": str(tmp_path / "out"), **fields}
+
+
+CASES = {
+    "unknown field": (
+        lambda t: ["validate", str(write(t / "c.yaml", base(t, serach={"seed": 1})))],
+        "serach: unknown field",
+    ),
+    "target <= original": (
+        lambda t: ["validate", str(write(t / "c.yaml", base(t, target_length=100)))],
+        "target_length: must be greater than original_length (128), got 100",
+    ),
+    "parents > population": (
+        lambda t: ["search", str(write(t / "c.yaml", base(t, search={"parents": 99})))],
+        "search.parents: must be <= population (64), got 99",
+    ),
+    "negative windows": (
+        lambda t: ["validate", str(write(t / "c.yaml", base(t, data={"search_windows": -3})))],
+        "data.search_windows = -3",
+    ),
+    "non-finite value": (
+        lambda t: ["validate", str(write(t / "c.yaml", base(t)).with_name("c.yaml")), "--set", "search.grid_step=.nan"],
+        "search.grid_step = nan: must be a finite",
+    ),
+    "missing config file": (lambda t: ["validate", str(t / "nope.yaml")], "nope.yaml: no such config file"),
+    "invalid YAML": (lambda t: ["validate", str(write(t / "c.yaml", "target_length: [1,\n"))], "not valid YAML"),
+    "bad --set": (
+        lambda t: ["validate", str(write(t / "c.yaml", base(t))), "--set", "generations"],
+        "--set 'generations': expected FIELD=VALUE",
+    ),
+    "missing model directory": (
+        lambda t: ["search", str(write(t / "c.yaml", base(t, model={"path": str(t / "m")})))],
+        "model.path: model directory",
+    ),
+    "seed factors of the wrong length": (
+        lambda t: [
+            "search",
+            str(
+                write(t / "c.yaml", base(t, search={"seed_files": [str(seed_file(t / "s.json", [1.0] * 14 + [2.0]))]}))
+            ),
+        ],
+        "long_factor: expected 16 factors",
+    ),
+    "non-monotone seed factors": (
+        lambda t: [
+            "search",
+            str(
+                write(
+                    t / "c.yaml",
+                    base(t, search={"seed_files": [str(seed_file(t / "s.json", [1.0] * 8 + [3.0, 2.0] + [3.0] * 6))]}),
+                )
+            ),
+        ],
+        "factors must be non-decreasing, got 3.0 then 2.0 at pair 9",
+    ),
+    "seed factors below one": (
+        lambda t: [
+            "search",
+            str(
+                write(t / "c.yaml", base(t, search={"seed_files": [str(seed_file(t / "s.json", [0.5] + [1.0] * 15))]}))
+            ),
+        ],
+        "factors must be >= 1, got 0.5 at pair 0",
+    ),
+    "seed file not JSON": (
+        lambda t: [
+            "search",
+            str(write(t / "c.yaml", base(t, search={"seed_files": [str(write(t / "s.json", "{oops"))]}))),
+        ],
+        "not valid JSON",
+    ),
+    "corpus too short": (
+        lambda t: ["search", str(write(t / "c.yaml", base(t, data={"search_windows": 5000})))],
+        "data: need 5000 documents of at least 1025 tokens, found",
+    ),
+    "search with neither config nor resume": (lambda t: ["search"], "give a CONFIG, or --resume RUN_DIR"),
+    "export of a folder that is no run": (
+        lambda t: ["export", str(t), "-o", str(t / "f.json")],
+        "config.json: missing (is",
+    ),
+    "compare with a missing factors file": (
+        lambda t: ["compare", str(write(t / "c.yaml", base(t))), "--factors", str(t / "none.json")],
+        "none.json': no such file",
+    ),
+    "compare with bad lengths": (
+        lambda t: ["compare", str(write(t / "c.yaml", base(t))), "--lengths", "1k,2k"],
+        "--lengths: expected comma-separated integers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path):
+    make_args, message = CASES[case]
+    args = make_args(tmp_path)
+    before = snapshot(tmp_path)
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("longrope: error:"), result.stderr
+    assert message in lines[0]
+    assert snapshot(tmp_path) == before, "bad input must not write or overwrite anything"
+
+
+def test_resume_with_corrupted_state_or_another_config(finished_run, tmp_path):
+    before = snapshot(finished_run)
+    other = write(tmp_path / "other.yaml", {"target_length": 512, "output_dir": str(finished_run)})
+    result = run_cli("search", str(other), cwd=tmp_path)
+    assert result.returncode == 2 and "holds a run of another config" in result.stderr
+    state = finished_run / "state.json"
+    state.write_text(state.read_text()[:40])
+    before = snapshot(finished_run)
+    result = run_cli("search", "--resume", str(finished_run), cwd=tmp_path)
+    assert result.returncode == 2 and "state.json: corrupted" in result.stderr
+    assert snapshot(finished_run) == before
+
+
+def test_status_and_export_of_a_finished_run(finished_run, tmp_path):
+    status = run_cli("status", str(finished_run), "--json", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    summary = json.loads(status.stdout)
+    assert summary["finished"] and summary["generation"] == summary["generations"] == 2
+    assert set(summary["seed_perplexities"]) == {"pi", "ntk", "yarn"}
+    # the cheap-objective run has no job.json (no model): export says so in one line
+    result = run_cli("export", str(finished_run), "-o", str(tmp_path / "f.json"), cwd=tmp_path)
+    assert result.returncode == 2 and "job.json: missing" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["demo", "llama2-7b-32k", "llama3-8b-64k", "mistral-7b-32k", "phi3-mini-128k"])
+def test_shipped_configs_validate(name):
+    config = load_job_config(CONFIGS / f"{name}.yaml", ["model.path=reference"] if name != "demo" else [])
+    assert config.target_length > 0
