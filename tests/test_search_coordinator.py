@@ -72,3 +72,38 @@ def test_resume_refuses_another_config_and_a_corrupted_state(tmp_path):
     (tmp_path / "state.json").write_text('{"evolution": {"generation": ')
     with pytest.raises(RunStoreError, match=r"state\.json: corrupted"):
         run(config, run_dir, FunctionEvaluator(), resume=True)
+
+
+def test_early_stop_after_patience_without_improvement(tmp_path):
+    config = job(tmp_path, generations=30, early_stop={"patience": 2, "min_improvement": 10.0})
+    run(config, RunDir(tmp_path), FunctionEvaluator())
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["stopped_early"] and state["finished"]
+    assert len(state["best_by_generation"]) == 3, "stops once 2 generations failed to improve by 10 nats"
+
+
+def test_export_refuses_n_hat_unless_asked(tmp_path):
+    from longrope.search.export import ExportError, factors_file_of_run
+    from longrope.search.run_store import write_json_atomic
+
+    config = job(tmp_path, generations=1)
+    run(config, RunDir(tmp_path), FunctionEvaluator())
+    write_json_atomic(
+        tmp_path / "job.json",
+        {
+            "model_dir": "m",
+            "original_length": 64,
+            "target_length": 256,
+            "rope_theta": 10000.0,
+            "head_dim": 32,
+            "partial_rotary_factor": 1.0,
+            "search_windows_hash": "h",
+        },
+    )
+    best = json.loads((tmp_path / "best.json").read_text())
+    write_json_atomic(tmp_path / "best.json", {**best, "n_hat": 8})
+    with pytest.raises(ExportError, match="n_hat = 8, which transformers and vLLM cannot express"):
+        factors_file_of_run(RunDir(tmp_path))
+    exported = factors_file_of_run(RunDir(tmp_path), allow_n_hat=True)
+    assert "n_hat" not in exported.rope_parameters.model_dump() and exported.provenance.model_extra["n_hat"] == 8
+    assert exported.rope_parameters.long_factor == pytest.approx(best["factors"])
