@@ -32,6 +32,7 @@ class ModelConfig(Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     trust_remote_code: bool = False
+    config_overrides: dict[str, Any] = {}  # model config attributes to change at load, e.g. sliding_window: null
 
 
 class DataConfig(Strict):

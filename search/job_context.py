@@ -145,6 +145,7 @@ class JobContext:
             dtype=model.dtype,
             attn_implementation=model.attn_implementation,
             trust_remote_code=model.trust_remote_code,
+            config_overrides=dict(model.config_overrides),
             candidates_per_forward=workers.candidates_per_forward,
         )
 

@@ -181,3 +181,8 @@ def test_reference_like_checkpoint_round_trip(tmp_path):
     )
     _, rope = load_model(path, device="cpu")
     assert rope.original_length == 32 and rope.rotary_dim == 32
+
+
+def test_config_overrides_change_the_loaded_model(tiny_llama_dir):
+    model, _ = load_model(tiny_llama_dir, device="cpu", config_overrides={"rms_norm_eps": 0.25})
+    assert model.config.rms_norm_eps == 0.25

@@ -95,8 +95,12 @@ def load_model(
     dtype: str = "auto",
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
+    config_overrides: dict[str, Any] | None = None,
 ):
-    """(model, ModelRope): an eval-mode causal LM on `device`, its rotary frequencies kept in float32."""
+    """(model, ModelRope): an eval-mode causal LM on `device`, its rotary frequencies kept in float32.
+
+    `config_overrides` change model config attributes at load (e.g. `sliding_window: None` for Mistral, so every
+    token attends to the whole window being scored)."""
     from transformers import AutoModelForCausalLM
 
     rope = model_rope(read_model_config(model_dir))
@@ -112,6 +116,7 @@ def load_model(
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
             local_files_only=True,
+            **(config_overrides or {}),
         )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"model directory: cannot load {str(model_dir)!r}: {exc}") from None

@@ -36,6 +36,7 @@ class ModelSpec:
     dtype: str = "auto"
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
+    config_overrides: dict = field(default_factory=dict)
     candidates_per_forward: int = 4
     tokens_per_forward: int | None = None  # None: the scorer's default for the device
     loss_chunk_tokens: int = 1024
@@ -74,6 +75,7 @@ class ScoringWorker:
             dtype=spec.dtype,
             attn_implementation=spec.attn_implementation,
             trust_remote_code=spec.trust_remote_code,
+            config_overrides=spec.config_overrides,
         )
         self.scorer = Scorer(
             model,
