@@ -86,7 +86,7 @@ class SearchConfig(Strict):
     grid_step: float = Field(default=0.01, gt=0)
     max_factor: float | None = Field(default=None, gt=1)  # None: 1.25 x target/original (the paper's bound)
     seeds: tuple[Literal["pi", "ntk", "yarn", "llama3"], ...] = ("pi", "ntk", "yarn")
-    seed_files: tuple[str, ...] = ()  # factors JSON files (what `longrope export` writes)
+    seed_files: tuple[str, ...] = ()  # factors JSON files (what `longrope export` writes) or other runs' dirs
     seed: int = 0
     n_hat: NHatConfig = NHatConfig()
     attention_factor: AttentionFactorConfig = AttentionFactorConfig()

@@ -22,6 +22,7 @@ from longrope.encodings import (
 from longrope.search.evolution import Seed
 from longrope.search.factors_file import FactorsFile
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
+from longrope.search.run_store import RunDir
 from longrope.workers.documents import read_source
 from longrope.workers.models import model_rope, read_model_config
 from longrope.workers.pool import ModelSpec, PoolSpec
@@ -122,9 +123,15 @@ class JobContext:
         return seeds + [self.seed_from_file(path) for path in self.config.search.seed_files]
 
     def seed_from_file(self, path: str) -> Seed:
-        block = read_factors_file(path).rope_parameters
-        factors = np.asarray(block.long_factor, dtype=np.float64)
-        where = f"search.seed_files: {path}: rope_parameters.long_factor"
+        """A factors JSON (what `longrope export` writes), or another run's directory (its best candidate)."""
+        if Path(path).is_dir():
+            best = RunDir(path).read_best()
+            factors, attention = np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]
+            where = f"search.seed_files: {path}: best.json factors"
+        else:
+            block = read_factors_file(path).rope_parameters
+            factors, attention = np.asarray(block.long_factor, dtype=np.float64), block.attention_factor
+            where = f"search.seed_files: {path}: rope_parameters.long_factor"
         if len(factors) != self.pairs:
             raise JobConfigError(f"{where}: expected {self.pairs} factors (rotary_dim / 2), got {len(factors)}")
         if factors.min() < 1.0:
@@ -135,7 +142,7 @@ class JobContext:
             raise JobConfigError(
                 f"{where}: factors must be non-decreasing, got {factors[i]} then {factors[i + 1]} at pair {i + 1}"
             )
-        return Seed(f"file:{Path(path).name}", factors, block.attention_factor)
+        return Seed(f"file:{Path(path).name}", factors, attention)
 
     def model_spec(self) -> ModelSpec:
         model, workers = self.config.model, self.config.workers

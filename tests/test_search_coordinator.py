@@ -107,3 +107,16 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
     exported = factors_file_of_run(RunDir(tmp_path), allow_n_hat=True)
     assert "n_hat" not in exported.rope_parameters.model_dump() and exported.provenance.model_extra["n_hat"] == 8
     assert exported.rope_parameters.long_factor == pytest.approx(best["factors"])
+
+
+def test_another_runs_best_seeds_a_new_search(tmp_path):
+    from longrope.search.job_config import load_job_config
+    from longrope.search.job_context import JobContext
+
+    first = job(tmp_path / "first", generations=1)
+    run(first, RunDir(tmp_path / "first"), FunctionEvaluator())
+    best = json.loads((tmp_path / "first" / "best.json").read_text())
+    # the reference model has 16 pairs, as the cheap problem does
+    config = load_job_config(None, ["target_length=1024", f"search.seed_files=[{tmp_path / 'first'}]"])
+    (seed,) = [s for s in JobContext.resolve(config).seeds() if s.name.startswith("file:")]
+    assert seed.factors.tolist() == best["factors"] and seed.attention_factor == best["attention_factor"]
