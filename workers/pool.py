@@ -170,14 +170,15 @@ class WorkerPool:
         ensure_ray(spec)
         self.spec = spec
         num_cpus, num_gpus = actor_resources(spec, ray.cluster_resources())
-        windows_ref = ray.put(np.ascontiguousarray(windows, dtype=np.int64))
+        # Held for the pool's lifetime: a restarted actor is built again from these constructor arguments.
+        self.windows_ref = ray.put(np.ascontiguousarray(windows, dtype=np.int64))
         actor_class = ray.remote(ScoringWorker).options(
             num_gpus=num_gpus,
             num_cpus=num_cpus,
             max_restarts=spec.max_restarts,
             max_task_retries=0,
         )
-        self.workers = [_Worker(actor_class.remote(model, windows_ref), i) for i in range(spec.num_workers)]
+        self.workers = [_Worker(actor_class.remote(model, self.windows_ref), i) for i in range(spec.num_workers)]
         self._queue: deque[list[tuple[Key, RopeMethod]]] = deque()
         self._calls: dict[ray.ObjectRef, _Call] = {}
         self.failures = 0
