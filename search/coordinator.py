@@ -14,7 +14,6 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -207,7 +206,3 @@ class SearchProgress(Progress):
 
 def _score_of(record: dict[str, Any]) -> float:
     return math.inf if record["mean_nll"] is None else float(record["mean_nll"])
-
-
-def factors_array(record: dict[str, Any]) -> np.ndarray:
-    return np.asarray(record["factors"], dtype=np.float64)

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from longrope.search.job_config import JobConfig, JobConfigError
+from longrope.search.job_config import JobConfig
 
 CONFIG, STATE, HISTORY, BEST = "config.json", "state.json", "history.jsonl", "best.json"
 
@@ -128,6 +128,3 @@ class RunDir:
             return json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RunStoreError(f"{path}: corrupted ({exc})") from None
-
-
-__all__ = ["JobConfigError", "RunDir", "RunStoreError", "write_json_atomic"]
