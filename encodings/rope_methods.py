@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -400,6 +400,28 @@ ROPE_METHODS: dict[str, type[RopeMethod]] = {
 }
 
 
+class CandidateRows(NamedTuple):
+    """Per-candidate rope inputs, one row each: what a batched cos/sin (or a patched model) needs."""
+
+    inv_freq: torch.Tensor  # [B, d/2] float32
+    attention_factor: torch.Tensor  # [B] float32
+    n_hat: torch.Tensor  # [B] int64
+
+
+def candidate_rows(methods: Sequence[RopeMethod], seq_len: int | None) -> CandidateRows:
+    """Stack B candidates' frequencies in force at `seq_len`; they must share rotary dim and theta."""
+    if not methods:
+        raise EncodingConfigError("methods: need at least one candidate")
+    for method in methods[1:]:
+        if method.rotary_dim != methods[0].rotary_dim or method.rope_theta != methods[0].rope_theta:
+            raise EncodingConfigError("methods: candidates in one batch must share rotary_dim and rope_theta")
+    return CandidateRows(
+        torch.stack([m.inv_freq(seq_len) for m in methods]),
+        torch.tensor([m.attention_factor for m in methods], dtype=torch.float32),
+        torch.tensor([m.n_hat for m in methods], dtype=torch.int64),
+    )
+
+
 def batch_cos_sin(
     methods: Sequence[RopeMethod],
     positions: torch.Tensor,
@@ -409,19 +431,14 @@ def batch_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [B, T, rotary_dim] for B candidate methods at once (row b is candidate b), so one forward pass
     over B copies of a window scores B candidates. All candidates must share rotary dim and theta."""
-    if not methods:
-        raise EncodingConfigError("methods: need at least one candidate")
-    original = methods[0].original_inv_freq()
-    for method in methods[1:]:
-        if method.rotary_dim != methods[0].rotary_dim or method.rope_theta != methods[0].rope_theta:
-            raise EncodingConfigError("methods: candidates in one batch must share rotary_dim and rope_theta")
     if seq_len is None:
         seq_len = int(positions.max()) + 1
+    rows = candidate_rows(methods, seq_len)
     return rotary_cos_sin(
-        torch.stack([m.inv_freq(seq_len) for m in methods]),
+        rows.inv_freq,
         positions,
-        attention_factor=torch.tensor([m.attention_factor for m in methods], dtype=torch.float32),
-        n_hat=torch.tensor([m.n_hat for m in methods], dtype=torch.int64),
-        original_inv_freq=original,
+        attention_factor=rows.attention_factor,
+        n_hat=rows.n_hat,
+        original_inv_freq=methods[0].original_inv_freq(),
         layout=layout,
     )

@@ -104,9 +104,10 @@ class Coordinator:
     def _score(self, genomes: list[Genome], progress: Progress, task) -> list[float]:
         generation = self.evolution.generation
         fresh = {g.key: g for g in genomes if g.key not in self.history}
-        self.evaluator.submit((key, self._candidate(g)) for key, g in fresh.items())
+        candidates = {key: self._candidate(g) for key, g in fresh.items()}
+        self.evaluator.submit(candidates.items())
         for key, score in self.evaluator.as_completed():
-            record = self._record(fresh[key], score, generation)
+            record = self._record(fresh[key], candidates[key], score, generation)
             self.run_dir.append_history(record)  # durable before anything else uses it
             self.history[key] = record
             progress.update(task, advance=1, best=self._best_perplexity_text())
@@ -117,8 +118,7 @@ class Coordinator:
             self.evolution.factors(genome), attention_factor=self.evolution.attention_factor(genome), n_hat=genome.n_hat
         )
 
-    def _record(self, genome: Genome, score: CandidateScore, generation: int) -> dict[str, Any]:
-        candidate = self._candidate(genome)
+    def _record(self, genome: Genome, candidate: RopeMethod, score: CandidateScore, generation: int) -> dict[str, Any]:
         mean_nll = score.mean_nll
         finite = math.isfinite(mean_nll)
         if not finite:

@@ -13,15 +13,15 @@ from longrope.encodings import LongRope
 from longrope.search.factors_file import FactorsFile, LongRopeParameters, Provenance
 from longrope.search.job_config import JobConfigError
 from longrope.search.jobs import JOB_FILE
-from longrope.search.run_store import RunDir, write_json_atomic
+from longrope.search.run_store import RunDir, seed_perplexities, write_json_atomic
 
 
 class ExportError(ValueError):
     """The run cannot be exported as asked."""
 
 
-def best_as_longrope(run_dir: RunDir) -> tuple[LongRope, dict[str, Any]]:
-    job = run_dir.read_json(JOB_FILE)
+def best_as_longrope(run_dir: RunDir, job: dict[str, Any]) -> tuple[LongRope, dict[str, Any]]:
+    """The run's best candidate as a LongRoPE encoding, with the model shape recorded in its job.json."""
     best = run_dir.read_best()
     method = LongRope.from_factors(
         best["factors"],
@@ -38,15 +38,15 @@ def best_as_longrope(run_dir: RunDir) -> tuple[LongRope, dict[str, Any]]:
 
 def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> FactorsFile:
     config = run_dir.read_config()  # first, so a folder that is no run directory says so
-    method, best = best_as_longrope(run_dir)
+    job = run_dir.read_json(JOB_FILE)
+    method, best = best_as_longrope(run_dir, job)
     if method.n_hat and not allow_n_hat:
         raise ExportError(
             f"best candidate has n_hat = {method.n_hat}, which transformers and vLLM cannot express; "
             "pass --allow-n-hat to export it anyway (they will ignore n_hat)"
         )
-    job, history = run_dir.read_json(JOB_FILE), run_dir.read_history()
+    history = run_dir.read_history()
     state = run_dir.read_state() or {}
-    seeds = {r["seed"]: r["perplexity"] for r in history.values() if r.get("seed")}
     block = method.to_hf()
     block.pop("n_hat", None)
     return FactorsFile(
@@ -63,7 +63,7 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
             original_length=job["original_length"],
             target_length=job["target_length"],
             best_perplexity=best["perplexity"],
-            baseline_perplexities=seeds,
+            baseline_perplexities=seed_perplexities(history),
             n_hat=method.n_hat,
             generations=state.get("evolution", {}).get("generation"),
             evaluations=len(history),

@@ -32,7 +32,7 @@ def run_search(
         if config is not None:
             run_dir.check_matches(config)
         config = stored
-    if not resume_dir:
+    else:
         run_dir.check_new(config)
     context = JobContext.resolve(config)  # every input check runs before anything is written or scored
     problem = SearchProblem(

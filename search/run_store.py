@@ -35,6 +35,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp.name, path)
 
 
+def seed_perplexities(history: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Perplexity of each seed method (pi, ntk, yarn, ...) as scored in a run's history."""
+    return {r["seed"]: r["perplexity"] for r in history.values() if r.get("seed")}
+
+
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)

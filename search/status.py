@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from longrope.search.run_store import RunDir
+from longrope.search.run_store import RunDir, seed_perplexities
 
 
 def run_status(run_dir: RunDir) -> dict[str, Any]:
@@ -19,7 +19,7 @@ def run_status(run_dir: RunDir) -> dict[str, Any]:
     eta = None if finished or not seconds else statistics.median(seconds[1:] or seconds) * (total - done)
     finite = [r for r in history.values() if r["perplexity"] is not None]
     best = min(finite, key=lambda r: r["perplexity"]) if finite else None
-    seeds = {r["seed"]: r["perplexity"] for r in history.values() if r.get("seed")}
+    seeds = seed_perplexities(history)
     return {
         "run_dir": str(run_dir.path),
         "name": config.name,

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from longrope.encodings import RopeMethod, rotary_cos_sin
+from longrope.encodings.rope_methods import candidate_rows
 
 
 class CandidateRotaryEmbedding(nn.Module):
@@ -31,12 +32,10 @@ class CandidateRotaryEmbedding(nn.Module):
     def set_candidates(self, methods: Sequence[RopeMethod], seq_len: int, rows_each: int = 1) -> None:
         """Frequencies in force for a `seq_len`-token forward: `rows_each` consecutive batch rows per method."""
         device = self.original_inv_freq.device
-        inv_freq = torch.stack([m.inv_freq(seq_len) for m in methods])
-        attention_factor = torch.tensor([m.attention_factor for m in methods], dtype=torch.float32)
-        n_hat = torch.tensor([m.n_hat for m in methods], dtype=torch.long)
-        self.inv_freq = inv_freq.repeat_interleave(rows_each, dim=0).to(device)
-        self.attention_factor = attention_factor.repeat_interleave(rows_each).to(device)
-        self.n_hat = n_hat.repeat_interleave(rows_each).to(device)
+        rows = candidate_rows(methods, seq_len)
+        self.inv_freq = rows.inv_freq.repeat_interleave(rows_each, dim=0).to(device)
+        self.attention_factor = rows.attention_factor.repeat_interleave(rows_each).to(device)
+        self.n_hat = rows.n_hat.repeat_interleave(rows_each).to(device)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
