@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from longrope.encodings.errors import EncodingConfigError
@@ -37,13 +39,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `kill`, `ray job stop` and schedulers send), raised in the main thread as Ctrl-C is, so the
+    same unwinding stops the workers and leaves the run directory whole."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. Bad input: one line, exit 2. Ctrl-C: exit 130; SIGTERM: exit 143 (128 + signal), each
+    with one line (a search says how to resume). A reader that closes the pipe (`| head`) ends it quietly."""
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return args.handler(args)
     except USER_ERRORS as exc:
         print(f"longrope: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the one line short
+        terminated = isinstance(exc, Terminated)
+        cause = "SIGTERM" if terminated else "Ctrl-C"
+        print(f"longrope: stopped by {cause}{getattr(exc, 'hint', '')}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush is quiet too
+        return 128 + signal.SIGPIPE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from longrope.encodings import ROPE_METHODS, from_hf
 from longrope.encodings.catalog import METHODS
 from longrope.encodings.errors import EncodingConfigError
 from longrope.search.factors_file import factors_file_for
+from longrope.search.job_config import MAX_FACTOR, MAX_LENGTH
 
 # Friendly names accepted on the command line, mapped to rope_type.
 METHOD_ALIASES = {"pi": "linear", "rope": "default", "none": "default", "dynamic_ntk": "dynamic", "su": "longrope"}
@@ -81,9 +82,17 @@ def run_factors(args: argparse.Namespace) -> int:
     for flag, value in (("--original-length", args.original_length), ("--head-dim", args.head_dim)):
         if value <= 0:
             raise EncodingConfigError(f"{flag}: must be a positive integer, got {value}")
-    if not math.isfinite(args.factor) or args.factor <= 0:
-        raise EncodingConfigError(f"--factor: must be a finite number > 0, got {args.factor}")
+    if not math.isfinite(args.factor) or not 0 < args.factor <= MAX_FACTOR:
+        raise EncodingConfigError(f"--factor: must be a finite number in (0, {MAX_FACTOR:g}], got {args.factor}")
     target_length = args.target_length or round(args.original_length * args.factor)
+    for flag, value in (("--original-length", args.original_length), ("--target-length", target_length)):
+        if value > MAX_LENGTH:
+            raise EncodingConfigError(f"{flag}: must be at most {MAX_LENGTH} tokens, got {value}")
+    if args.beta_fast is not None and args.beta_slow is not None and args.beta_fast <= args.beta_slow:
+        raise EncodingConfigError(
+            f"--beta-fast: must be greater than --beta-slow ({args.beta_slow}), got {args.beta_fast} "
+            "(beta_fast counts the rotations of the fast dimensions, which are kept)"
+        )
     max_positions = args.original_length if rope_type in LENGTH_FROM_MAX_POSITIONS else target_length
     method = from_hf(_rope_parameters(rope_type, args), head_dim=args.head_dim, max_position_embeddings=max_positions)
     factors_file = factors_file_for(

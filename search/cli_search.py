@@ -13,7 +13,7 @@ from longrope.search.export import factors_file_of_run, write_export, write_into
 from longrope.search.job_config import JobConfigError, load_job_config
 from longrope.search.job_context import JobContext
 from longrope.search.jobs import run_search
-from longrope.search.run_store import RunDir
+from longrope.search.run_store import CONFIG, RunDir
 from longrope.search.status import format_status, run_status
 
 
@@ -76,7 +76,16 @@ def run_search_command(args: argparse.Namespace) -> int:
     if not args.config and not args.resume:
         raise JobConfigError("search: give a CONFIG, or --resume RUN_DIR")
     config = load_job_config(args.config, args.set) if args.config else None
-    best = run_search(config, resume_dir=args.resume, show_progress=not args.no_progress)
+    run_dir = RunDir(args.resume or config.output_dir)
+    try:
+        best = run_search(config, resume_dir=args.resume, show_progress=not args.no_progress)
+    except KeyboardInterrupt as exc:
+        exc.hint = (
+            f"; every scored candidate is on disk, continue with: longrope search --resume {run_dir.path}"
+            if run_dir.file(CONFIG).exists()
+            else "; no run was started"
+        )
+        raise
     print(json.dumps({"best_perplexity": best["perplexity"], "key": best["key"]}))
     return 0
 

@@ -2,8 +2,9 @@
 
 Each generation it asks the optimizer for candidates, sends the new ones to the evaluator, records each result
 the moment it arrives (history.jsonl), tells the optimizer, and writes state.json atomically. A resumed run
-restores the optimizer from state.json and takes the scores of candidates already in history.jsonl, so it
-reaches exactly the result of an uninterrupted run with the same seed.
+restores the optimizer from state.json (or, when the first generation never ended, starts it afresh from the
+same seed) and takes the scores of candidates already in history.jsonl, so it reaches exactly the result of an
+uninterrupted run with the same seed and never scores a candidate twice.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from longrope.encodings import RopeMethod
 from longrope.search.evolution import DimMonoEvolution, Genome, Seed
 from longrope.search.job_config import SearchConfig
-from longrope.search.run_store import RunDir, RunStoreError
+from longrope.search.run_store import HISTORY, History, RunDir, RunStoreError, best_of
 from longrope.workers.scorer import CandidateScore
 
 
@@ -67,18 +68,29 @@ class Coordinator:
         """The initial population, then `generations` rounds of mutation and crossover."""
         return 1 + self.settings.generations
 
-    def resume(self) -> None:
+    def resume(self) -> History:
+        """Load what the run directory holds; writes nothing, so a damaged directory is left as it was.
+
+        Returns the history as read, so the caller can cut a torn last line once every check has passed."""
+        history = self.run_dir.load_history()
         state = self.run_dir.read_state()
-        if state is None:
-            raise RunStoreError(f"{self.run_dir.path}: no state.json yet; start the run without --resume")
-        try:
-            self.evolution.load_state_dict(state["evolution"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc!r})") from None
-        self.generation_seconds = list(state["generation_seconds"])
-        self.best_by_generation = list(state.get("best_by_generation", []))
-        self.stopped_early = bool(state.get("stopped_early", False))
-        self.history = self.run_dir.read_history()
+        if state is not None:
+            try:
+                self.evolution.load_state_dict(state["evolution"])
+                self.generation_seconds = [float(v) for v in state["generation_seconds"]]
+                best = state.get("best_by_generation", [])
+                self.best_by_generation = [math.inf if v is None else float(v) for v in best]
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc!r})") from None
+            self.stopped_early = bool(state.get("stopped_early", False))
+            lost = [key for key in self.evolution.scores if key not in history.records]
+            if lost:
+                raise RunStoreError(
+                    f"{self.run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(self.evolution.scores)} candidates "
+                    f"that state.json counts as scored (first {lost[0]}); the run directory is damaged"
+                )
+        self.history = dict(history.records)
+        return history
 
     def run(self) -> dict[str, Any]:
         """Run the remaining generations; returns the best candidate's history record."""
@@ -96,8 +108,11 @@ class Coordinator:
         return self.best_record()
 
     def best_record(self) -> dict[str, Any]:
-        genome, _ = self.evolution.best()
-        return self.history[genome.key]
+        """The best scored candidate, by the one rule that status and export also use (`run_store.best_of`)."""
+        best = best_of(self.history)
+        if best is None:
+            raise RunStoreError("search: no candidate got a finite score; check the model and the data")
+        return best
 
     # ---- one generation ----
 
@@ -137,7 +152,7 @@ class Coordinator:
         }
 
     def _end_generation(self, seconds: float) -> None:
-        genome, best_nll = self.evolution.best()
+        _, best_nll = self.evolution.best()
         self.generation_seconds.append(seconds)
         self.best_by_generation.append(best_nll)
         patience = self.settings.early_stop.patience
@@ -153,7 +168,6 @@ class Coordinator:
                 "finished": self.stopped_early or self.evolution.generation >= self.total_generations,
             }
         )
-        self.run_dir.write_best(self.history[genome.key])
         done = self.evolution.generation
         self.console.print(
             f"generation {done}/{self.total_generations}  evaluations {len(self.history)}  "

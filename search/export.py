@@ -3,49 +3,59 @@ config.json, or the official LongRoPE release's one-factor-per-line CSV."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from longrope.encodings import LongRope
 from longrope.search.factors_file import FactorsFile, LongRopeParameters, Provenance
-from longrope.search.job_config import JobConfigError
-from longrope.search.jobs import JOB_FILE
-from longrope.search.run_store import RunDir, seed_perplexities, write_json_atomic
+from longrope.search.job_record import JobRecord, read_job_record
+from longrope.search.run_store import (
+    RunDir,
+    RunStoreError,
+    best_of,
+    seed_perplexities,
+    write_json_atomic,
+    write_text_atomic,
+)
+from longrope.workers.errors import ModelLoadError
+from longrope.workers.models import model_rope
 
 
 class ExportError(ValueError):
     """The run cannot be exported as asked."""
 
 
-def best_as_longrope(run_dir: RunDir, job: dict[str, Any]) -> tuple[LongRope, dict[str, Any]]:
-    """The run's best candidate as a LongRoPE encoding, with the model shape recorded in its job.json."""
-    best = run_dir.read_best()
-    method = LongRope.from_factors(
+def best_as_longrope(best: dict, job: JobRecord) -> LongRope:
+    """A history record as a LongRoPE encoding, with the model shape recorded in the run's job.json."""
+    return LongRope.from_factors(
         best["factors"],
-        head_dim=job["head_dim"],
-        original_length=job["original_length"],
-        target_length=job["target_length"],
-        rope_theta=job["rope_theta"],
-        partial_rotary_factor=job["partial_rotary_factor"],
+        head_dim=job.head_dim,
+        original_length=job.original_length,
+        target_length=job.target_length,
+        rope_theta=job.rope_theta,
+        partial_rotary_factor=job.partial_rotary_factor,
         attention_factor=best["attention_factor"],
         n_hat=best["n_hat"],
     )
-    return method, best
 
 
 def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> FactorsFile:
+    """The run's best candidate (the lowest mean NLL in history.jsonl, the rule status uses too) as a factors file."""
     config = run_dir.read_config()  # first, so a folder that is no run directory says so
-    job = run_dir.read_json(JOB_FILE)
-    method, best = best_as_longrope(run_dir, job)
+    job = read_job_record(run_dir)
+    history = run_dir.read_history()
+    best = best_of(history)
+    if best is None:
+        raise ExportError(f"{run_dir.path}: no candidate has a finite score yet; nothing to export")
+    method = best_as_longrope(best, job)
     if method.n_hat and not allow_n_hat:
         raise ExportError(
             f"best candidate has n_hat = {method.n_hat}, which transformers and vLLM cannot express; "
             "pass --allow-n-hat to export it anyway (they will ignore n_hat)"
         )
-    history = run_dir.read_history()
     state = run_dir.read_state() or {}
     block = method.to_hf()
     block.pop("n_hat", None)
@@ -57,12 +67,13 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
             method="longrope-search",
             method_rope_parameters=method.to_hf(),
             seq_len=method.max_position_embeddings,
-            model=job["model_dir"],
+            model=job.model_dir,
             data_source=config.data.search_source,
-            data_hash=job["search_windows_hash"],
-            original_length=job["original_length"],
-            target_length=job["target_length"],
+            data_hash=job.search_windows_hash,
+            original_length=job.original_length,
+            target_length=job.target_length,
             best_perplexity=best["perplexity"],
+            best_key=best["key"],
             baseline_perplexities=seed_perplexities(history),
             n_hat=method.n_hat,
             generations=state.get("evolution", {}).get("generation"),
@@ -72,28 +83,76 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
     )
 
 
+def check_output_path(out: Path, flag: str = "-o") -> None:
+    """Refuse, before anything is written, an output that is a directory or lies under something that is not."""
+    if out.is_dir():
+        raise ExportError(f"{flag} {str(out)!r}: is a directory; give a file name")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ExportError(f"{flag} {str(out)!r}: {str(parent)!r} is not a directory")
+
+
 def write_export(factors: FactorsFile, out: Path, fmt: str) -> None:
+    check_output_path(out)
     if fmt == "csv":
-        out.write_text("\n".join(repr(float(v)) for v in factors.rope_parameters.long_factor) + "\n")
+        write_text_atomic(out, "\n".join(repr(float(v)) for v in factors.rope_parameters.long_factor) + "\n")
     else:
         write_json_atomic(out, factors.model_dump(mode="json", exclude_none=True))
 
 
 def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
-    """Put the block into MODEL_DIR/config.json, keeping a timestamped backup; returns the backup's path."""
+    """Put the block into MODEL_DIR/config.json, keeping a timestamped backup; returns the backup's path.
+
+    Refused when the model's rotary pairs or original length differ from the run's: the factors of a model with
+    another head_dim or pre-training length mean nothing there. config.json keeps its file mode."""
     config_path = Path(model_dir) / "config.json"
-    if not config_path.is_file():
-        raise JobConfigError(f"--into {str(model_dir)!r}: no config.json there")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise JobConfigError(f"--into {str(model_dir)!r}: config.json is not valid JSON ({exc.msg})") from None
+    config = _read_model_config(config_path, model_dir)
+    _check_same_shape(factors, config, model_dir)
     backup = config_path.with_name(f"config.json.{time.strftime('%Y%m%d-%H%M%S')}.bak")
-    shutil.copy2(config_path, backup)
     config.pop("rope_scaling", None)  # transformers would take a legacy rope_scaling over rope_parameters
     config["rope_parameters"] = factors.rope_parameters.model_dump(exclude_none=True)
     config["max_position_embeddings"] = factors.max_position_embeddings
     if "original_max_position_embeddings" in config:  # Phi-3 style: the top-level key wins in transformers
         config["original_max_position_embeddings"] = factors.rope_parameters.original_max_position_embeddings
-    write_json_atomic(config_path, config)
+    try:
+        shutil.copy2(config_path, backup)
+        write_json_atomic(config_path, config)
+    except (OSError, RunStoreError) as exc:
+        with contextlib.suppress(OSError):
+            backup.unlink()
+        message = str(exc) if isinstance(exc, RunStoreError) else f"{backup}: cannot write ({exc.strerror or exc})"
+        raise ExportError(f"--into {str(model_dir)!r}: {message}") from None
     return backup
+
+
+def _read_model_config(config_path: Path, model_dir: Path) -> dict:
+    if not config_path.is_file():
+        raise ExportError(f"--into {str(model_dir)!r}: no config.json there")
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ExportError(f"--into {str(model_dir)!r}: config.json is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ExportError(f"--into {str(model_dir)!r}: config.json holds a JSON {type(config).__name__}, not an object")
+    return config
+
+
+def _check_same_shape(factors: FactorsFile, config: dict, model_dir: Path) -> None:
+    try:
+        rope = model_rope(config)
+    except ModelLoadError as exc:
+        raise ExportError(f"--into {str(model_dir)!r}: {exc}") from None
+    block = factors.rope_parameters
+    pairs = rope.rotary_dim // 2
+    if pairs != len(block.long_factor):
+        raise ExportError(
+            f"--into {str(model_dir)!r}: the model has {pairs} rotary pairs (head_dim {rope.head_dim}), the run's "
+            f"factors are for {len(block.long_factor)}; export into a model of the run's shape"
+        )
+    if rope.original_length != block.original_max_position_embeddings:
+        raise ExportError(
+            f"--into {str(model_dir)!r}: the model's original length is {rope.original_length}, the run's is "
+            f"{block.original_max_position_embeddings}; export into a model of the run's shape"
+        )

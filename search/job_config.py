@@ -14,7 +14,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from longrope.search.config_yaml import ConfigYamlError, read_yaml
+
 SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
+MAX_LENGTH = 1 << 26  # 67M tokens: past every published context window, far below int32/int64 trouble
+MAX_SEED = (1 << 63) - 1  # numpy's PCG64 takes a non-negative integer
+MAX_COUNT = 1_000_000  # populations, generations, windows: larger is a typo, not a job
+MIN_GRID_STEP = 1e-4  # factors live on an integer grid: (max_factor / grid_step) steps must stay countable
+MAX_FACTOR = 1e4
 N_HAT_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
 
 
@@ -40,9 +47,9 @@ class DataConfig(Strict):
     test_source: str = "corpus:test"
     tokenizer: Literal["model", "bytes"] = "model"  # "model": AutoTokenizer from the model directory
     text_field: str = "text"
-    search_windows: int = Field(default=8, ge=1)
-    test_windows: int = Field(default=32, ge=1)
-    seed: int = 0
+    search_windows: int = Field(default=8, ge=1, le=MAX_COUNT)
+    test_windows: int = Field(default=32, ge=1, le=MAX_COUNT)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     cache_dir: str | None = None
 
 
@@ -60,9 +67,9 @@ class NHatConfig(Strict):
 
 class AttentionFactorConfig(Strict):
     mode: Literal["longrope", "searched"] = "longrope"  # longrope: transformers' formula for the export
-    low: float = Field(default=1.0, gt=0)
-    high: float = Field(default=1.6, gt=0)
-    step: float = Field(default=0.01, gt=0)
+    low: float = Field(default=1.0, gt=0, le=100)
+    high: float = Field(default=1.6, gt=0, le=100)
+    step: float = Field(default=0.01, ge=MIN_GRID_STEP, le=1)
 
     @model_validator(mode="after")
     def _ordered(self) -> AttentionFactorConfig:
@@ -77,17 +84,17 @@ class EarlyStopConfig(Strict):
 
 
 class SearchConfig(Strict):
-    population: int = Field(default=64, ge=2)
-    generations: int = Field(default=40, ge=0)
-    parents: int = Field(default=32, ge=1)
-    mutations: int = Field(default=16, ge=0)
-    crossovers: int = Field(default=16, ge=0)
+    population: int = Field(default=64, ge=2, le=MAX_COUNT)
+    generations: int = Field(default=40, ge=0, le=MAX_COUNT)
+    parents: int = Field(default=32, ge=1, le=MAX_COUNT)
+    mutations: int = Field(default=16, ge=0, le=MAX_COUNT)
+    crossovers: int = Field(default=16, ge=0, le=MAX_COUNT)
     change_probability: float = Field(default=0.3, gt=0, le=1)
-    grid_step: float = Field(default=0.01, gt=0)
-    max_factor: float | None = Field(default=None, gt=1)  # None: 1.25 x target/original (the paper's bound)
+    grid_step: float = Field(default=0.01, ge=MIN_GRID_STEP, le=1)
+    max_factor: float | None = Field(default=None, gt=1, le=MAX_FACTOR)  # None: 1.25 x target/original (paper)
     seeds: tuple[Literal["pi", "ntk", "yarn", "llama3"], ...] = ("pi", "ntk", "yarn")
     seed_files: tuple[str, ...] = ()  # factors JSON files (what `longrope export` writes) or other runs' dirs
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     n_hat: NHatConfig = NHatConfig()
     attention_factor: AttentionFactorConfig = AttentionFactorConfig()
     early_stop: EarlyStopConfig = EarlyStopConfig()
@@ -103,28 +110,41 @@ class SearchConfig(Strict):
 
 class WorkersConfig(Strict):
     address: str | None = None  # None: embedded local Ray; "auto" or "ray://host:10001": a running cluster
-    num_workers: int = Field(default=1, ge=1)
-    num_gpus_per_worker: float = Field(default=0.0, ge=0)
-    num_cpus_per_worker: float = Field(default=1.0, gt=0)
-    candidates_per_forward: int = Field(default=4, ge=1)
-    batch_size: int = Field(default=4, ge=1)  # candidates per call to a worker
-    local_num_cpus: int | None = Field(default=None, ge=1)
+    num_workers: int = Field(default=1, ge=1, le=100_000)
+    num_gpus_per_worker: float = Field(default=0.0, ge=0, le=1024)
+    num_cpus_per_worker: float = Field(default=1.0, gt=0, le=1024)
+    candidates_per_forward: int = Field(default=4, ge=1, le=MAX_COUNT)
+    batch_size: int = Field(default=4, ge=1, le=MAX_COUNT)  # candidates per call to a worker
+    local_num_cpus: int | None = Field(default=None, ge=1, le=100_000)
 
 
 class JobConfig(Strict):
     name: str = "longrope-search"
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
-    original_length: int | None = Field(default=None, ge=2)  # None: read from the model config
-    target_length: int = Field(ge=2)
+    original_length: int | None = Field(default=None, ge=2, le=MAX_LENGTH)  # None: read from the model config
+    target_length: int = Field(ge=2, le=MAX_LENGTH)
     search: SearchConfig = SearchConfig()
     workers: WorkersConfig = WorkersConfig()
-    output_dir: str = "runs/job"
+    output_dir: str = Field(default="runs/job", min_length=1)
+
+    @field_validator("output_dir")
+    @classmethod
+    def _a_path(cls, value: str) -> str:
+        if not value.strip() or "\x00" in value:
+            raise ValueError("must name a directory (not blank, no NUL character)")
+        return value
 
     @model_validator(mode="after")
     def _lengths(self) -> JobConfig:
         if self.original_length is not None and self.target_length <= self.original_length:
             raise ValueError(check_lengths_message(self.original_length, self.target_length))
+        n_hat = self.search.n_hat
+        if n_hat.enabled and max(n_hat.choices) >= self.target_length:
+            raise ValueError(
+                f"search.n_hat.choices: every choice must be < target_length ({self.target_length}), "
+                f"got {max(n_hat.choices)}"
+            )
         return self
 
     def hash(self) -> str:
@@ -188,11 +208,11 @@ def load_job_config(path: str | Path | None, overrides: list[str] = ()) -> JobCo
         if not file.is_file():
             raise JobConfigError(f"{source}: no such config file")
         try:
-            raw = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise JobConfigError(f"{source}: not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+            raw = read_yaml(file) or {}
+        except ConfigYamlError as exc:
+            raise JobConfigError(f"{source}: {exc}") from None
+        except OSError as exc:
+            raise JobConfigError(f"{source}: cannot read ({exc.strerror or exc})") from None
         if not isinstance(raw, dict):
             raise JobConfigError(f"{source}: expected a mapping of fields at the top level, got {type(raw).__name__}")
     raw = apply_overrides(raw, list(overrides))

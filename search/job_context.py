@@ -24,7 +24,7 @@ from longrope.search.factors_file import FactorsFile
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
 from longrope.search.run_store import RunDir
 from longrope.workers.documents import read_source
-from longrope.workers.models import model_rope, read_model_config
+from longrope.workers.models import check_model, model_rope, read_model_config
 from longrope.workers.pool import ModelSpec, PoolSpec
 from longrope.workers.reference_model import reference_model_dir
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
@@ -125,9 +125,9 @@ class JobContext:
     def seed_from_file(self, path: str) -> Seed:
         """A factors JSON (what `longrope export` writes), or another run's directory (its best candidate)."""
         if Path(path).is_dir():
-            best = RunDir(path).read_best()
+            best = RunDir(path).best_record()
             factors, attention = np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]
-            where = f"search.seed_files: {path}: best.json factors"
+            where = f"search.seed_files: {path}: best candidate's factors"
         else:
             block = read_factors_file(path).rope_parameters
             factors, attention = np.asarray(block.long_factor, dtype=np.float64), block.attention_factor
@@ -143,6 +143,19 @@ class JobContext:
                 f"{where}: factors must be non-decreasing, got {factors[i]} then {factors[i + 1]} at pair {i + 1}"
             )
         return Seed(f"file:{Path(path).name}", factors, attention)
+
+    def check_model(self) -> None:
+        """Load-check the model in the driver (meta device, no weights read) before any worker starts; the
+        device is checked only for the embedded Ray, whose workers share this machine."""
+        model = self.config.model
+        check_model(
+            self.model_dir,
+            device=model.device,
+            attn_implementation=model.attn_implementation,
+            trust_remote_code=model.trust_remote_code,
+            config_overrides=dict(model.config_overrides),
+            check_device=self.config.workers.address is None,
+        )
 
     def model_spec(self) -> ModelSpec:
         model, workers = self.config.model, self.config.workers

@@ -1,4 +1,9 @@
-"""Starting and resuming a search job: validate everything, then score on the worker pool."""
+"""Starting and resuming a search job: validate everything, then take the run directory's lock, then score.
+
+Every check that can fail on bad input (config, model, data, seeds, a damaged run directory) runs before
+anything is written. A new run writes config.json and job.json before the first candidate is scored, so the
+directory can be resumed from the moment it exists.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,11 @@ from rich.console import Console
 from longrope.search.coordinator import Coordinator, SearchProblem
 from longrope.search.job_config import JobConfig
 from longrope.search.job_context import JobContext
+from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.run_store import RunDir, write_json_atomic
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.pool import WorkerPool
-
-JOB_FILE = "job.json"
+from longrope.workers.windows import Windows
 
 
 def run_search(
@@ -26,43 +31,70 @@ def run_search(
 ) -> dict[str, Any]:
     """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record."""
     console = console or Console(stderr=True)
-    run_dir = RunDir(resume_dir or config.output_dir)
     if resume_dir:
-        stored = run_dir.read_config()
-        if config is not None:
-            run_dir.check_matches(config)
-        config = stored
-    else:
-        run_dir.check_new(config)
-    context = JobContext.resolve(config)  # every input check runs before anything is written or scored
+        run_dir = RunDir(resume_dir)
+        run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
+        with run_dir.lock():
+            return _resume(run_dir, config, console, show_progress)
+    run_dir = RunDir(config.output_dir)
+    run_dir.check_new(config)
+    context, windows = _prepare(config)
+    with run_dir.lock():
+        run_dir.check_new(config)  # again under the lock: another start may have won the race
+        run_dir.create(config)
+        write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows).model_dump(mode="json"))
+        coordinator = _coordinator(config, context, run_dir, console, show_progress)
+        return _run(coordinator, context, windows, console)
+
+
+def _resume(run_dir: RunDir, config: JobConfig | None, console: Console, show_progress: bool) -> dict[str, Any]:
+    stored = run_dir.read_config()
+    if config is not None:
+        run_dir.check_matches(config)
+    context, windows = _prepare(stored)
+    coordinator = _coordinator(stored, context, run_dir, console, show_progress)
+    history = coordinator.resume()  # a damaged run directory stops here
+    record = job_record(context, windows)
+    write_job = check_job_record(run_dir, record)
+    # every check has passed: now the directory may be written
+    if write_job:
+        write_json_atomic(run_dir.file(JOB_FILE), record.model_dump(mode="json"))
+    if history.torn_tail:
+        run_dir.cut_torn_history(history)
+        console.print(
+            f"search: warning: {run_dir.file('history.jsonl')} ended in a torn line ({len(history.torn_tail)} bytes "
+            "of a write cut short); cut it, and that candidate is scored again"
+        )
+    console.print(
+        f"search: resuming at generation {coordinator.evolution.generation}/{coordinator.total_generations} "
+        f"with {len(coordinator.history)} candidates already scored"
+    )
+    return _run(coordinator, context, windows, console)
+
+
+def _prepare(config: JobConfig) -> tuple[JobContext, Windows]:
+    """Resolve the model, seeds and windows: every input check, nothing written but the windows cache."""
+    context = JobContext.resolve(config)
+    context.seeds()
+    context.check_model()
+    windows = context.windows(config.data.search_source, config.target_length, config.data.search_windows)
+    return context, windows
+
+
+def _coordinator(
+    config: JobConfig, context: JobContext, run_dir: RunDir, console: Console, show_progress: bool
+) -> Coordinator:
     problem = SearchProblem(
         pairs=context.pairs, scale=context.scale, seeds=context.seeds(), make_candidate=context.longrope
     )
-    coordinator = Coordinator(
-        config.search, problem, run_dir, evaluator=None, console=console, show_progress=show_progress
-    )
-    if resume_dir:
-        coordinator.resume()  # a damaged run directory stops here, before anything is written
-    windows = context.windows(config.data.search_source, config.target_length, config.data.search_windows)
-    if not resume_dir:
-        run_dir.create(config)
-        write_json_atomic(
-            run_dir.file(JOB_FILE),
-            {
-                "model_dir": str(context.model_dir),
-                "original_length": context.original_length,
-                "target_length": context.target_length,
-                "rope_theta": context.method.rope_theta,
-                "head_dim": context.method.head_dim,
-                "partial_rotary_factor": context.method.partial_rotary_factor,
-                "search_windows_hash": windows.content_hash,
-                "search_windows": {"count": len(windows.names), "tokens": int(windows.tokens.shape[1])},
-                "corpus": corpus_provenance(),
-            },
-        )
+    return Coordinator(config.search, problem, run_dir, evaluator=None, console=console, show_progress=show_progress)
+
+
+def _run(coordinator: Coordinator, context: JobContext, windows: Windows, console: Console) -> dict[str, Any]:
+    config = context.config
     console.print(
         f"search {config.name}: {context.original_length} -> {context.target_length} tokens "
-        f"(scale {context.scale:g}), {context.pairs} pairs, run dir {run_dir.path}"
+        f"(scale {context.scale:g}), {context.pairs} pairs, run dir {coordinator.run_dir.path}"
     )
     pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec())
     coordinator.evaluator = pool
@@ -70,3 +102,17 @@ def run_search(
         return coordinator.run()
     finally:
         pool.shutdown()
+
+
+def job_record(context: JobContext, windows: Windows) -> JobRecord:
+    return JobRecord(
+        model_dir=str(context.model_dir),
+        original_length=context.original_length,
+        target_length=context.target_length,
+        rope_theta=context.method.rope_theta,
+        head_dim=context.method.head_dim,
+        partial_rotary_factor=context.method.partial_rotary_factor,
+        search_windows_hash=windows.content_hash,
+        search_windows={"count": len(windows.names), "tokens": int(windows.tokens.shape[1])},
+        corpus=corpus_provenance(),
+    )

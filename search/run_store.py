@@ -1,43 +1,97 @@
 """The run directory: everything a search needs to be watched, resumed and exported, as plain JSON.
 
 - config.json: the resolved job config and its hash (a run directory never holds two configs);
-- state.json: the optimizer's whole state (population, scores, generator), written atomically after every
-  generation, so a killed coordinator resumes exactly where the last generation ended;
-- history.jsonl: every scored candidate with its per-window NLL, appended as results arrive, so a crash in the
-  middle of a generation loses no evaluation (a resumed run takes those scores instead of recomputing them);
-- best.json: the best candidate so far.
+- job.json: the model's shape and the search windows' hash, written with config.json (see `jobs.py`);
+- history.jsonl: every scored candidate with its per-window NLL, appended and fsynced as results arrive. It is
+  the one source of truth for scores and for the best candidate: a crash in the middle of a generation loses
+  no evaluation, and a resumed run takes those scores instead of recomputing them;
+- state.json: the optimizer's whole state (population, generator), written atomically after every generation.
+  Without it (a kill before the first generation ended) a resumed run starts the optimizer afresh from the same
+  seed, which asks for exactly the candidates already in history.jsonl, so none of them is scored again.
+
+A run directory has one writer at a time: `RunDir.lock()` takes an exclusive `flock` on the directory itself
+(nothing is written for it), held for the run's life and released by the kernel when the process dies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from longrope.search.job_config import JobConfig
 
-CONFIG, STATE, HISTORY, BEST = "config.json", "state.json", "history.jsonl", "best.json"
+CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
 
 
 class RunStoreError(ValueError):
-    """A run directory is missing, holds another config, or has a damaged file."""
+    """A run directory is missing, holds another config, is in use, has a damaged file, or cannot be written."""
+
+
+def _umask_mode() -> int:
+    """The mode a plain `open(path, "w")` would give a new file (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        json.dump(data, tmp, indent=1)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    os.replace(tmp.name, path)
+    write_text_atomic(path, json.dumps(data, indent=1))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over: readers never see half a file.
+
+    The file keeps the mode of the one it replaces (a new one gets the umask's mode, not the temp file's 0600).
+    Any OS error (disk full, read-only or immutable file) becomes one RunStoreError naming the file, and the
+    temp file is removed, so the old file is left whole and a resumed run can write it again.
+    """
+    path = Path(path)
+    tmp_name = None
+    try:
+        mode = path.stat().st_mode & 0o7777 if path.exists() else _umask_mode()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+            tmp_name = tmp.name
+            tmp.write(text)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, path)
+        tmp_name = None
+    except OSError as exc:
+        raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if tmp_name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
 
 
 def seed_perplexities(history: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     """Perplexity of each seed method (pi, ntk, yarn, ...) as scored in a run's history."""
     return {r["seed"]: r["perplexity"] for r in history.values() if r.get("seed")}
+
+
+def best_of(history: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The best scored candidate: lowest mean NLL, ties broken by key (the optimizer's own order); None if none
+    has a finite score. Status, export, seeding from a run and the coordinator all use this one rule."""
+    finite = [r for r in history.values() if r.get("mean_nll") is not None]
+    return min(finite, key=lambda r: (r["mean_nll"], r["key"])) if finite else None
+
+
+@dataclass(frozen=True)
+class History:
+    """history.jsonl as read: the records by key, and the bytes of a torn last line (a write cut by a crash)."""
+
+    records: dict[str, dict[str, Any]]
+    torn_tail: bytes = b""
+    good_length: int = 0  # bytes up to and including the last complete line
 
 
 class RunDir:
@@ -46,6 +100,28 @@ class RunDir:
 
     def file(self, name: str) -> Path:
         return self.path / name
+
+    # ---- the writer's lock ----
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold an exclusive lock on the run directory (creating it) for the block; refuse a second writer."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise RunStoreError(f"output_dir {str(self.path)!r}: cannot open ({exc.strerror or exc})") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunStoreError(
+                    f"output_dir {str(self.path)!r} is in use by another running `longrope search`; "
+                    "wait for it to end (or stop it) before resuming"
+                ) from None
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock, as the kernel does when the process dies
 
     # ---- config ----
 
@@ -56,6 +132,8 @@ class RunDir:
 
     def check_new(self, config: JobConfig) -> None:
         """Refuse, without writing anything, a directory that already holds a run."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunStoreError(f"output_dir {str(self.path)!r}: exists and is not a directory")
         if self.file(CONFIG).exists():
             stored = self.read_config()
             if stored.hash() != config.hash():
@@ -83,7 +161,7 @@ class RunDir:
                 f"given {config.hash()})"
             )
 
-    # ---- state, history, best ----
+    # ---- state and history ----
 
     def write_state(self, state: dict[str, Any]) -> None:
         write_json_atomic(self.file(STATE), state)
@@ -98,32 +176,49 @@ class RunDir:
         return state
 
     def append_history(self, record: dict[str, Any]) -> None:
-        with self.file(HISTORY).open("a") as history:
-            history.write(json.dumps(record) + "\n")
-            history.flush()
-            os.fsync(history.fileno())
+        path = self.file(HISTORY)
+        try:
+            with path.open("a") as history:
+                history.write(json.dumps(record) + "\n")
+                history.flush()
+                os.fsync(history.fileno())
+        except OSError as exc:
+            raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
     def read_history(self) -> dict[str, dict[str, Any]]:
-        """Scored candidates by key; a last line cut short by a crash is ignored, any other bad line is an error."""
-        if not self.file(HISTORY).exists():
-            return {}
+        """Scored candidates by key. A torn last line (no newline yet: a write in progress or cut by a crash) is
+        left out; any other line that is not a JSON object with a string `key` is an error naming the line."""
+        return self.load_history().records
+
+    def load_history(self) -> History:
+        path = self.file(HISTORY)
+        if not path.exists():
+            return History({})
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        good_length = data.rfind(b"\n") + 1
         records: dict[str, dict[str, Any]] = {}
-        lines = self.file(HISTORY).read_text().splitlines()
-        for number, line in enumerate(lines, start=1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                if number == len(lines):
-                    break
-                raise RunStoreError(f"{self.file(HISTORY)}:{number}: corrupted line") from None
-            records[record["key"]] = record
-        return records
+        for number, line in enumerate(data[:good_length].splitlines(), start=1):
+            records.setdefault(*_history_entry(path, number, line))
+        return History(records, data[good_length:], good_length)
 
-    def write_best(self, record: dict[str, Any]) -> None:
-        write_json_atomic(self.file(BEST), record)
+    def cut_torn_history(self, history: History) -> None:
+        """Drop a torn last line, so the next append starts on a line of its own (the writer does this on resume)."""
+        if not history.torn_tail:
+            return
+        try:
+            os.truncate(self.file(HISTORY), history.good_length)
+        except OSError as exc:
+            raise RunStoreError(f"{self.file(HISTORY)}: cannot cut the torn last line ({exc.strerror})") from None
 
-    def read_best(self) -> dict[str, Any]:
-        return self.read_json(BEST)
+    def best_record(self) -> dict[str, Any]:
+        """The run's best scored candidate (see `best_of`), read from history.jsonl."""
+        best = best_of(self.read_history())
+        if best is None:
+            raise RunStoreError(f"{self.file(HISTORY)}: no scored candidate yet (is the run still starting?)")
+        return best
 
     def read_json(self, name: str) -> Any:
         path = self.file(name)
@@ -131,5 +226,23 @@ class RunDir:
             raise RunStoreError(f"{path}: missing (is {str(self.path)!r} a run directory?)")
         try:
             return json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RunStoreError(f"{path}: corrupted ({exc})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise RunStoreError(f"{path}: corrupted ({str(exc).splitlines()[0][:200]})") from None
+        except OSError as exc:
+            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+HISTORY_FIELDS = ("key", "mean_nll", "factors", "nll", "tokens")
+
+
+def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str, Any]]:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise RunStoreError(f"{path}:{number}: corrupted line (not JSON)") from None
+    if not isinstance(record, dict):
+        raise RunStoreError(f"{path}:{number}: corrupted line (a JSON {type(record).__name__}, not an object)")
+    missing = [name for name in HISTORY_FIELDS if name not in record]
+    if missing or not isinstance(record["key"], str):
+        raise RunStoreError(f"{path}:{number}: corrupted line (missing or bad {missing or ['key']})")
+    return record["key"], record

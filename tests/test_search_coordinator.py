@@ -39,7 +39,11 @@ def test_finds_the_known_optimum(tmp_path):
     assert np.abs(np.asarray(best["factors"]) - OPTIMUM).max() < 0.35
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["finished"] and len(state["best_by_generation"]) == 41
-    assert json.loads((tmp_path / "best.json").read_text())["key"] == best["key"]
+    coordinator_best = min(
+        (json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()),
+        key=lambda record: record["mean_nll"],
+    )
+    assert RunDir(tmp_path).best_record() == best == coordinator_best
     lines = (tmp_path / "history.jsonl").read_text().splitlines()
     assert len(lines) == len({json.loads(line)["key"] for line in lines}), "no candidate scored twice"
 
@@ -98,10 +102,12 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
             "head_dim": 32,
             "partial_rotary_factor": 1.0,
             "search_windows_hash": "h",
+            "search_windows": {"count": 1, "tokens": 257},
         },
     )
-    best = json.loads((tmp_path / "best.json").read_text())
-    write_json_atomic(tmp_path / "best.json", {**best, "n_hat": 8})
+    best = RunDir(tmp_path).best_record()
+    with (tmp_path / "history.jsonl").open("a") as history:  # a better candidate with n_hat, as a search may find
+        history.write(json.dumps({**best, "key": "n-hat-8", "n_hat": 8, "mean_nll": best["mean_nll"] - 1}) + "\n")
     with pytest.raises(ExportError, match="n_hat = 8, which transformers and vLLM cannot express"):
         factors_file_of_run(RunDir(tmp_path))
     exported = factors_file_of_run(RunDir(tmp_path), allow_n_hat=True)
@@ -115,7 +121,7 @@ def test_another_runs_best_seeds_a_new_search(tmp_path):
 
     first = job(tmp_path / "first", generations=1)
     run(first, RunDir(tmp_path / "first"), FunctionEvaluator())
-    best = json.loads((tmp_path / "first" / "best.json").read_text())
+    best = RunDir(tmp_path / "first").best_record()
     # the reference model has 16 pairs, as the cheap problem does
     config = load_job_config(None, ["target_length=1024", f"search.seed_files=[{tmp_path / 'first'}]"])
     (seed,) = [s for s in JobContext.resolve(config).seeds() if s.name.startswith("file:")]

@@ -59,7 +59,7 @@ def test_run_directory_is_complete(finished_run):
     state = run_dir.read_state()
     assert state["finished"] and state["evolution"]["generation"] == 3
     history = run_dir.read_history()
-    assert len(history) == 8 + 2 * 6 and best == run_dir.read_best()
+    assert len(history) == 8 + 2 * 6 and best == run_dir.best_record()
     assert {r["seed"] for r in history.values()} >= {"pi", "ntk", "yarn"}
     assert all(len(r["nll"]) == 4 and r["tokens"] == [1024] * 4 for r in history.values())
 

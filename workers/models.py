@@ -47,9 +47,12 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelLoadError(f"model directory: {str(model_dir)!r} has no config.json")
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ModelLoadError(f"model config: {str(path)!r} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"model config: {str(path)!r} holds a JSON {type(config).__name__}, not an object")
+    return config
 
 
 def model_rope(config: dict[str, Any]) -> ModelRope:
@@ -88,6 +91,79 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return choices[dtype]
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def check_weights(model_dir: Path) -> None:
+    """Safetensors weights must be there: a pickle checkpoint (pytorch_model.bin) can run code when loaded, so it
+    is refused by name instead of being handed to `torch.load`."""
+    names = [p.name for p in Path(model_dir).iterdir() if p.is_file()]
+    if any(name.endswith(WEIGHT_SUFFIXES) for name in names):
+        return
+    pickles = sorted(name for name in names if name.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise ModelLoadError(
+            f"model directory: {str(model_dir)!r} holds only pickle checkpoints ({', '.join(pickles[:3])}); "
+            "longrope loads safetensors only (convert with `model.save_pretrained(dir, safe_serialization=True)`)"
+        )
+    raise ModelLoadError(f"model directory: {str(model_dir)!r} has no weights (*.safetensors)")
+
+
+def check_load_options(attn_implementation: str, device: str) -> torch.device:
+    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ModelLoadError(f"attn_implementation: unknown value {attn_implementation!r}")
+    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ModelLoadError("attn_implementation: 'flash_attention_2' was asked for but flash-attn is not installed")
+    return resolve_device(device)
+
+
+def check_model(
+    model_dir: Path,
+    *,
+    device: str = "auto",
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+    config_overrides: dict[str, Any] | None = None,
+    check_device: bool = True,
+) -> None:
+    """Everything that would make `load_model` fail, checked in the driver without loading a weight: the config,
+    the weights' format, the attention implementation, the device (only where the workers share the driver's
+    machine: `check_device`), and the model built on the meta device (head counts, rotary module layout).
+
+    A worker that still fails reports its own exception (see `ScoringWorker`); this check only makes the common
+    causes show in a second instead of after every worker has tried and been restarted."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_rope(read_model_config(model_dir))
+    check_weights(model_dir)
+    if check_device:
+        check_load_options(attn_implementation, device)
+    elif attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ModelLoadError(f"attn_implementation: unknown value {attn_implementation!r}")
+    try:
+        config = AutoConfig.from_pretrained(
+            model_dir, local_files_only=True, trust_remote_code=trust_remote_code, **(config_overrides or {})
+        )
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation="eager", trust_remote_code=trust_remote_code
+            )
+    except Exception as exc:  # transformers raises many types here; the user needs the message, not the type
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"model directory: cannot build the model in {str(model_dir)!r}: {message}") from None
+    check_rotary(model)
+
+
+def check_rotary(model) -> None:
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None or not isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
+        raise ModelLoadError(
+            f"model class {type(model).__name__}: no rotary module at model.model.rotary_emb; the rope patch "
+            "drives the standard transformers layout (Llama, Mistral, Qwen2, Phi-3, Gemma families)"
+        )
+
+
 def load_model(
     model_dir: Path,
     *,
@@ -104,11 +180,8 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     rope = model_rope(read_model_config(model_dir))
-    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ModelLoadError(f"attn_implementation: unknown value {attn_implementation!r}")
-    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        raise ModelLoadError("attn_implementation: 'flash_attention_2' was asked for but flash-attn is not installed")
-    torch_device = resolve_device(device)
+    check_weights(model_dir)
+    torch_device = check_load_options(attn_implementation, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             model_dir,
@@ -116,14 +189,10 @@ def load_model(
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
             local_files_only=True,
+            use_safetensors=True,
             **(config_overrides or {}),
         )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"model directory: cannot load {str(model_dir)!r}: {exc}") from None
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if rotary is None or not isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
-        raise ModelLoadError(
-            f"model class {type(model).__name__}: no rotary module at model.model.rotary_emb; the rope patch "
-            "drives the standard transformers layout (Llama, Mistral, Qwen2, Phi-3, Gemma families)"
-        )
+    check_rotary(model)
     return model.to(torch_device).eval(), rope

@@ -4,12 +4,22 @@ Results come back as they finish (no barrier per batch), so a slow worker never 
 worker keeps `calls_per_worker` batches queued so it never waits for the coordinator between batches. A
 worker that dies loses only its in-flight batches, which go back to the front of the queue for the others;
 Ray restarts the actor where it can (`max_restarts`), and the pool takes it back once it answers again. The
-caller gets every result exactly once. When no worker is left, the pool raises one `WorkerPoolError`.
+caller gets every result exactly once.
+
+The pool fails fast, with the cause: a worker that cannot load its model reports that exception at once (it is
+not restarted into the same failure); a worker that has died more often than Ray restarts it is given up at
+once; when no worker is left, the pool raises one `WorkerPoolError`. It starts only as many workers as the
+cluster can place, so batches never wait on an actor that will never be scheduled.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import signal
+import socket
+import threading
 import time
 import warnings
 from collections import deque
@@ -18,10 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from longrope.encodings import RopeMethod
-from longrope.workers.errors import WorkerPoolError
+from longrope.workers.errors import ModelLoadError, WorkerPoolError
 from longrope.workers.scorer import CandidateScore
 
 Key = Hashable
@@ -59,9 +69,21 @@ class PoolSpec:
 
 
 class ScoringWorker:
-    """The Ray actor: loads the model once, receives the windows once, then scores batches."""
+    """The Ray actor: loads the model once, receives the windows once, then scores batches.
+
+    A load that fails is kept as `load_error` instead of killing the actor: Ray would restart it into the same
+    failure and the caller would only learn that the actor died. Every call then raises it, so the pool
+    reports the real cause at once."""
 
     def __init__(self, spec: ModelSpec, windows: np.ndarray):
+        self.load_error: str | None = None
+        self.device = "none"
+        try:
+            self._load(spec, windows)
+        except Exception as exc:  # reported by every call, see the class docstring
+            self.load_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+    def _load(self, spec: ModelSpec, windows: np.ndarray) -> None:
         import torch
 
         from longrope.workers.models import load_model
@@ -88,28 +110,116 @@ class ScoringWorker:
         self.device = str(self.scorer.device)
 
     def ready(self) -> dict:
+        self._check_loaded()
         return {"pid": os.getpid(), "device": self.device, "node": ray.get_runtime_context().get_node_id()}
 
     def score(self, batch: Sequence[tuple[Key, RopeMethod]]) -> list[tuple[Key, CandidateScore]]:
+        self._check_loaded()
         keys = [key for key, _ in batch]
         return list(zip(keys, self.scorer.score([method for _, method in batch]), strict=True))
 
+    def _check_loaded(self) -> None:
+        if self.load_error is not None:
+            raise ModelLoadError(f"worker on {os.uname().nodename} could not load the model: {self.load_error}")
+
+
+CONNECT_TIMEOUT_S = 10.0
+
 
 def ensure_ray(spec: PoolSpec) -> None:
-    """Connect to the cluster at `spec.address`, or start a quiet embedded Ray when there is none."""
+    """Connect to the cluster at `spec.address`, or start a new embedded Ray when it is None.
+
+    Embedded means a new local instance (`address="local"`): a plain `ray.init()` would join whatever cluster
+    `RAY_ADDRESS` or a running `ray start` points at. A cluster address is first tried with a plain TCP
+    connection bounded by CONNECT_TIMEOUT_S, because Ray itself retries an unreachable address for minutes."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     quiet = {"log_to_driver": False, "logging_level": "ERROR"}
+    if spec.address:
+        check_reachable(spec.address)
+    with kept_sigterm_handler():
+        _init_ray(spec, quiet)
+
+
+@contextlib.contextmanager
+def kept_sigterm_handler() -> Iterator[None]:
+    """`ray.init` replaces the driver's SIGTERM handler with one that calls sys.exit mid-call (a crash dump);
+    keep the caller's own handler where it has one (the CLI turns SIGTERM into a clean stop; Ray still stops its
+    processes at exit). Without one, Ray's handler stays, so its processes are not orphaned."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _init_ray(spec: PoolSpec, quiet: dict) -> None:
     try:
         if not spec.address:
-            ray.init(num_cpus=spec.local_num_cpus, num_gpus=spec.local_num_gpus, include_dashboard=False, **quiet)
+            ray.init(
+                address="local",
+                num_cpus=spec.local_num_cpus,
+                num_gpus=spec.local_num_gpus,
+                include_dashboard=False,
+                **quiet,
+            )
         elif spec.address.startswith("ray://"):
             ray.init(address=spec.address)  # Ray Client takes no local-node options
         else:
             ray.init(address=spec.address, **quiet)
     except (ConnectionError, ValueError, RuntimeError, SystemExit) as exc:  # Ray exits when it gives up connecting
         raise WorkerPoolError(f"workers.address = {spec.address!r}: cannot connect to Ray ({exc})") from None
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail within `timeout_s` when nothing answers at a `host:port` or `ray://host:port` address ("auto" and
+    other forms are left to Ray, which resolves them locally)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise WorkerPoolError(
+            f"workers.address = {address!r}: nothing answers there within {timeout_s:g} s ({reason}); "
+            "is the Ray cluster up?"
+        ) from None
+
+
+def placeable_workers(num_cpus: float, num_gpus: float, nodes: list[dict]) -> int:
+    """How many actors of (num_cpus, num_gpus) the alive nodes can hold at once, node by node."""
+    total = 0
+    for node in nodes:
+        if not node.get("Alive", True):
+            continue
+        resources = node.get("Resources", {})
+        fits = [math.floor(resources.get("CPU", 0) / num_cpus + 1e-9)] if num_cpus > 0 else []
+        if num_gpus > 0:
+            fits.append(math.floor(resources.get("GPU", 0) / num_gpus + 1e-9))
+        total += min(fits) if fits else 0
+    return total
+
+
+def workers_to_start(spec: PoolSpec, num_cpus: float, num_gpus: float, nodes: list[dict]) -> int:
+    """`spec.num_workers`, or fewer (with a warning) when the cluster cannot place that many: a worker that is
+    never scheduled would hold its queued batches forever."""
+    placeable = placeable_workers(num_cpus, num_gpus, nodes)
+    if placeable == 0:
+        raise WorkerPoolError(
+            f"workers.num_workers = {spec.num_workers}: no node of the Ray cluster can place a worker of "
+            f"{num_cpus:g} CPUs and {num_gpus:g} GPUs"
+        )
+    if placeable < spec.num_workers:
+        warnings.warn(
+            f"workers.num_workers = {spec.num_workers}: the Ray cluster can place only {placeable} workers of "
+            f"{num_cpus:g} CPUs and {num_gpus:g} GPUs; starting {placeable}",
+            stacklevel=3,
+        )
+    return min(spec.num_workers, placeable)
 
 
 def actor_resources(spec: PoolSpec, cluster: dict[str, float]) -> tuple[float, float]:
@@ -145,6 +255,7 @@ class _Worker:
     actor: ray.actor.ActorHandle
     index: int
     in_flight: int = 0
+    deaths: int = 0  # times it died; past the pool's max_restarts Ray will not bring it back
     dead: bool = False
     failed_since: float | None = None  # set while the worker is down and being probed
     next_probe_at: float | None = None  # when to ask a down worker again (None: a probe is out)
@@ -178,7 +289,8 @@ class WorkerPool:
             max_restarts=spec.max_restarts,
             max_task_retries=0,
         )
-        self.workers = [_Worker(actor_class.remote(model, self.windows_ref), i) for i in range(spec.num_workers)]
+        count = workers_to_start(spec, num_cpus, num_gpus, ray.nodes())
+        self.workers = [_Worker(actor_class.remote(model, self.windows_ref), i) for i in range(count)]
         self._queue: deque[list[tuple[Key, RopeMethod]]] = deque()
         self._calls: dict[ray.ObjectRef, _Call] = {}
         self.failures = 0
@@ -229,25 +341,34 @@ class WorkerPool:
         call = self._calls.pop(ref)
         try:
             value = ray.get(ref)
-        except RayActorError:
-            self._on_failure(call)
+        except RayActorError as exc:
+            self._on_failure(call, died=not isinstance(exc, ActorUnavailableError))
             return []
+        except RayTaskError as exc:  # the call itself raised: the same input would fail again, so stop now
+            cause = exc.cause if isinstance(exc.cause, Exception) else exc
+            if isinstance(cause, ModelLoadError):
+                raise ModelLoadError(str(cause)) from None
+            first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+            name = type(cause).__name__
+            raise WorkerPoolError(f"worker {call.worker.index}: scoring failed: {name}: {first}") from None
         if call.probe:
             call.worker.failed_since = None  # it answered again: back in the pool
             return []
         call.worker.in_flight -= 1
         return value
 
-    def _on_failure(self, call: _Call) -> None:
+    def _on_failure(self, call: _Call, *, died: bool = True) -> None:
         """Re-queue lost work; probe the worker until Ray has restarted it or `restart_timeout_s` passes."""
         worker, now = call.worker, time.monotonic()
+        if died and (call.probe or worker.failed_since is None):  # in-flight calls of one death count once
+            worker.deaths += 1
         if not call.probe:
             worker.in_flight -= 1
             self._queue.appendleft(call.batch)  # lost work goes first, to whoever is free
             if worker.failed_since is None:
                 self.failures += 1
                 worker.failed_since = now
-        if now - worker.failed_since > self.spec.restart_timeout_s:
+        if worker.deaths > self.spec.max_restarts or now - worker.failed_since > self.spec.restart_timeout_s:
             worker.dead = True
         elif worker.in_flight == 0 and not any(c.probe and c.worker is worker for c in self._calls.values()):
             worker.next_probe_at = now + PROBE_INTERVAL_S

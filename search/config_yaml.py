@@ -1,0 +1,99 @@
+"""Reading a YAML job config safely: bounded in size, time and memory, and strict where PyYAML is lenient.
+
+`yaml.safe_load` builds no arbitrary objects, but it still accepts input that hangs or exhausts memory later:
+aliases expand by reference, so a "billion laughs" document of a few hundred bytes stands for 10^9 nodes that
+any walk over the result (validation, hashing) visits one by one, and a recursive alias (`&a [*a]`) never ends.
+It also keeps the last of two equal keys silently. Here the file is capped at MAX_CONFIG_BYTES, the composed
+node graph is measured with every alias expanded (memoised, so the measure is linear in the document) and
+refused past MAX_EXPANDED_NODES or when it refers to itself, and a repeated key is an error naming its line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_EXPANDED_NODES = 100_000
+
+
+class ConfigYamlError(ValueError):
+    """The file is not a YAML document this tool will read; the message says where and why."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise ConfigYamlError(
+                        f"key {key!r} given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1})"
+                    )
+                seen[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key; SafeLoader reports it itself below
+                break
+        return super().construct_mapping(node, deep=deep)
+
+
+def expanded_size(root: Node, limit: int = MAX_EXPANDED_NODES) -> int:
+    """Nodes in the document with every alias expanded; ConfigYamlError past `limit` or on a cycle."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise ConfigYamlError(f"line {node.start_mark.line + 1}: an alias refers to a node that contains it")
+        open_nodes.add(id(node))
+        if isinstance(node, ScalarNode):
+            total = 1
+        elif isinstance(node, SequenceNode):
+            total = 1 + sum(size(child) for child in node.value)
+        else:
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        open_nodes.discard(id(node))
+        if total > limit:
+            raise ConfigYamlError(f"expands to more than {limit} nodes (aliases used as a YAML bomb?)")
+        sizes[id(node)] = total
+        return total
+
+    return size(root)
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document in `path`, or ConfigYamlError (one line) for anything that is not a sane config file."""
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigYamlError(f"{size} bytes; a config is at most {MAX_CONFIG_BYTES} bytes")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigYamlError(f"not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+    if "\x00" in text:
+        raise ConfigYamlError(f"holds a NUL character at offset {text.index(chr(0))}; is it a binary file?")
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded_size(node)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigYamlError(f"not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+    except RecursionError:
+        raise ConfigYamlError("nested too deeply") from None
+    finally:
+        loader.dispose()

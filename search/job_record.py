@@ -1,0 +1,66 @@
+"""job.json: what a run was resolved to when it started (the model's RoPE shape, lengths, the windows' hash).
+
+It is the one place that turns a run into a `LongRope` encoding (export), and what a resumed run checks its
+freshly built windows against: a data file changed under a run would silently break its determinism.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from longrope.encodings.rotary import rotary_dim_for
+from longrope.search.run_store import RunDir, RunStoreError
+
+JOB_FILE = "job.json"
+
+
+class WindowsShape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    count: int
+    tokens: int  # tokens per window: target_length + 1 (n + 1 tokens are read at n positions)
+
+
+class JobRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model_dir: str
+    original_length: int
+    target_length: int
+    rope_theta: float
+    head_dim: int
+    partial_rotary_factor: float
+    search_windows_hash: str
+    search_windows: WindowsShape
+    corpus: dict[str, str] | None = None
+
+    @property
+    def pairs(self) -> int:
+        """Rotary frequency pairs: rotary_dim / 2, with rotary_dim = int(head_dim x partial_rotary_factor), as
+        transformers and vLLM truncate it."""
+        return rotary_dim_for(self.head_dim, self.partial_rotary_factor) // 2
+
+
+def read_job_record(run_dir: RunDir) -> JobRecord:
+    data = run_dir.read_json(JOB_FILE)
+    try:
+        return JobRecord.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise RunStoreError(f"{run_dir.file(JOB_FILE)}: {field}: {first['msg']}") from None
+
+
+def check_job_record(run_dir: RunDir, record: JobRecord) -> bool:
+    """On resume: True when job.json must still be written (a kill right after config.json); an error when the
+    stored record differs from what this resume resolved (the model or the data changed under the run)."""
+    if not run_dir.file(JOB_FILE).exists():
+        return True
+    stored = read_job_record(run_dir)
+    for name in ("search_windows_hash", "original_length", "target_length", "head_dim", "rope_theta"):
+        if getattr(stored, name) != getattr(record, name):
+            raise RunStoreError(
+                f"{run_dir.file(JOB_FILE)}: {name} was {getattr(stored, name)!r} when the run started, is now "
+                f"{getattr(record, name)!r} (the model or the data changed); start a new run instead"
+            )
+    return False
