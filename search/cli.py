@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # inside the try: a closed pipe must end here, not in the flush at exit
+        return code
     except USER_ERRORS as exc:
         print(f"longrope: error: {exc}", file=sys.stderr)
         return 2

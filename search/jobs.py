@@ -18,7 +18,7 @@ from longrope.search.job_context import JobContext
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.run_store import RunDir, write_json_atomic
 from longrope.workers.corpus import corpus_provenance
-from longrope.workers.pool import WorkerPool
+from longrope.workers.pool import WorkerPool, check_reachable
 from longrope.workers.windows import Windows
 
 
@@ -77,6 +77,8 @@ def _prepare(config: JobConfig) -> tuple[JobContext, Windows]:
     context = JobContext.resolve(config)
     context.seeds()
     context.check_model()
+    if config.workers.address:
+        check_reachable(config.workers.address)
     windows = context.windows(config.data.search_source, config.target_length, config.data.search_windows)
     return context, windows
 

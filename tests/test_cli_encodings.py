@@ -86,7 +86,7 @@ def test_factors_yarn_matches_reference_vector(tmp_path):
     [
         (["linear", "--factor", "0.5"], "rope_parameters.factor = 0.5"),
         (["warp", "--factor", "2"], "method: unknown value 'warp'"),
-        (["yarn", "--factor", "nan"], "--factor: must be a finite number > 0, got nan"),
+        (["yarn", "--factor", "nan"], "--factor: must be a finite number in (0, 10000], got nan"),
         (["yarn", "--factor", "4", "--param", "beta_fast"], "--param: expected KEY=VALUE"),
         (
             ["longrope", "--factor", "4", "--param", "long_factor=[1, 2]", "--param", "short_factor=[1, 1]"],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,9 +12,16 @@ import ray
 import torch
 
 from longrope.encodings import LongRope
-from longrope.workers.errors import WorkerPoolError
+from longrope.workers.errors import ModelLoadError, WorkerPoolError
 from longrope.workers.models import load_model
-from longrope.workers.pool import ModelSpec, PoolSpec, WorkerPool
+from longrope.workers.pool import (
+    ModelSpec,
+    PoolSpec,
+    WorkerPool,
+    check_reachable,
+    placeable_workers,
+    workers_to_start,
+)
 from longrope.workers.scorer import Scorer
 
 pytestmark = pytest.mark.slow
@@ -116,10 +125,12 @@ def test_killed_worker_mid_run_loses_nothing(local_ray, tiny_llama_dir, windows,
 
 
 def test_no_worker_left_is_one_clear_error(local_ray, tiny_llama_dir, windows):
+    """A worker past its restarts is given up as soon as a call to it fails again, not after the restart
+    timeout (an hour here: a pool that waited for it would hold this test for that long)."""
     pool = WorkerPool(
         model_spec(tiny_llama_dir),
         windows,
-        PoolSpec(num_workers=1, num_cpus_per_worker=0.5, batch_size=1, restart_timeout_s=1),
+        PoolSpec(num_workers=1, num_cpus_per_worker=0.5, batch_size=1, restart_timeout_s=3600),
     )
     pool.worker_info()
     ray.kill(pool.workers[0].actor, no_restart=True)
@@ -138,3 +149,60 @@ def test_actor_resources_fit_the_cluster():
         actor_resources(PoolSpec(num_cpus_per_worker=4), {"CPU": 2})
     with pytest.raises(WorkerPoolError, match=r"workers\.num_gpus_per_worker = 2: the Ray cluster has only 1 GPUs"):
         actor_resources(PoolSpec(num_gpus_per_worker=2), {"CPU": 2, "GPU": 1})
+
+
+def test_a_worker_that_cannot_load_reports_its_own_error(local_ray, tiny_llama_dir, windows, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((tiny_llama_dir / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    spec = PoolSpec(num_workers=1, num_cpus_per_worker=0.5, restart_timeout_s=3600)
+    pool = WorkerPool(model_spec(broken), windows, spec)
+    try:
+        with pytest.raises(ModelLoadError, match=r"could not load the model: SafetensorError: .*header"):
+            list(pool.imap(candidates(2)))
+        assert pool.failures == 0, "the actor is alive and says why; it was not restarted into the same failure"
+    finally:
+        pool.shutdown()
+
+
+def test_more_workers_than_the_cluster_can_place_start_what_fits(local_ray, tiny_llama_dir, windows, direct_scores):
+    with pytest.warns(UserWarning, match=r"num_workers = 3: the Ray cluster can place only 2 workers of 1 CPUs"):
+        pool = WorkerPool(model_spec(tiny_llama_dir), windows, PoolSpec(num_workers=3, num_cpus_per_worker=1))
+    try:
+        assert len(pool.workers) == 2
+        assert_same_results(list(pool.imap(candidates(12))), direct_scores, 12)
+    finally:
+        pool.shutdown()
+
+
+def test_placeable_workers_counts_node_by_node():
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 3.0, "GPU": 2.0}},  # 3 CPU workers, or 1 of (2 CPU, 1 GPU)
+        {"Alive": True, "Resources": {"CPU": 1.0}},  # a 2-CPU worker does not fit here
+        {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},  # dead nodes hold nothing
+    ]
+    assert placeable_workers(1, 0, nodes) == 4
+    assert placeable_workers(2, 0, nodes) == 1
+    assert placeable_workers(2, 1, nodes) == 1
+    assert placeable_workers(0.5, 0.5, nodes) == 4  # GPUs bound the first node: 2 / 0.5
+    with pytest.raises(WorkerPoolError, match=r"no node of the Ray cluster can place a worker of 4 CPUs and 0 GPUs"):
+        workers_to_start(PoolSpec(num_workers=1, num_cpus_per_worker=4), 4, 0, nodes)
+
+
+def test_an_unreachable_address_fails_at_once():
+    with pytest.raises(WorkerPoolError, match=r"workers.address = 'ray://127.0.0.1:1': nothing answers there"):
+        check_reachable("ray://127.0.0.1:1", timeout_s=5)
+
+
+def test_the_embedded_ray_never_joins_another_cluster(tmp_path):
+    """RAY_ADDRESS pointing at a dead cluster is what a plain ray.init() would join; embedded starts its own."""
+    script = (
+        "from longrope.workers.pool import PoolSpec, ensure_ray\n"
+        "import ray\n"
+        "ensure_ray(PoolSpec(local_num_cpus=1))\n"
+        "print('nodes', len(ray.nodes()))\n"
+    )
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1", "RAY_AUTH_MODE": "disabled"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0 and "nodes 1" in result.stdout, result.stderr[-2000:]
