@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import warnings
 
 from longrope.encodings.errors import EncodingConfigError
 from longrope.search import cli_encodings, cli_search, cli_workers
@@ -48,10 +49,16 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings meant for the user (fewer workers than asked, GPU workers on CPUs) as one line, not two."""
+    return f"longrope: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. Bad input: one line, exit 2. Ctrl-C: exit 130; SIGTERM: exit 143 (128 + signal), each
     with one line (a search says how to resume). A reader that closes the pipe (`| head`) ends it quietly."""
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = _one_line_warning
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = args.handler(args)
