@@ -205,6 +205,8 @@ def load_job_config(path: str | Path | None, overrides: list[str] = ()) -> JobCo
     source = str(path) if path else "config"
     if path is not None:
         file = Path(path)
+        if file.is_dir():
+            raise JobConfigError(f"{source}: is a directory, not a config file")
         if not file.is_file():
             raise JobConfigError(f"{source}: no such config file")
         try:

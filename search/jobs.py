@@ -38,7 +38,8 @@ def run_search(
             return _resume(run_dir, config, console, show_progress)
     run_dir = RunDir(config.output_dir)
     run_dir.check_new(config)
-    context, windows = _prepare(config)
+    context = _checked_context(config)
+    windows = _search_windows(context)
     with run_dir.lock():
         run_dir.check_new(config)  # again under the lock: another start may have won the race
         run_dir.create(config)
@@ -51,9 +52,10 @@ def _resume(run_dir: RunDir, config: JobConfig | None, console: Console, show_pr
     stored = run_dir.read_config()
     if config is not None:
         run_dir.check_matches(config)
-    context, windows = _prepare(stored)
+    context = _checked_context(stored)
     coordinator = _coordinator(stored, context, run_dir, console, show_progress)
-    history = coordinator.resume()  # a damaged run directory stops here
+    history = coordinator.resume()  # a damaged run directory stops here, before the windows cache is written
+    windows = _search_windows(context)
     record = job_record(context, windows)
     write_job = check_job_record(run_dir, record)
     # every check has passed: now the directory may be written
@@ -72,15 +74,20 @@ def _resume(run_dir: RunDir, config: JobConfig | None, console: Console, show_pr
     return _run(coordinator, context, windows, console)
 
 
-def _prepare(config: JobConfig) -> tuple[JobContext, Windows]:
-    """Resolve the model, seeds and windows: every input check, nothing written but the windows cache."""
+def _checked_context(config: JobConfig) -> JobContext:
+    """Resolve and check the model, the seeds and the cluster address; writes nothing."""
     context = JobContext.resolve(config)
     context.seeds()
     context.check_model()
     if config.workers.address:
         check_reachable(config.workers.address)
-    windows = context.windows(config.data.search_source, config.target_length, config.data.search_windows)
-    return context, windows
+    return context
+
+
+def _search_windows(context: JobContext) -> Windows:
+    """The search windows (data too short for the target is an error here); writes only the windows cache."""
+    data = context.config.data
+    return context.windows(data.search_source, context.target_length, data.search_windows)
 
 
 def _coordinator(

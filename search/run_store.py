@@ -145,6 +145,9 @@ class RunDir:
 
     def read_config(self) -> JobConfig:
         data = self.read_json(CONFIG)
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            kind = type(data).__name__ if not isinstance(data, dict) else "object without a 'config' object"
+            raise RunStoreError(f"{self.file(CONFIG)}: not a run config (a JSON {kind})")
         try:
             config = JobConfig.model_validate(data["config"])
         except (KeyError, TypeError, ValueError) as exc:

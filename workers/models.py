@@ -6,8 +6,11 @@ whose rotary module the patch cannot drive is refused before any scoring starts.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,17 +145,35 @@ def check_model(
     elif attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ModelLoadError(f"attn_implementation: unknown value {attn_implementation!r}")
     try:
-        config = AutoConfig.from_pretrained(
-            model_dir, local_files_only=True, trust_remote_code=trust_remote_code, **(config_overrides or {})
-        )
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(
-                config, attn_implementation="eager", trust_remote_code=trust_remote_code
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(
+                model_dir, local_files_only=True, trust_remote_code=trust_remote_code, **(config_overrides or {})
             )
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(
+                    config, attn_implementation="eager", trust_remote_code=trust_remote_code
+                )
     except Exception as exc:  # transformers raises many types here; the user needs the message, not the type
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"model directory: cannot build the model in {str(model_dir)!r}: {message}") from None
+        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:400]
+        raise ModelLoadError(
+            f"model directory: cannot build the model in {str(model_dir)!r}: {message or type(exc).__name__}"
+        ) from None
     check_rotary(model)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers logs and warns about configs it will then refuse; the refusal is the one line to show."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def check_rotary(model) -> None:
