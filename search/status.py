@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from longrope.search.run_store import RunDir, seed_perplexities
+from longrope.search.run_store import RunDir, best_of, seed_perplexities
 
 
 def run_status(run_dir: RunDir) -> dict[str, Any]:
@@ -17,8 +17,7 @@ def run_status(run_dir: RunDir) -> dict[str, Any]:
     seconds = state["generation_seconds"]
     finished = bool(state.get("finished"))
     eta = None if finished or not seconds else statistics.median(seconds[1:] or seconds) * (total - done)
-    finite = [r for r in history.values() if r["perplexity"] is not None]
-    best = min(finite, key=lambda r: r["perplexity"]) if finite else None
+    best = best_of(history)
     seeds = seed_perplexities(history)
     return {
         "run_dir": str(run_dir.path),

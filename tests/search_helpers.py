@@ -14,6 +14,19 @@ HEAD_DIM, PAIRS, ORIGINAL, TARGET = 32, 16, 64, 256
 OPTIMUM = np.round(1.0 + 3.6 * np.linspace(0.0, 1.0, PAIRS) ** 1.5, 2)  # inside the bound [1, 1.25 x 4]
 
 
+# job.json as a model run of this problem's shape would have written it (export reads it)
+JOB_RECORD = {
+    "model_dir": "m",
+    "original_length": ORIGINAL,
+    "target_length": TARGET,
+    "rope_theta": 10000.0,
+    "head_dim": HEAD_DIM,
+    "partial_rotary_factor": 1.0,
+    "search_windows_hash": "h",
+    "search_windows": {"count": 1, "tokens": TARGET + 1},
+}
+
+
 def objective(factors: np.ndarray) -> float:
     return float(np.mean((np.log(factors) - np.log(OPTIMUM)) ** 2))
 

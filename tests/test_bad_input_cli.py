@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from search_helpers import FunctionEvaluator, problem
+from search_helpers import JOB_RECORD, FunctionEvaluator, problem
 
 from longrope.search.cli import main
 from longrope.search.coordinator import Coordinator
@@ -75,23 +75,10 @@ def finished_run(t: Path) -> Path:
     return run_dir
 
 
-# job.json as a model run of the cheap problem's shape would have written it
-JOB = {
-    "model_dir": "m",
-    "original_length": 64,
-    "target_length": 256,
-    "rope_theta": 10000.0,
-    "head_dim": 32,
-    "partial_rotary_factor": 1.0,
-    "search_windows_hash": "h",
-    "search_windows": {"count": 1, "tokens": 257},
-}
-
-
 def exportable_run(t: Path, **drop_or_change) -> Path:
     """A finished run with a hand-written job.json; a keyword set to None drops that field."""
     run_dir = finished_run(t)
-    job = {**JOB, **drop_or_change}
+    job = {**JOB_RECORD, **drop_or_change}
     job = {k: v for k, v in job.items() if v is not None}
     (run_dir / "job.json").write_text(json.dumps(job))
     return run_dir

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 from rich.console import Console
-from search_helpers import OPTIMUM, FunctionEvaluator, objective, problem
+from search_helpers import JOB_RECORD, OPTIMUM, FunctionEvaluator, objective, problem
 
 from longrope.search.coordinator import Coordinator
 from longrope.search.job_config import JobConfig
@@ -92,19 +92,7 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
 
     config = job(tmp_path, generations=1)
     run(config, RunDir(tmp_path), FunctionEvaluator())
-    write_json_atomic(
-        tmp_path / "job.json",
-        {
-            "model_dir": "m",
-            "original_length": 64,
-            "target_length": 256,
-            "rope_theta": 10000.0,
-            "head_dim": 32,
-            "partial_rotary_factor": 1.0,
-            "search_windows_hash": "h",
-            "search_windows": {"count": 1, "tokens": 257},
-        },
-    )
+    write_json_atomic(tmp_path / "job.json", JOB_RECORD)
     best = RunDir(tmp_path).best_record()
     with (tmp_path / "history.jsonl").open("a") as history:  # a better candidate with n_hat, as a search may find
         history.write(json.dumps({**best, "key": "n-hat-8", "n_hat": 8, "mean_nll": best["mean_nll"] - 1}) + "\n")

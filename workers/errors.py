@@ -9,5 +9,12 @@ class DataError(ValueError):
     """Documents are missing, unreadable, or too few / too short for the requested windows."""
 
 
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line (its lines joined), for errors shown as `longrope: error: ...`: the
+    reason is often not on the first line (transformers puts it on the second)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text[:limit] or type(exc).__name__
+
+
 class WorkerPoolError(RuntimeError):
     """The worker pool cannot go on (no worker left, Ray unreachable)."""

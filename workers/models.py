@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from longrope.encodings import EncodingConfigError, RopeMethod, from_hf_config
-from longrope.workers.errors import ModelLoadError
+from longrope.workers.errors import ModelLoadError, one_line
 
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 
@@ -154,10 +154,8 @@ def check_model(
                     config, attn_implementation="eager", trust_remote_code=trust_remote_code
                 )
     except Exception as exc:  # transformers raises many types here; the user needs the message, not the type
-        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:400]
-        raise ModelLoadError(
-            f"model directory: cannot build the model in {str(model_dir)!r}: {message or type(exc).__name__}"
-        ) from None
+        where = f"model directory: cannot build the model in {str(model_dir)!r}"
+        raise ModelLoadError(f"{where}: {one_line(exc)}") from None
     check_rotary(model)
 
 

@@ -31,7 +31,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from longrope.encodings import RopeMethod
-from longrope.workers.errors import ModelLoadError, WorkerPoolError
+from longrope.workers.errors import ModelLoadError, WorkerPoolError, one_line
 from longrope.workers.scorer import CandidateScore
 
 Key = Hashable
@@ -81,7 +81,7 @@ class ScoringWorker:
         try:
             self._load(spec, windows)
         except Exception as exc:  # reported by every call, see the class docstring
-            self.load_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            self.load_error = f"{type(exc).__name__}: {one_line(exc)}"
 
     def _load(self, spec: ModelSpec, windows: np.ndarray) -> None:
         import torch
@@ -348,9 +348,8 @@ class WorkerPool:
             cause = exc.cause if isinstance(exc.cause, Exception) else exc
             if isinstance(cause, ModelLoadError):
                 raise ModelLoadError(str(cause)) from None
-            first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
             name = type(cause).__name__
-            raise WorkerPoolError(f"worker {call.worker.index}: scoring failed: {name}: {first}") from None
+            raise WorkerPoolError(f"worker {call.worker.index}: scoring failed: {name}: {one_line(cause)}") from None
         if call.probe:
             call.worker.failed_since = None  # it answered again: back in the pool
             return []
