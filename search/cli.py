@@ -14,7 +14,7 @@ from longrope.search.export import ExportError
 from longrope.search.factors_file import package_version
 from longrope.search.job_config import JobConfigError
 from longrope.search.run_store import RunStoreError
-from longrope.workers.errors import DataError, ModelLoadError, WorkerPoolError
+from longrope.workers.errors import DataError, ModelLoadError, Terminated, WorkerPoolError
 
 # Errors that mean "the user's input is wrong": one line on stderr and exit 2, no traceback.
 USER_ERRORS = (
@@ -40,11 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what `kill`, `ray job stop` and schedulers send), raised in the main thread as Ctrl-C is, so the
-    same unwinding stops the workers and leaves the run directory whole."""
-
-
 def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
@@ -68,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"longrope: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the one line short
         terminated = isinstance(exc, Terminated)
         cause = "SIGTERM" if terminated else "Ctrl-C"
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the line short
         print(f"longrope: stopped by {cause}{getattr(exc, 'hint', '')}", file=sys.stderr)
+        signal.signal(signal.SIGINT, interrupt)
         return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush is quiet too

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from longrope.search.compare import default_lengths, markdown_table, run_compare
 from longrope.search.export import factors_file_of_run, write_export, write_into_model
-from longrope.search.job_config import JobConfigError, load_job_config
+from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.search.job_context import JobContext
 from longrope.search.jobs import run_search
 from longrope.search.run_store import CONFIG, RunDir
@@ -75,7 +75,7 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_search_command(args: argparse.Namespace) -> int:
     if not args.config and not args.resume:
         raise JobConfigError("search: give a CONFIG, or --resume RUN_DIR")
-    config = load_job_config(args.config, args.set) if args.config else None
+    config = load_job_config(args.config, args.set) if args.config else _resume_overrides(args.resume, args.set)
     run_dir = RunDir(args.resume or config.output_dir)
     try:
         best = run_search(config, resume_dir=args.resume, show_progress=not args.no_progress)
@@ -88,6 +88,19 @@ def run_search_command(args: argparse.Namespace) -> int:
         raise
     print(json.dumps({"best_perplexity": best["perplexity"], "key": best["key"]}))
     return 0
+
+
+def _resume_overrides(run_dir: str, overrides: list[str]) -> JobConfig | None:
+    """`--resume DIR --set workers.X=...`: the stored config scored elsewhere; any other field would change the
+    run itself, which a resume cannot do."""
+    if not overrides:
+        return None
+    for text in overrides:
+        if not text.strip().startswith("workers."):
+            raise JobConfigError(
+                f"--set {text!r}: a resumed run can change only workers.* (where it is scored), not the search"
+            )
+    return load_job_config(None, overrides, base=RunDir(run_dir).read_config().model_dump(mode="json"))
 
 
 def run_status_command(args: argparse.Namespace) -> int:

@@ -63,7 +63,7 @@ def expanded_size(root: Node, limit: int = MAX_EXPANDED_NODES) -> int:
             total = 1 + sum(size(k) + size(v) for k, v in node.value)
         open_nodes.discard(id(node))
         if total > limit:
-            raise ConfigYamlError(f"expands to more than {limit} nodes (aliases used as a YAML bomb?)")
+            raise ConfigYamlError(f"holds more than {limit} values once aliases are expanded; a config is far smaller")
         sizes[id(node)] = total
         return total
 
@@ -80,6 +80,13 @@ def read_yaml(path: Path) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigYamlError(f"not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+    return parse_yaml(text)
+
+
+def parse_yaml(text: str) -> Any:
+    """One YAML document (a config file or a `--set` value) through the same guards, as plain JSON values."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigYamlError(f"{len(text)} characters; at most {MAX_CONFIG_BYTES}")
     if "\x00" in text:
         raise ConfigYamlError(f"holds a NUL character at offset {text.index(chr(0))}; is it a binary file?")
     loader = _StrictLoader(text)
@@ -88,12 +95,35 @@ def read_yaml(path: Path) -> Any:
         if node is None:
             return None
         expanded_size(node)
-        return loader.construct_document(node)
+        return check_plain(loader.construct_document(node))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigYamlError(f"not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
     except RecursionError:
         raise ConfigYamlError("nested too deeply") from None
+    except ConfigYamlError:
+        raise
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        raise ConfigYamlError(f"unreadable value ({str(exc)[:200]})") from None
     finally:
         loader.dispose()
+
+
+PLAIN = (str, int, float, bool, type(None))
+
+
+def check_plain(value: Any, where: str = "") -> Any:
+    """Only what JSON can hold: a config is hashed and stored as JSON, so a !!binary, date or set value is refused
+    by name instead of failing later."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str | int | float | bool):
+                raise ConfigYamlError(f"{where or 'a key'}: a key of type {type(key).__name__} is not allowed")
+            check_plain(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_plain(item, f"{where}[{index}]")
+    elif not isinstance(value, PLAIN):
+        raise ConfigYamlError(f"{where or 'value'}: a {type(value).__name__} value is not allowed (JSON values only)")
+    return value

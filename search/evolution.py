@@ -211,6 +211,9 @@ class DimMonoEvolution:
             self.genomes[genome.key] = genome
             self.scores[genome.key] = math.inf if score is None else float(score)
         self.population = [str(key) for key in state["population"]]
+        unknown = [key for key in self.population if key not in self.genomes]
+        if unknown:
+            raise ValueError(f"population holds {unknown[0]}, which is not among the told genomes")
 
 
 def _json_score(score: float) -> float | None:

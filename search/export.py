@@ -20,7 +20,7 @@ from longrope.search.run_store import (
     write_json_atomic,
     write_text_atomic,
 )
-from longrope.workers.errors import ModelLoadError
+from longrope.workers.errors import ModelLoadError, one_line
 from longrope.workers.models import model_rope
 
 
@@ -110,21 +110,38 @@ def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
     config_path = Path(model_dir) / "config.json"
     config = _read_model_config(config_path, model_dir)
     _check_same_shape(factors, config, model_dir)
-    backup = config_path.with_name(f"config.json.{time.strftime('%Y%m%d-%H%M%S')}.bak")
     config.pop("rope_scaling", None)  # transformers would take a legacy rope_scaling over rope_parameters
     config["rope_parameters"] = factors.rope_parameters.model_dump(exclude_none=True)
     config["max_position_embeddings"] = factors.max_position_embeddings
     if "original_max_position_embeddings" in config:  # Phi-3 style: the top-level key wins in transformers
         config["original_max_position_embeddings"] = factors.rope_parameters.original_max_position_embeddings
+    backup = None
     try:
-        shutil.copy2(config_path, backup)
+        backup = new_backup(config_path)
         write_json_atomic(config_path, config)
     except (OSError, RunStoreError) as exc:
-        with contextlib.suppress(OSError):
-            backup.unlink()
-        message = str(exc) if isinstance(exc, RunStoreError) else f"{backup}: cannot write ({exc.strerror or exc})"
+        if backup is not None:
+            with contextlib.suppress(OSError):
+                backup.unlink()
+        message = str(exc) if isinstance(exc, RunStoreError) else f"cannot write a backup ({exc.strerror or exc})"
         raise ExportError(f"--into {str(model_dir)!r}: {message}") from None
     return backup
+
+
+def new_backup(config_path: Path) -> Path:
+    """Copy config.json to config.json.<time>[.<n>].bak, a name no other export took (created exclusively), so two
+    exports in one second never overwrite the backup of the original."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1000):
+        backup = config_path.with_name(f"config.json.{stamp}{f'.{attempt}' if attempt else ''}.bak")
+        try:
+            with backup.open("xb") as out, config_path.open("rb") as source:
+                shutil.copyfileobj(source, out)
+        except FileExistsError:
+            continue
+        shutil.copystat(config_path, backup)
+        return backup
+    raise OSError(f"no free backup name for {config_path}")
 
 
 def _read_model_config(config_path: Path, model_dir: Path) -> dict:
@@ -132,8 +149,10 @@ def _read_model_config(config_path: Path, model_dir: Path) -> dict:
         raise ExportError(f"--into {str(model_dir)!r}: no config.json there")
     try:
         config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ExportError(f"--into {str(model_dir)!r}: config.json is not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ExportError(f"--into {str(model_dir)!r}: config.json is not valid JSON ({one_line(exc)})") from None
+    except OSError as exc:
+        raise ExportError(f"--into {str(model_dir)!r}: cannot read config.json ({exc.strerror or exc})") from None
     if not isinstance(config, dict):
         raise ExportError(f"--into {str(model_dir)!r}: config.json holds a JSON {type(config).__name__}, not an object")
     return config

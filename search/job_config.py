@@ -11,10 +11,9 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from longrope.search.config_yaml import ConfigYamlError, read_yaml
+from longrope.search.config_yaml import ConfigYamlError, parse_yaml, read_yaml
 
 SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
 MAX_LENGTH = 1 << 26  # 67M tokens: past every published context window, far below int32/int64 trouble
@@ -117,6 +116,19 @@ class WorkersConfig(Strict):
     batch_size: int = Field(default=4, ge=1, le=MAX_COUNT)  # candidates per call to a worker
     local_num_cpus: int | None = Field(default=None, ge=1, le=100_000)
 
+    @field_validator("num_gpus_per_worker", "num_cpus_per_worker")
+    @classmethod
+    def _ray_amount(cls, value: float) -> float:
+        return ray_resource_amount(value)
+
+
+def ray_resource_amount(value: float) -> float:
+    """Ray refuses a fractional resource below 0.0001 (`.options()` raises "The precision of the fractional
+    quantity of resource ... cannot go beyond 0.0001"); refuse it here, before anything is written."""
+    if 0 < value < 1e-4:
+        raise ValueError(f"must be 0 or at least 0.0001 (Ray's precision for resources), got {value}")
+    return value
+
 
 class JobConfig(Strict):
     name: str = "longrope-search"
@@ -180,9 +192,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise JobConfigError(f"--set {text!r}: expected FIELD=VALUE, e.g. search.generations=10")
     try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        raise JobConfigError(f"--set {key}: cannot read value {value!r} ({exc.problem})") from None
+        parsed = parse_yaml(value)
+    except ConfigYamlError as exc:
+        raise JobConfigError(f"--set {key.strip()}: cannot read value {value[:80]!r} ({exc})") from None
     return key.strip().split("."), parsed
 
 
@@ -199,9 +211,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def load_job_config(path: str | Path | None, overrides: list[str] = ()) -> JobConfig:
-    """Read YAML (safe_load), apply `--set` overrides, validate; JobConfigError lists every problem."""
-    raw: dict[str, Any] = {}
+def load_job_config(path: str | Path | None, overrides: list[str] = (), base: dict | None = None) -> JobConfig:
+    """Read YAML (guarded safe_load), apply `--set` overrides (on `base` when no file is given), validate;
+    JobConfigError lists every problem."""
+    raw: dict[str, Any] = dict(base or {})
     source = str(path) if path else "config"
     if path is not None:
         file = Path(path)

@@ -33,6 +33,7 @@ class JobRecord(BaseModel):
     search_windows_hash: str
     search_windows: WindowsShape
     corpus: dict[str, str] | None = None
+    seeds_hash: str | None = None  # the seed factors as resolved (seed files and runs can change under a path)
 
     @property
     def pairs(self) -> int:
@@ -57,10 +58,11 @@ def check_job_record(run_dir: RunDir, record: JobRecord) -> bool:
     if not run_dir.file(JOB_FILE).exists():
         return True
     stored = read_job_record(run_dir)
-    for name in ("search_windows_hash", "original_length", "target_length", "head_dim", "rope_theta"):
-        if getattr(stored, name) != getattr(record, name):
+    names = ("search_windows_hash", "seeds_hash", "original_length", "target_length", "head_dim", "rope_theta")
+    for name in (*names, "partial_rotary_factor"):
+        if getattr(stored, name) is not None and getattr(stored, name) != getattr(record, name):
             raise RunStoreError(
                 f"{run_dir.file(JOB_FILE)}: {name} was {getattr(stored, name)!r} when the run started, is now "
-                f"{getattr(record, name)!r} (the model or the data changed); start a new run instead"
+                f"{getattr(record, name)!r} (the model, the data or a seed file changed); start a new run instead"
             )
     return False

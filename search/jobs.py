@@ -7,12 +7,15 @@ directory can be resumed from the moment it exists.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from longrope.search.coordinator import Coordinator, SearchProblem
+from longrope.search.evolution import Seed
 from longrope.search.job_config import JobConfig
 from longrope.search.job_context import JobContext
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
@@ -51,9 +54,11 @@ def run_search(
 def _resume(run_dir: RunDir, config: JobConfig | None, console: Console, show_progress: bool) -> dict[str, Any]:
     stored = run_dir.read_config()
     if config is not None:
-        run_dir.check_matches(config)
-    context = _checked_context(stored)
-    coordinator = _coordinator(stored, context, run_dir, console, show_progress)
+        run_dir.check_matches(config)  # equal but for where it is written and who scores it
+    # the given workers section may move the run to another cluster; the windows cache follows the directory
+    config = (config or stored).model_copy(update={"output_dir": str(run_dir.path)})
+    context = _checked_context(config)
+    coordinator = _coordinator(config, context, run_dir, console, show_progress)
     history = coordinator.resume()  # a damaged run directory stops here, before the windows cache is written
     windows = _search_windows(context)
     record = job_record(context, windows)
@@ -113,8 +118,15 @@ def _run(coordinator: Coordinator, context: JobContext, windows: Windows, consol
         pool.shutdown()
 
 
+def seeds_hash(seeds: list[Seed]) -> str:
+    """Identity of the seeds as resolved: the optimizer's first generation is drawn from them."""
+    payload = [[s.name, [float(v) for v in s.factors], s.attention_factor] for s in seeds]
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
+
+
 def job_record(context: JobContext, windows: Windows) -> JobRecord:
     return JobRecord(
+        seeds_hash=seeds_hash(context.seeds()),
         model_dir=str(context.model_dir),
         original_length=context.original_length,
         target_length=context.target_length,

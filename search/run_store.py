@@ -25,9 +25,54 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from longrope.search.job_config import JobConfig
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
+
+
+class HistoryRecord(BaseModel):
+    """One line of history.jsonl: a scored candidate (mean_nll / perplexity null when the score was not finite)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    key: str
+    generation: int = Field(ge=0)
+    seed: str | None = None  # the seed method's name for a seed candidate
+    factors: list[float]
+    n_hat: int = Field(ge=0)
+    attention_factor: float | None
+    mean_nll: float | None
+    perplexity: float | None
+    nll: list[float | None]  # per window, summed over its tokens
+    tokens: list[int]
+
+
+class EvolutionState(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    generation: int = Field(ge=0)
+    rng: dict[str, Any]
+    population: list[str]
+    told: list[list[Any]]
+
+
+class RunState(BaseModel):
+    """state.json: the optimizer's state after the last finished generation, and the run's progress."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    evolution: EvolutionState
+    generation_seconds: list[float]
+    best_by_generation: list[float | None] = []
+    stopped_early: bool = False
+    finished: bool = False
+
+
+def first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    return f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
 
 
 class RunStoreError(ValueError):
@@ -35,10 +80,31 @@ class RunStoreError(ValueError):
 
 
 def _umask_mode() -> int:
-    """The mode a plain `open(path, "w")` would give a new file (0666 less the umask)."""
+    """The mode a plain `open(path, "w")` would give a new file (0666 less the umask). Read from /proc where it
+    can be, since setting the umask to read it back races with other threads creating files."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename or a new file in `folder` durable (its directory entry), not only the file's bytes."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -65,6 +131,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.chmod(tmp_name, mode)
         os.replace(tmp_name, path)
         tmp_name = None
+        _fsync_folder(path.parent)
     except OSError as exc:
         raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
     finally:
@@ -132,8 +199,17 @@ class RunDir:
 
     def check_new(self, config: JobConfig) -> None:
         """Refuse, without writing anything, a directory that already holds a run."""
-        if self.path.exists() and not self.path.is_dir():
-            raise RunStoreError(f"output_dir {str(self.path)!r}: exists and is not a directory")
+        existing = self.path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise RunStoreError(f"output_dir {str(self.path)!r}: {str(existing)!r} exists and is not a directory")
+        leftovers = [name for name in (STATE, HISTORY) if self.file(name).exists()]
+        if leftovers and not self.file(CONFIG).exists():
+            raise RunStoreError(
+                f"output_dir {str(self.path)!r} holds {', '.join(leftovers)} but no config.json (the rest of "
+                "another run?); choose another output_dir"
+            )
         if self.file(CONFIG).exists():
             stored = self.read_config()
             if stored.hash() != config.hash():
@@ -167,24 +243,29 @@ class RunDir:
     # ---- state and history ----
 
     def write_state(self, state: dict[str, Any]) -> None:
+        RunState.model_validate(state)  # what is written is what read_state accepts
         write_json_atomic(self.file(STATE), state)
 
     def read_state(self) -> dict[str, Any] | None:
         if not self.file(STATE).exists():
             return None
         state = self.read_json(STATE)
-        missing = {"evolution", "generation_seconds"} - set(state) if isinstance(state, dict) else {"evolution"}
-        if missing:
-            raise RunStoreError(f"{self.file(STATE)}: corrupted (missing {sorted(missing)})")
+        try:
+            RunState.model_validate(state)
+        except ValidationError as exc:
+            raise RunStoreError(f"{self.file(STATE)}: corrupted ({first_error(exc)})") from None
         return state
 
     def append_history(self, record: dict[str, Any]) -> None:
         path = self.file(HISTORY)
         try:
+            new = not path.exists()
             with path.open("a") as history:
                 history.write(json.dumps(record) + "\n")
                 history.flush()
                 os.fsync(history.fileno())
+            if new:
+                _fsync_folder(path.parent)
         except OSError as exc:
             raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
@@ -235,9 +316,6 @@ class RunDir:
             raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-HISTORY_FIELDS = ("key", "mean_nll", "factors", "nll", "tokens")
-
-
 def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str, Any]]:
     try:
         record = json.loads(line)
@@ -245,7 +323,8 @@ def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str,
         raise RunStoreError(f"{path}:{number}: corrupted line (not JSON)") from None
     if not isinstance(record, dict):
         raise RunStoreError(f"{path}:{number}: corrupted line (a JSON {type(record).__name__}, not an object)")
-    missing = [name for name in HISTORY_FIELDS if name not in record]
-    if missing or not isinstance(record["key"], str):
-        raise RunStoreError(f"{path}:{number}: corrupted line (missing or bad {missing or ['key']})")
+    try:
+        HistoryRecord.model_validate(record)
+    except ValidationError as exc:
+        raise RunStoreError(f"{path}:{number}: corrupted line ({first_error(exc)})") from None
     return record["key"], record

@@ -153,9 +153,9 @@ def test_torn_line_is_cut_with_one_warning_and_two_writers_never_run_at_once(cle
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=HANG_GUARD_S)
     reap(process)
-    torn = history_lines(run_dir)[-1][:57]  # what a kill in the middle of a write leaves: no newline
-    with (run_dir / "history.jsonl").open("a") as history:
-        history.write(torn)
+    *kept, last = history_lines(run_dir)
+    # what a kill in the middle of the last write leaves: part of that line, no newline
+    (run_dir / "history.jsonl").write_text("".join(line + "\n" for line in kept) + last[:57])
     first, second = start(tmp_path, "--resume", "run"), start(tmp_path, "--resume", "run")
     results = [finish(first), finish(second)]
     codes = sorted(code for code, _, _ in results)
@@ -164,6 +164,7 @@ def test_torn_line_is_cut_with_one_warning_and_two_writers_never_run_at_once(cle
     refusal = [line for line in refused.splitlines() if line.strip()]
     assert len(refusal) == 1 and "is in use by another running `longrope search`" in refusal[0]
     assert ran.count("torn line") == 1, ran
+    assert last in history_lines(run_dir), "the torn candidate was scored again, to the same record"
     keys = [json.loads(line)["key"] for line in history_lines(run_dir)]
     assert len(keys) == len(set(keys)) == TOTAL
     assert evolution_state(run_dir) == evolution_state(clean_run)

@@ -206,3 +206,43 @@ def test_the_embedded_ray_never_joins_another_cluster(tmp_path):
     env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1", "RAY_AUTH_MODE": "disabled"}
     result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0 and "nodes 1" in result.stdout, result.stderr[-2000:]
+
+
+class _FakeRef:
+    def __init__(self, kind: str, batch=None):
+        self.kind, self.batch = kind, batch
+
+
+class _FakeActor:
+    """Stands for a Ray actor handle: `.score.remote(batch)` and `.ready.remote()` return refs."""
+
+    def __init__(self):
+        self.score = type("M", (), {"remote": staticmethod(lambda batch: _FakeRef("score", batch))})
+        self.ready = type("M", (), {"remote": staticmethod(lambda: _FakeRef("ready"))})
+
+
+def test_a_transient_failure_with_a_call_still_in_flight_is_probed_back(monkeypatch):
+    """Two calls in flight; the first fails as ActorUnavailableError (the actor is only unreachable), the second
+    succeeds. The worker must be probed back into service, not left neither usable nor dead (a busy loop)."""
+    from ray.exceptions import ActorUnavailableError
+
+    import longrope.workers.pool as pool_module
+
+    pool = WorkerPool.__new__(WorkerPool)
+    pool.spec = PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, restart_timeout_s=3600)
+    pool.workers = [pool_module._Worker(_FakeActor(), 0)]
+    pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
+    gets = []
+
+    def fake_get(ref):
+        gets.append(ref.kind)
+        if len(gets) == 1:
+            raise ActorUnavailableError("unreachable for a moment", None)
+        return {"pid": 1} if ref.kind == "ready" else [(key, f"score of {key}") for key, _ in ref.batch]
+
+    monkeypatch.setattr(pool_module.ray, "wait", lambda refs, num_returns, timeout: (refs[:1], refs[1:]))
+    monkeypatch.setattr(pool_module.ray, "get", fake_get)
+    monkeypatch.setattr(pool_module, "PROBE_INTERVAL_S", 0.0)
+    results = dict(pool.imap([("a", None), ("b", None)]))
+    assert results == {"a": "score of a", "b": "score of b"}
+    assert "ready" in gets and pool.workers[0].usable and pool.workers[0].deaths == 0

@@ -95,18 +95,22 @@ def test_a_torn_last_line_is_found_cut_and_rescored(tmp_path, clean):
     run_dir.create(config)
     with pytest.raises(RuntimeError, match="simulated"):
         coordinator(config, run_dir, FunctionEvaluator(fail_on_call=3)).run()
-    complete = run_dir.file("history.jsonl").read_bytes()
-    last = complete.splitlines()[-1]
+    *kept, last = run_dir.file("history.jsonl").read_bytes().splitlines(keepends=True)
+    complete = b"".join(kept)  # the last record's write was cut: it must be scored again
     # a kill mid-write leaves part of a line; even a whole JSON object without its newline counts as torn
-    for tail in (last[: len(last) // 2], last):
+    for tail in (last[: len(last) // 2], last.rstrip(b"\n")):
         run_dir.file("history.jsonl").write_bytes(complete + tail)
         history = run_dir.load_history()
-        assert history.torn_tail == tail and len(history.records) == complete.count(b"\n")
+        assert history.torn_tail == tail and len(history.records) == len(kept)
     run_dir.cut_torn_history(history)
     assert run_dir.file("history.jsonl").read_bytes() == complete
-    resumed = coordinator(config, run_dir)
+    evaluator = FunctionEvaluator()
+    resumed = coordinator(config, run_dir, evaluator)
     resumed.resume()
     assert resumed.run() == clean[1]
+    lines = run_dir.file("history.jsonl").read_bytes().splitlines(keepends=True)
+    assert last in lines, "the torn candidate was scored again, to the same record"
+    assert len(lines) == len(clean[0].read_history()) == len(kept) + evaluator.evaluated
 
 
 def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_free(tmp_path):
@@ -148,7 +152,12 @@ def test_resume_with_history_missing_writes_nothing(tmp_path, clean):
     ("line", "message"),
     [
         (b"[1, 2]", r"history\.jsonl:2: corrupted line \(a JSON list, not an object\)"),
-        (b'{"mean_nll": 1.0}', r"history\.jsonl:2: corrupted line \(missing or bad \['key'"),
+        (b'{"mean_nll": 1.0}', r"history\.jsonl:2: corrupted line \(key: Field required\)"),
+        (
+            b'{"key": "k", "generation": 0, "factors": [1.0], "n_hat": 0, "attention_factor": null, "mean_nll": "x", '
+            b'"perplexity": null, "nll": [], "tokens": []}',
+            r"history\.jsonl:2: corrupted line \(mean_nll: Input should be a valid number\)",
+        ),
         (b"{oops", r"history\.jsonl:2: corrupted line \(not JSON\)"),
     ],
 )
@@ -171,3 +180,71 @@ def test_status_piped_into_head_ends_quietly(clean):
         text=True,
     )  # `true` has long exited when status writes: the pipe is closed for sure
     assert result.stdout.strip() == "141" and result.stderr == "", result.stderr
+
+
+def test_two_exports_into_one_model_in_one_second_keep_the_original(tmp_path):
+    from conftest import save_tiny_llama
+    from search_helpers import JOB_RECORD
+
+    from longrope.search.export import factors_file_of_run, write_into_model
+
+    config, run_dir = job(tmp_path / "run", generations=1), RunDir(tmp_path / "run")
+    run_dir.create(config)
+    coordinator(config, run_dir).run()
+    write_json_atomic(run_dir.file("job.json"), JOB_RECORD)
+    model = save_tiny_llama(tmp_path / "model", head_dim=32, max_position_embeddings=64)
+    original = (model / "config.json").read_bytes()
+    factors = factors_file_of_run(run_dir)
+    backups = [write_into_model(factors, model), write_into_model(factors, model)]
+    assert backups[0] != backups[1] and backups[0].read_bytes() == original
+    assert json.loads(backups[1].read_text())["rope_parameters"]["rope_type"] == "longrope"
+
+
+def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
+    """Ray's own handler (sys.exit with the signal number) is in force during ray.init; it must still end as
+    the CLI's SIGTERM stop, not as 'cannot connect to Ray'."""
+    script = (
+        "import os, signal, threading\n"
+        "from longrope.search import cli\n"
+        "from longrope.workers.errors import Terminated\n"
+        "from longrope.workers.pool import PoolSpec, ensure_ray\n"
+        "signal.signal(signal.SIGTERM, cli._raise_terminated)\n"
+        "threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
+        "try:\n"
+        "    ensure_ray(PoolSpec(local_num_cpus=1))\n"
+        "    threading.Event().wait(60)\n"
+        "except Terminated:\n"
+        "    print('terminated')\n"
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert result.stdout.strip() == "terminated", result.stderr[-2000:]
+
+
+def test_a_resume_may_move_to_other_workers_only(clean):
+    from longrope.search.cli_search import _resume_overrides
+    from longrope.search.job_config import JobConfigError
+
+    run_dir, _ = clean
+    moved = _resume_overrides(str(run_dir.path), ["workers.num_workers=4", "workers.address=auto"])
+    assert (moved.workers.num_workers, moved.workers.address) == (4, "auto")
+    assert moved.hash() == run_dir.read_config().hash()
+    with pytest.raises(JobConfigError, match="can change only workers"):
+        _resume_overrides(str(run_dir.path), ["search.generations=99"])
+
+
+def test_resume_refuses_a_run_whose_seeds_or_data_changed(clean):
+    from search_helpers import JOB_RECORD
+
+    from longrope.search.job_record import JobRecord, check_job_record
+
+    run_dir, _ = clean
+    stored = JobRecord.model_validate({**JOB_RECORD, "seeds_hash": "aaaa"})
+    write_json_atomic(run_dir.file("job.json"), stored.model_dump(mode="json"))
+    assert check_job_record(run_dir, stored) is False  # unchanged: nothing to write
+    for change in ({"seeds_hash": "bbbb"}, {"search_windows_hash": "other"}, {"partial_rotary_factor": 0.5}):
+        name = next(iter(change))
+        with pytest.raises(RunStoreError, match=rf"job\.json: {name} was .* start a new run instead"):
+            check_job_record(run_dir, stored.model_copy(update=change))
+    run_dir.file("job.json").unlink()
+    assert check_job_record(run_dir, stored) is True  # killed before job.json: the resume writes it

@@ -16,5 +16,10 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     return text[:limit] or type(exc).__name__
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `kill`, `ray job stop` and schedulers send), raised in the main thread as Ctrl-C is, so the
+    same unwinding stops the workers and leaves the run directory whole."""
+
+
 class WorkerPoolError(RuntimeError):
     """The worker pool cannot go on (no worker left, Ray unreachable)."""

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
 from longrope.encodings import RopeMethod
-from longrope.workers.errors import ModelLoadError, WorkerPoolError, one_line
+from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError, one_line
 from longrope.workers.scorer import CandidateScore
 
 Key = Hashable
@@ -170,7 +170,11 @@ def _init_ray(spec: PoolSpec, quiet: dict) -> None:
             ray.init(address=spec.address)  # Ray Client takes no local-node options
         else:
             ray.init(address=spec.address, **quiet)
-    except (ConnectionError, ValueError, RuntimeError, SystemExit) as exc:  # Ray exits when it gives up connecting
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM:  # Ray's own handler, in force during init, exits with the signal number
+            raise Terminated() from None
+        raise WorkerPoolError(f"workers.address = {spec.address!r}: cannot connect to Ray ({exc})") from None
+    except (ConnectionError, ValueError, RuntimeError) as exc:  # Ray exits when it gives up connecting
         raise WorkerPoolError(f"workers.address = {spec.address!r}: cannot connect to Ray ({exc})") from None
 
 
@@ -313,6 +317,9 @@ class WorkerPool:
                     f"worker pool: no worker left ({self.failures} worker failures); "
                     f"{sum(len(b) for b in self._queue)} candidates were not scored"
                 )
+            if not self._calls:  # every worker is down and waiting for its next probe
+                time.sleep(PROBE_INTERVAL_S)
+                continue
             ready, _ = ray.wait(list(self._calls), num_returns=1, timeout=PROBE_INTERVAL_S)
             if ready:
                 yield from self._collect(ready[0])
@@ -329,13 +336,26 @@ class WorkerPool:
     def _dispatch(self) -> None:
         now = time.monotonic()
         for worker in self.workers:
-            if worker.failed_since is not None and worker.next_probe_at is not None and now >= worker.next_probe_at:
-                self._calls[worker.actor.ready.remote()] = _Call(worker, probe=True)
-                worker.next_probe_at = None
+            if worker.failed_since is not None and not worker.dead:
+                self._probe_if_due(worker, now)
             while worker.usable and self._queue and worker.in_flight < self.spec.calls_per_worker:
                 batch = self._queue.popleft()
                 self._calls[worker.actor.score.remote(batch)] = _Call(worker, batch)
                 worker.in_flight += 1
+
+    def _probe_if_due(self, worker: _Worker, now: float) -> None:
+        """A down worker: given up past `restart_timeout_s` (checked on every pass, not only on failures);
+        otherwise asked `ready()` every PROBE_INTERVAL_S once its in-flight calls have all come back."""
+        if now - worker.failed_since > self.spec.restart_timeout_s:
+            worker.dead = True
+            return
+        if worker.in_flight or any(c.probe and c.worker is worker for c in self._calls.values()):
+            return
+        if worker.next_probe_at is None:
+            worker.next_probe_at = now + PROBE_INTERVAL_S
+        elif now >= worker.next_probe_at:
+            self._calls[worker.actor.ready.remote()] = _Call(worker, probe=True)
+            worker.next_probe_at = None
 
     def _collect(self, ref: ray.ObjectRef) -> list[tuple[Key, CandidateScore]]:
         call = self._calls.pop(ref)
@@ -350,6 +370,9 @@ class WorkerPool:
                 raise ModelLoadError(str(cause)) from None
             name = type(cause).__name__
             raise WorkerPoolError(f"worker {call.worker.index}: scoring failed: {name}: {one_line(cause)}") from None
+        except RayError as exc:  # the object store or the cluster failed under the call: one line, not a traceback
+            name = type(exc).__name__
+            raise WorkerPoolError(f"worker {call.worker.index}: Ray failed: {name}: {one_line(exc)}") from None
         if call.probe:
             call.worker.failed_since = None  # it answered again: back in the pool
             return []
@@ -369,5 +392,4 @@ class WorkerPool:
                 worker.failed_since = now
         if worker.deaths > self.spec.max_restarts or now - worker.failed_since > self.spec.restart_timeout_s:
             worker.dead = True
-        elif worker.in_flight == 0 and not any(c.probe and c.worker is worker for c in self._calls.values()):
-            worker.next_probe_at = now + PROBE_INTERVAL_S
+        worker.next_probe_at = None  # `_dispatch` schedules the next probe once nothing of it is in flight
