@@ -246,3 +246,25 @@ def test_a_transient_failure_with_a_call_still_in_flight_is_probed_back(monkeypa
     results = dict(pool.imap([("a", None), ("b", None)]))
     assert results == {"a": "score of a", "b": "score of b"}
     assert "ready" in gets and pool.workers[0].usable and pool.workers[0].deaths == 0
+
+
+def test_workers_that_never_answer_are_reported_once(monkeypatch):
+    """Actors Ray holds pending (a shared cluster's resources taken) must not be waited on in silence."""
+    import longrope.workers.pool as pool_module
+
+    pool = WorkerPool.__new__(WorkerPool)
+    pool.spec = PoolSpec(num_workers=1, batch_size=1, start_warning_s=0.0)
+    pool.workers = [pool_module._Worker(_FakeActor(), 0)]
+    pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
+    pool.started_at, pool.answered, pool.start_warned = 0.0, False, False
+    waits = []
+
+    def fake_wait(refs, num_returns, timeout):
+        waits.append(1)
+        return (refs[:1], refs[1:]) if len(waits) > 3 else ([], refs)  # pending three times, then it runs
+
+    monkeypatch.setattr(pool_module.ray, "wait", fake_wait)
+    monkeypatch.setattr(pool_module.ray, "get", lambda ref: [(key, "scored") for key, _ in ref.batch])
+    with pytest.warns(UserWarning, match=r"no worker has answered after \d+ s \(1 started\)") as caught:
+        assert dict(pool.imap([("a", None)])) == {"a": "scored"}
+    assert len(caught) == 1, "said once, not on every wait"

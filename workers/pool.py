@@ -64,6 +64,7 @@ class PoolSpec:
     calls_per_worker: int = 2
     max_restarts: int = 1
     restart_timeout_s: float = 120.0
+    start_warning_s: float = 300.0  # warn once when no worker has answered by then (pending placement?)
     local_num_cpus: int | None = None  # CPUs for the embedded Ray (default: all)
     local_num_gpus: int | None = None
 
@@ -298,6 +299,9 @@ class WorkerPool:
         self._queue: deque[list[tuple[Key, RopeMethod]]] = deque()
         self._calls: dict[ray.ObjectRef, _Call] = {}
         self.failures = 0
+        self.started_at = time.monotonic()
+        self.answered = False  # has any worker answered a call yet?
+        self.start_warned = False
 
     def worker_info(self) -> list[dict]:
         """Each usable worker's pid, device and node (waits until every worker has loaded its model)."""
@@ -323,6 +327,8 @@ class WorkerPool:
             ready, _ = ray.wait(list(self._calls), num_returns=1, timeout=PROBE_INTERVAL_S)
             if ready:
                 yield from self._collect(ready[0])
+            else:
+                self._warn_if_never_started()
 
     def imap(self, candidates: Iterable[tuple[Key, RopeMethod]]) -> Iterator[tuple[Key, CandidateScore]]:
         self.submit(candidates)
@@ -342,6 +348,20 @@ class WorkerPool:
                 batch = self._queue.popleft()
                 self._calls[worker.actor.score.remote(batch)] = _Call(worker, batch)
                 worker.in_flight += 1
+
+    def _warn_if_never_started(self) -> None:
+        """Placement is counted from the nodes' totals; on a shared cluster the resources may be taken, and Ray
+        then holds the actors pending without a word. Say so once instead of waiting in silence."""
+        waited = time.monotonic() - self.started_at
+        if self.answered or self.start_warned or waited < self.spec.start_warning_s:
+            return
+        self.start_warned = True
+        warnings.warn(
+            f"worker pool: no worker has answered after {waited:.0f} s ({len(self.workers)} started); loading a "
+            "large model takes a while, but if this goes on the cluster may have no free CPUs/GPUs for them "
+            "(see `ray status`)",
+            stacklevel=2,
+        )
 
     def _probe_if_due(self, worker: _Worker, now: float) -> None:
         """A down worker: given up past `restart_timeout_s` (checked on every pass, not only on failures);
@@ -373,6 +393,7 @@ class WorkerPool:
         except RayError as exc:  # the object store or the cluster failed under the call: one line, not a traceback
             name = type(exc).__name__
             raise WorkerPoolError(f"worker {call.worker.index}: Ray failed: {name}: {one_line(exc)}") from None
+        self.answered = True
         if call.probe:
             call.worker.failed_since = None  # it answered again: back in the pool
             return []
