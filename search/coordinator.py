@@ -92,6 +92,10 @@ class Coordinator:
         self.history = dict(history.records)
         return history
 
+    @property
+    def finished(self) -> bool:
+        return self.stopped_early or self.evolution.generation >= self.total_generations
+
     def run(self) -> dict[str, Any]:
         """Run the remaining generations; returns the best candidate's history record."""
         with self._progress() as progress:

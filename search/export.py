@@ -135,11 +135,16 @@ def new_backup(config_path: Path) -> Path:
     for attempt in range(1000):
         backup = config_path.with_name(f"config.json.{stamp}{f'.{attempt}' if attempt else ''}.bak")
         try:
-            with backup.open("xb") as out, config_path.open("rb") as source:
-                shutil.copyfileobj(source, out)
+            out = backup.open("xb")
         except FileExistsError:
             continue
-        shutil.copystat(config_path, backup)
+        try:
+            with out, config_path.open("rb") as source:
+                shutil.copyfileobj(source, out)
+            shutil.copystat(config_path, backup)
+        except OSError:
+            backup.unlink(missing_ok=True)  # no empty or partial backup left behind
+            raise
         return backup
     raise OSError(f"no free backup name for {config_path}")
 

@@ -242,5 +242,8 @@ def _reject_non_finite(node: Any, path: list[str]) -> None:
     if isinstance(node, dict):
         for key, value in node.items():
             _reject_non_finite(value, [*path, str(key)])
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            _reject_non_finite(value, [*path[:-1], f"{path[-1] if path else ''}[{index}]"])
     elif isinstance(node, float) and not math.isfinite(node):
         raise JobConfigError(f"{'.'.join(path)} = {node}: must be a finite number")

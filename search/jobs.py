@@ -106,6 +106,9 @@ def _coordinator(
 
 def _run(coordinator: Coordinator, context: JobContext, windows: Windows, console: Console) -> dict[str, Any]:
     config = context.config
+    if coordinator.finished:  # a resumed finished run: no worker needs to start
+        console.print(f"search {config.name}: finished already, run dir {coordinator.run_dir.path}")
+        return coordinator.best_record()
     console.print(
         f"search {config.name}: {context.original_length} -> {context.target_length} tokens "
         f"(scale {context.scale:g}), {context.pairs} pairs, run dir {coordinator.run_dir.path}"

@@ -35,7 +35,7 @@ CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
 class HistoryRecord(BaseModel):
     """One line of history.jsonl: a scored candidate (mean_nll / perplexity null when the score was not finite)."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
     key: str
     generation: int = Field(ge=0)
@@ -61,7 +61,7 @@ class EvolutionState(BaseModel):
 class RunState(BaseModel):
     """state.json: the optimizer's state after the last finished generation, and the run's progress."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     evolution: EvolutionState
     generation_seconds: list[float]

@@ -498,6 +498,11 @@ CASES = [
         id="set-date-value",
     ),
     pytest.param(
+        lambda t: validate(t, base(t), "model.config_overrides={x: [1.0, .nan]}"),
+        "model.config_overrides.x[1] = nan: must be a finite number",
+        id="set-non-finite-in-a-list",
+    ),
+    pytest.param(
         lambda t: validate(t, base(t, workers={"num_cpus_per_worker": 0.00001})),
         "workers.num_cpus_per_worker = 1e-05: must be 0 or at least 0.0001",
         id="ray-resource-precision",

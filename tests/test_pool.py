@@ -232,6 +232,7 @@ def test_a_transient_failure_with_a_call_still_in_flight_is_probed_back(monkeypa
     pool.spec = PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, restart_timeout_s=3600)
     pool.workers = [pool_module._Worker(_FakeActor(), 0)]
     pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
+    pool.started_at, pool.answered, pool.start_warned = 0.0, False, False
     gets = []
 
     def fake_get(ref):
@@ -268,3 +269,26 @@ def test_workers_that_never_answer_are_reported_once(monkeypatch):
     with pytest.warns(UserWarning, match=r"no worker has answered after \d+ s \(1 started\)") as caught:
         assert dict(pool.imap([("a", None)])) == {"a": "scored"}
     assert len(caught) == 1, "said once, not on every wait"
+
+
+def test_a_death_after_a_transient_failure_still_counts(monkeypatch):
+    """Unavailable first, then dead: the death is counted, so a worker past max_restarts is given up at once."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    import longrope.workers.pool as pool_module
+
+    pool = WorkerPool.__new__(WorkerPool)
+    pool.spec = PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, max_restarts=0, restart_timeout_s=3600)
+    pool.workers = [pool_module._Worker(_FakeActor(), 0)]
+    pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
+    pool.started_at, pool.answered, pool.start_warned = 0.0, False, False
+    errors = [ActorUnavailableError("unreachable for a moment", None), ActorDiedError()]
+
+    def fake_get(ref):
+        raise errors.pop(0) if errors else AssertionError("a worker past its restarts was called again")
+
+    monkeypatch.setattr(pool_module.ray, "wait", lambda refs, num_returns, timeout: (refs[:1], refs[1:]))
+    monkeypatch.setattr(pool_module.ray, "get", fake_get)
+    with pytest.raises(WorkerPoolError, match="no worker left"):
+        list(pool.imap([("a", None), ("b", None)]))
+    assert pool.workers[0].deaths == 1 and pool.workers[0].dead

@@ -158,6 +158,11 @@ def test_resume_with_history_missing_writes_nothing(tmp_path, clean):
             b'"perplexity": null, "nll": [], "tokens": []}',
             r"history\.jsonl:2: corrupted line \(mean_nll: Input should be a valid number\)",
         ),
+        (
+            b'{"key": "k", "generation": 0, "factors": [1.0], "n_hat": 0, "attention_factor": null, "mean_nll": NaN, '
+            b'"perplexity": null, "nll": [], "tokens": []}',
+            r"history\.jsonl:2: corrupted line \(mean_nll: Input should be a finite number\)",
+        ),
         (b"{oops", r"history\.jsonl:2: corrupted line \(not JSON\)"),
     ],
 )
@@ -248,3 +253,33 @@ def test_resume_refuses_a_run_whose_seeds_or_data_changed(clean):
             check_job_record(run_dir, stored.model_copy(update=change))
     run_dir.file("job.json").unlink()
     assert check_job_record(run_dir, stored) is True  # killed before job.json: the resume writes it
+
+
+def test_a_backup_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
+    import shutil
+
+    from longrope.search.export import new_backup
+
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+
+    def disk_full(source, out):
+        out.write(b"{")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shutil, "copyfileobj", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        new_backup(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_resuming_a_finished_run_starts_no_worker(clean, capsys):
+    import ray
+
+    from longrope.search.cli import main
+
+    run_dir, best = clean
+    assert not ray.is_initialized()
+    assert main(["search", "--no-progress", "--resume", str(run_dir.path)]) == 0
+    assert json.loads(capsys.readouterr().out)["key"] == best["key"]
+    assert not ray.is_initialized(), "nothing to score: no Ray, no model copies"

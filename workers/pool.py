@@ -147,14 +147,35 @@ def ensure_ray(spec: PoolSpec) -> None:
 def kept_sigterm_handler() -> Iterator[None]:
     """`ray.init` replaces the driver's SIGTERM handler with one that calls sys.exit mid-call (a crash dump);
     keep the caller's own handler where it has one (the CLI turns SIGTERM into a clean stop; Ray still stops its
-    processes at exit). Without one, Ray's handler stays, so its processes are not orphaned."""
+    processes at exit). Without one, Ray's handler stays, so its processes are not orphaned.
+
+    A SIGTERM that arrives during init meets Ray's handler, whose SystemExit Ray may swallow; the handlers Ray
+    installs are wrapped to record the signal (through `ray._private.utils.set_sigterm_handler`, the one place
+    Ray installs them), so the stop is raised as `Terminated` once init returns."""
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    ray_setter = getattr(utils, "set_sigterm_handler", None)
+    received: list[int] = []
+    if callable(previous) and callable(ray_setter):
+
+        def recording_setter(handler):
+            def recorded(signum, frame):
+                received.append(signum)
+                handler(signum, frame)
+
+            ray_setter(recorded)
+
+        utils.set_sigterm_handler = recording_setter
     try:
         yield
     finally:
+        if callable(ray_setter):
+            utils.set_sigterm_handler = ray_setter
         if callable(previous):
             signal.signal(signal.SIGTERM, previous)
+    if received:
+        raise Terminated()
 
 
 def _init_ray(spec: PoolSpec, quiet: dict) -> None:
@@ -261,6 +282,7 @@ class _Worker:
     index: int
     in_flight: int = 0
     deaths: int = 0  # times it died; past the pool's max_restarts Ray will not bring it back
+    death_counted: bool = False  # this outage's death is counted (its other in-flight calls fail with it)
     dead: bool = False
     failed_since: float | None = None  # set while the worker is down and being probed
     next_probe_at: float | None = None  # when to ask a down worker again (None: a probe is out)
@@ -396,6 +418,7 @@ class WorkerPool:
         self.answered = True
         if call.probe:
             call.worker.failed_since = None  # it answered again: back in the pool
+            call.worker.death_counted = False
             return []
         call.worker.in_flight -= 1
         return value
@@ -403,8 +426,9 @@ class WorkerPool:
     def _on_failure(self, call: _Call, *, died: bool = True) -> None:
         """Re-queue lost work; probe the worker until Ray has restarted it or `restart_timeout_s` passes."""
         worker, now = call.worker, time.monotonic()
-        if died and (call.probe or worker.failed_since is None):  # in-flight calls of one death count once
+        if died and (call.probe or not worker.death_counted):  # in-flight calls of one death count once
             worker.deaths += 1
+            worker.death_counted = True
         if not call.probe:
             worker.in_flight -= 1
             self._queue.appendleft(call.batch)  # lost work goes first, to whoever is free
