@@ -21,7 +21,7 @@ from longrope.search.job_context import JobContext
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.run_store import RunDir, write_json_atomic
 from longrope.workers.corpus import corpus_provenance
-from longrope.workers.pool import WorkerPool, check_reachable
+from longrope.workers.pool import WorkerPool, ensure_ray
 from longrope.workers.windows import Windows
 
 
@@ -80,12 +80,13 @@ def _resume(run_dir: RunDir, config: JobConfig | None, console: Console, show_pr
 
 
 def _checked_context(config: JobConfig) -> JobContext:
-    """Resolve and check the model, the seeds and the cluster address; writes nothing."""
+    """Resolve and check the model, the seeds and the cluster; writes nothing. A cluster address is connected to
+    here (bounded), so "auto" with no cluster, or a dead one, fails before the run directory is made."""
     context = JobContext.resolve(config)
     context.seeds()
     context.check_model()
     if config.workers.address:
-        check_reachable(config.workers.address)
+        ensure_ray(context.pool_spec())
     return context
 
 

@@ -149,6 +149,10 @@ CASES = {
         "data: need 5000 documents of at least 1025 tokens, found",
     ),
     "search with neither config nor resume": (lambda t: ["search"], "give a CONFIG, or --resume RUN_DIR"),
+    "unreachable cluster address": (
+        lambda t: ["search", str(write(t / "c.yaml", base(t, workers={"address": "127.0.0.1:1"})))],
+        "workers.address = '127.0.0.1:1': nothing answers there within 10 s",
+    ),
     "export of a folder that is no run": (
         lambda t: ["export", str(t), "-o", str(t / "f.json")],
         "config.json: missing (is",
