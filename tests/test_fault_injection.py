@@ -171,19 +171,28 @@ def test_torn_line_is_cut_with_one_warning_and_two_writers_never_run_at_once(cle
     assert best_of_history(run_dir) == best_of_history(clean_run)
 
 
-@pytest.mark.parametrize(("signum", "code", "name"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
-def test_ctrl_c_and_sigterm_stop_cleanly_and_resume(clean_run, tmp_path, signum, code, name):
+def test_ctrl_c_then_sigterm_stop_cleanly_and_the_run_resumes(clean_run, tmp_path):
+    """Ctrl-C on the first start, SIGTERM on the resume, then a resume to the end: each stop is one line with the
+    resume command and exit 130 / 143, and the result is the uninterrupted run's."""
     write_config(tmp_path, "run")
     run_dir = tmp_path / "run"
-    process = start(tmp_path, "job.yaml")
-    wait_for(process, lambda: len(history_lines(run_dir)) >= 3)
-    process.send_signal(signum)
-    returncode, _, err = finish(process)
-    assert returncode == code, err[-3000:]
-    assert "Traceback" not in err
-    assert err.strip().splitlines()[-1] == (
-        f"longrope: stopped by {name}; every scored candidate is on disk, continue with: longrope search --resume run"
-    )
+    stops = [
+        (("job.yaml",), 3, signal.SIGINT, 130, "Ctrl-C"),
+        (("--resume", "run"), 12, signal.SIGTERM, 143, "SIGTERM"),
+    ]
+    for args, lines, signum, code, name in stops:
+        process = start(tmp_path, *args)
+        wait_for(process, lambda lines=lines: len(history_lines(run_dir)) >= lines)
+        process.send_signal(signum)
+        returncode, _, err = finish(process)
+        assert returncode == code, err[-3000:]
+        assert "Traceback" not in err
+        assert err.strip().splitlines()[-1] == (
+            f"longrope: stopped by {name}; every scored candidate is on disk, continue with: "
+            "longrope search --resume run"
+        )
     resumed, _, err = finish(start(tmp_path, "--resume", "run"))
     assert resumed == 0, err[-3000:]
     assert evolution_state(run_dir) == evolution_state(clean_run)
+    keys = [json.loads(line)["key"] for line in history_lines(run_dir)]
+    assert len(keys) == len(set(keys)) == TOTAL
