@@ -169,7 +169,7 @@ class Coordinator:
                 "generation_seconds": self.generation_seconds,
                 "best_by_generation": [v if math.isfinite(v) else None for v in self.best_by_generation],
                 "stopped_early": self.stopped_early,
-                "finished": self.stopped_early or self.evolution.generation >= self.total_generations,
+                "finished": self.finished,
             }
         )
         done = self.evolution.generation

@@ -4,7 +4,6 @@ config.json, or the official LongRoPE release's one-factor-per-line CSV."""
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import time
 from pathlib import Path
@@ -20,8 +19,8 @@ from longrope.search.run_store import (
     write_json_atomic,
     write_text_atomic,
 )
-from longrope.workers.errors import ModelLoadError, one_line
-from longrope.workers.models import model_rope
+from longrope.workers.errors import ModelLoadError
+from longrope.workers.models import ModelRope, model_rope, read_model_config
 
 
 class ExportError(ValueError):
@@ -108,8 +107,12 @@ def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
     Refused when the model's rotary pairs or original length differ from the run's: the factors of a model with
     another head_dim or pre-training length mean nothing there. config.json keeps its file mode."""
     config_path = Path(model_dir) / "config.json"
-    config = _read_model_config(config_path, model_dir)
-    _check_same_shape(factors, config, model_dir)
+    try:
+        config = read_model_config(model_dir)
+        rope = model_rope(config)
+    except ModelLoadError as exc:
+        raise ExportError(f"--into {str(model_dir)!r}: {exc}") from None
+    _check_same_shape(factors, rope, model_dir)
     config.pop("rope_scaling", None)  # transformers would take a legacy rope_scaling over rope_parameters
     config["rope_parameters"] = factors.rope_parameters.model_dump(exclude_none=True)
     config["max_position_embeddings"] = factors.max_position_embeddings
@@ -149,25 +152,7 @@ def new_backup(config_path: Path) -> Path:
     raise OSError(f"no free backup name for {config_path}")
 
 
-def _read_model_config(config_path: Path, model_dir: Path) -> dict:
-    if not config_path.is_file():
-        raise ExportError(f"--into {str(model_dir)!r}: no config.json there")
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ExportError(f"--into {str(model_dir)!r}: config.json is not valid JSON ({one_line(exc)})") from None
-    except OSError as exc:
-        raise ExportError(f"--into {str(model_dir)!r}: cannot read config.json ({exc.strerror or exc})") from None
-    if not isinstance(config, dict):
-        raise ExportError(f"--into {str(model_dir)!r}: config.json holds a JSON {type(config).__name__}, not an object")
-    return config
-
-
-def _check_same_shape(factors: FactorsFile, config: dict, model_dir: Path) -> None:
-    try:
-        rope = model_rope(config)
-    except ModelLoadError as exc:
-        raise ExportError(f"--into {str(model_dir)!r}: {exc}") from None
+def _check_same_shape(factors: FactorsFile, rope: ModelRope, model_dir: Path) -> None:
     block = factors.rope_parameters
     pairs = rope.rotary_dim // 2
     if pairs != len(block.long_factor):

@@ -4,7 +4,7 @@ the baseline methods and the search seeds. Every check that can fail on bad inpu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ class JobContext:
     original_length: int
     method: RopeMethod  # the model's own RoPE (its theta, head_dim, partial rotary)
     tokenizer: TextTokenizer
+    _seeds: list[Seed] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def resolve(cls, config: JobConfig) -> JobContext:
@@ -115,12 +116,18 @@ class JobContext:
         }
 
     def seeds(self) -> list[Seed]:
-        baselines = self.baselines()
-        seeds = [
-            Seed(name, baselines[name].factors(self.target_length).double().numpy(), baselines[name].attention_factor)
-            for name in self.config.search.seeds
-        ]
-        return seeds + [self.seed_from_file(path) for path in self.config.search.seed_files]
+        """Resolved once per job (seed files and other runs' directories are read once): the check, the search
+        problem and job.json's seeds hash all see the same seeds."""
+        if self._seeds is None:
+            baselines = self.baselines()
+            closed_form = [
+                Seed(
+                    name, baselines[name].factors(self.target_length).double().numpy(), baselines[name].attention_factor
+                )
+                for name in self.config.search.seeds
+            ]
+            self._seeds = closed_form + [self.seed_from_file(path) for path in self.config.search.seed_files]
+        return list(self._seeds)
 
     def seed_from_file(self, path: str) -> Seed:
         """A factors JSON (what `longrope export` writes), or another run's directory (its best candidate)."""

@@ -9,9 +9,19 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from longrope.encodings.rotary import rotary_dim_for
-from longrope.search.run_store import RunDir, RunStoreError
+from longrope.search.run_store import RunDir, RunStoreError, first_error
 
 JOB_FILE = "job.json"
+# what a resume re-resolves and must find unchanged (None in a job.json from an older version: not checked)
+PINNED_FIELDS = (
+    "search_windows_hash",
+    "seeds_hash",
+    "original_length",
+    "target_length",
+    "head_dim",
+    "rope_theta",
+    "partial_rotary_factor",
+)
 
 
 class WindowsShape(BaseModel):
@@ -47,9 +57,7 @@ def read_job_record(run_dir: RunDir) -> JobRecord:
     try:
         return JobRecord.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise RunStoreError(f"{run_dir.file(JOB_FILE)}: {field}: {first['msg']}") from None
+        raise RunStoreError(f"{run_dir.file(JOB_FILE)}: {first_error(exc)}") from None
 
 
 def check_job_record(run_dir: RunDir, record: JobRecord) -> bool:
@@ -58,8 +66,7 @@ def check_job_record(run_dir: RunDir, record: JobRecord) -> bool:
     if not run_dir.file(JOB_FILE).exists():
         return True
     stored = read_job_record(run_dir)
-    names = ("search_windows_hash", "seeds_hash", "original_length", "target_length", "head_dim", "rope_theta")
-    for name in (*names, "partial_rotary_factor"):
+    for name in PINNED_FIELDS:
         if getattr(stored, name) is not None and getattr(stored, name) != getattr(record, name):
             raise RunStoreError(
                 f"{run_dir.file(JOB_FILE)}: {name} was {getattr(stored, name)!r} when the run started, is now "

@@ -36,9 +36,9 @@ def run_search(
     console = console or Console(stderr=True)
     if resume_dir:
         run_dir = RunDir(resume_dir)
-        run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
+        stored = run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
         with run_dir.lock():
-            return _resume(run_dir, config, console, show_progress)
+            return _resume(run_dir, stored, config, console, show_progress)
     run_dir = RunDir(config.output_dir)
     run_dir.check_new(config)
     context = _checked_context(config)
@@ -51,8 +51,9 @@ def run_search(
         return _run(coordinator, context, windows, console)
 
 
-def _resume(run_dir: RunDir, config: JobConfig | None, console: Console, show_progress: bool) -> dict[str, Any]:
-    stored = run_dir.read_config()
+def _resume(
+    run_dir: RunDir, stored: JobConfig, config: JobConfig | None, console: Console, show_progress: bool
+) -> dict[str, Any]:
     if config is not None:
         run_dir.check_matches(config)  # equal but for where it is written and who scores it
     # the given workers section may move the run to another cluster; the windows cache follows the directory

@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longrope.search.job_config import JobConfig
+from longrope.workers.atomic_files import atomic_file, fsync_folder
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
 
@@ -79,65 +79,19 @@ class RunStoreError(ValueError):
     """A run directory is missing, holds another config, is in use, has a damaged file, or cannot be written."""
 
 
-def _umask_mode() -> int:
-    """The mode a plain `open(path, "w")` would give a new file (0666 less the umask). Read from /proc where it
-    can be, since setting the umask to read it back races with other threads creating files."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return 0o666 & ~int(line.split()[1], 8)
-    except OSError:
-        pass
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make a rename or a new file in `folder` durable (its directory entry), not only the file's bytes."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=1))
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over: readers never see half a file.
-
-    The file keeps the mode of the one it replaces (a new one gets the umask's mode, not the temp file's 0600).
-    Any OS error (disk full, read-only or immutable file) becomes one RunStoreError naming the file, and the
-    temp file is removed, so the old file is left whole and a resumed run can write it again.
-    """
-    path = Path(path)
-    tmp_name = None
+    """Replace `path` atomically (`atomic_file`: readers never see half a file, the file keeps its mode). Any OS
+    error (disk full, read-only or immutable file) becomes one RunStoreError naming the file, with no temp file
+    left, so the old file is whole and a resumed run can write it again."""
     try:
-        mode = path.stat().st_mode & 0o7777 if path.exists() else _umask_mode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-            tmp_name = tmp.name
+        with atomic_file(path) as tmp:
             tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-        tmp_name = None
-        _fsync_folder(path.parent)
     except OSError as exc:
         raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        if tmp_name is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
 
 
 def seed_perplexities(history: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -265,7 +219,7 @@ class RunDir:
                 history.flush()
                 os.fsync(history.fileno())
             if new:
-                _fsync_folder(path.parent)
+                fsync_folder(path.parent)
         except OSError as exc:
             raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -52,6 +54,18 @@ def problem() -> SearchProblem:
         ),
     ]
     return SearchProblem(pairs=PAIRS, scale=4.0, seeds=seeds, make_candidate=make_candidate)
+
+
+def finished_run(run_dir: Path) -> Path:
+    """A finished run directory (cheap objective, no model, one generation) for the commands that read one."""
+    from longrope.search.coordinator import Coordinator
+    from longrope.search.job_config import load_job_config
+    from longrope.search.run_store import RunDir
+
+    config = load_job_config(None, ["target_length=256", "search.generations=1", f"output_dir={run_dir}"])
+    RunDir(run_dir).create(config)
+    Coordinator(config.search, problem(), RunDir(run_dir), FunctionEvaluator(), show_progress=False).run()
+    return run_dir
 
 
 class FunctionEvaluator:

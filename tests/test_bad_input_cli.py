@@ -18,12 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from search_helpers import JOB_RECORD, FunctionEvaluator, problem
+from search_helpers import JOB_RECORD
+from search_helpers import finished_run as make_finished_run
 
 from longrope.search.cli import main
-from longrope.search.coordinator import Coordinator
-from longrope.search.job_config import load_job_config
-from longrope.search.run_store import RunDir
 
 # ---- helpers ----
 
@@ -67,12 +65,7 @@ def factors(*args: str) -> list[str]:
 
 
 def finished_run(t: Path) -> Path:
-    """A finished run directory (cheap objective, no model), as test_search_cli.py's fixture makes it."""
-    run_dir = t / "run"
-    config = load_job_config(None, ["target_length=256", "search.generations=1", f"output_dir={run_dir}"])
-    RunDir(run_dir).create(config)
-    Coordinator(config.search, problem(), RunDir(run_dir), FunctionEvaluator(), show_progress=False).run()
-    return run_dir
+    return make_finished_run(t / "run")
 
 
 def exportable_run(t: Path, **drop_or_change) -> Path:
@@ -419,12 +412,12 @@ CASES = [
     ),
     pytest.param(
         lambda t: ["export", str(exportable_run(t)), "--into", str(t)],
-        "no config.json there",
+        "has no config.json",
         id="export-into-no-config",
     ),
     pytest.param(
         lambda t: ["export", str(exportable_run(t)), "--into", str(model_dir(t, [LLAMA]))],
-        "config.json holds a JSON list, not an object",
+        "config.json' holds a JSON list, not an object",
         id="export-into-config-list",
     ),
     pytest.param(

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from search_helpers import FunctionEvaluator, problem
+from search_helpers import finished_run as make_finished_run
 
-from longrope.search.coordinator import Coordinator
 from longrope.search.job_config import load_job_config
-from longrope.search.run_store import RunDir
 
 pytestmark = pytest.mark.slow
 LONGROPE = shutil.which("longrope", path=str(Path(sys.executable).parent))
@@ -65,11 +63,7 @@ def seed_file(path: Path, factors: list[float]) -> Path:
 @pytest.fixture
 def finished_run(tmp_path) -> Path:
     """A finished run directory (cheap objective, no model) for the commands that read one."""
-    run_dir = tmp_path / "run"
-    config = load_job_config(None, ["target_length=256", "search.generations=1", f"output_dir={run_dir}"])
-    RunDir(run_dir).create(config)
-    Coordinator(config.search, problem(), RunDir(run_dir), FunctionEvaluator(), show_progress=False).run()
-    return run_dir
+    return make_finished_run(tmp_path / "run")
 
 
 def base(tmp_path: Path, **fields) -> dict:

@@ -52,7 +52,9 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ModelLoadError(f"model config: {str(path)!r} is not valid JSON ({exc})") from None
+        raise ModelLoadError(f"model config: {str(path)!r} is not valid JSON ({one_line(exc)})") from None
+    except OSError as exc:
+        raise ModelLoadError(f"model config: cannot read {str(path)!r} ({exc.strerror or exc})") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"model config: {str(path)!r} holds a JSON {type(config).__name__}, not an object")
     return config
@@ -113,9 +115,13 @@ def check_weights(model_dir: Path) -> None:
     raise ModelLoadError(f"model directory: {str(model_dir)!r} has no weights (*.safetensors)")
 
 
-def check_load_options(attn_implementation: str, device: str) -> torch.device:
+def check_load_options(attn_implementation: str, device: str, *, local: bool = True) -> torch.device | None:
+    """The attention implementation's name always; flash-attn and the device only when `local` (this machine is
+    the one that loads the model): a cluster's GPU nodes may have both where the driver has neither."""
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ModelLoadError(f"attn_implementation: unknown value {attn_implementation!r}")
+    if not local:
+        return None
     if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         raise ModelLoadError("attn_implementation: 'flash_attention_2' was asked for but flash-attn is not installed")
     return resolve_device(device)
@@ -140,10 +146,7 @@ def check_model(
 
     model_rope(read_model_config(model_dir))
     check_weights(model_dir)
-    if check_device:
-        check_load_options(attn_implementation, device)
-    elif attn_implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ModelLoadError(f"attn_implementation: unknown value {attn_implementation!r}")
+    check_load_options(attn_implementation, device, local=check_device)
     try:
         with quiet_transformers():
             config = AutoConfig.from_pretrained(

@@ -7,15 +7,13 @@ everything that decides them: the documents' text, the tokenizer, the length, th
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from longrope.workers.atomic_files import atomic_file
 from longrope.workers.documents import TextDocument
 from longrope.workers.errors import DataError
 from longrope.workers.tokenization import TextTokenizer
@@ -98,24 +96,15 @@ def _read_cache(path: Path) -> Windows | None:
 
 
 def _write_cache(path: Path, windows: Windows) -> None:
-    """Temp file + rename; an OS error (a path under a file, disk full) is one DataError and no temp file."""
-    tmp_name = None
+    """Written atomically (`atomic_file`); an OS error (a path under a file, disk full) is one DataError."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as tmp:
-            tmp_name = tmp.name
+        with atomic_file(path, "wb") as tmp:
             np.savez(
                 tmp,
                 tokens=windows.tokens,
                 names=np.array(windows.names, dtype=np.str_),
                 offsets=np.array(windows.offsets, dtype=np.int64),
             )
-        os.replace(tmp_name, path)
-        tmp_name = None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise DataError(f"data.cache_dir: cannot write the windows cache {str(path)!r} ({reason})") from None
-    finally:
-        if tmp_name is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
