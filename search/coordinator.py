@@ -1,10 +1,23 @@
 """The coordinator: the only piece that knows both the optimizer and the evaluator (the Ray worker pool).
 
-Each generation it asks the optimizer for candidates, sends the new ones to the evaluator, records each result
-the moment it arrives (history.jsonl), tells the optimizer, and writes state.json atomically. A resumed run
-restores the optimizer from state.json (or, when the first generation never ended, starts it afresh from the
-same seed) and takes the scores of candidates already in history.jsonl, so it reaches exactly the result of an
-uninterrupted run with the same seed and never scores a candidate twice.
+Its loop reads like pycma's: `while not opt.stop(): genomes = opt.ask(); opt.tell(genomes, scores)`, with the
+optimizer passed in (`optimizers.make_optimizer`). Each genome is decoded once into a `Candidate`; the candidate
+is scored window group by window group (`racing.window_groups`: all windows at once unless racing is on), every
+result is appended to history.jsonl the moment it arrives, and with racing a child that is clearly worse than the
+worst parent is stopped (`racing.clearly_worse`), recorded with status "stopped", and told to the optimizer as
+ranking last, so it is never a parent and never the best.
+
+Schedules (`search.schedule`):
+- generational: one generation out at a time; the racing threshold is fixed when the generation is asked, so the
+  run is deterministic and a resumed run reaches exactly the result of an uninterrupted one; state.json is written
+  after every generation;
+- steady: the evaluator's `capacity` candidates are kept out at all times; each result is told as it arrives, new
+  children are asked for at once, the threshold is the worst parent of the moment, and state.json (with the asked,
+  untold candidates) is written after every result. A resumed steady run re-submits the untold candidates and
+  takes every score history.jsonl holds, so nothing is lost and nothing is scored twice.
+
+On resume, the optimizer is restored from state.json (or, without one, started afresh from the same seed, which
+asks for the candidates already recorded), and a candidate with a "partial" record continues from its next window.
 """
 
 from __future__ import annotations
@@ -12,35 +25,61 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from longrope.encodings import RopeMethod
-from longrope.search.evolution import DimMonoEvolution, Genome, Seed
+from longrope.search.genome import Genome, Seed
 from longrope.search.job_config import SearchConfig
-from longrope.search.run_store import HISTORY, History, RunDir, RunStoreError, best_of
+from longrope.search.optimizers import Optimizer
+from longrope.search.racing import WindowRange, clearly_worse, window_groups
+from longrope.search.run_store import FINAL_STATUSES, HISTORY, History, RunDir, RunStoreError, best_of
 from longrope.workers.scorer import CandidateScore
 
 
 class Evaluator(Protocol):
     """What the coordinator needs of a worker pool (WorkerPool has exactly this shape)."""
 
-    def submit(self, candidates: Iterable[tuple[Hashable, RopeMethod]]) -> None: ...
+    capacity: int  # candidates it scores at once (workers x calls in flight x batch): steady keeps this many out
+
+    def submit(self, candidates: Iterable[tuple[Hashable, RopeMethod]], windows: WindowRange | None = None) -> None: ...
 
     def as_completed(self) -> Iterator[tuple[Hashable, CandidateScore]]: ...
 
 
 @dataclass(frozen=True)
 class SearchProblem:
-    """The search space of one job: how many pairs, the scale, the seeds, and genome -> candidate encoding."""
+    """The search space of one job: how many pairs, the scale, the seeds, genome -> candidate, search windows."""
 
     pairs: int
     scale: float
     seeds: list[Seed]
     make_candidate: Callable[..., RopeMethod]  # (factors, attention_factor=None, n_hat=0) -> RopeMethod
+    windows: int = 1  # search windows each candidate is scored on
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A genome decoded once: what is scored (method) and what is recorded (factors, attention factor)."""
+
+    genome: Genome
+    generation: int
+    factors: np.ndarray
+    attention_factor: float | None
+    method: RopeMethod
+
+
+@dataclass
+class _Race:
+    """A candidate being scored: the per-window results so far (all of them, in window order)."""
+
+    candidate: Candidate
+    nll: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
 
 
 class Coordinator:
@@ -49,24 +88,36 @@ class Coordinator:
         settings: SearchConfig,
         problem: SearchProblem,
         run_dir: RunDir,
-        evaluator: Evaluator,
+        evaluator: Evaluator | None,
+        optimizer: Optimizer,
         *,
         console: Console | None = None,
         show_progress: bool = True,
     ):
         self.settings, self.problem, self.run_dir, self.evaluator = settings, problem, run_dir, evaluator
+        self.optimizer = optimizer
         self.console = console or Console(stderr=True)
         self.show_progress = show_progress
-        self.evolution = DimMonoEvolution(settings, pairs=problem.pairs, scale=problem.scale, seeds=problem.seeds)
+        self.groups = window_groups(problem.windows, settings.racing)
         self.history: dict[str, dict[str, Any]] = {}
+        self.races: dict[str, _Race] = {}
+        self.threshold_key: str | None = None  # generational: the worst parent when the generation was asked
         self.generation_seconds: list[float] = []
         self.best_by_generation: list[float] = []
         self.stopped_early = False
+        self.window_evaluations = 0  # scored by this process (not counting what a resumed run found recorded)
 
     @property
     def total_generations(self) -> int:
-        """The initial population, then `generations` rounds of mutation and crossover."""
-        return 1 + self.settings.generations
+        return self.optimizer.total_generations
+
+    @property
+    def steady(self) -> bool:
+        return self.settings.schedule == "steady"
+
+    @property
+    def finished(self) -> bool:
+        return self.stopped_early or self.optimizer.stop()
 
     def resume(self) -> History:
         """Load what the run directory holds; writes nothing, so a damaged directory is left as it was.
@@ -76,39 +127,35 @@ class Coordinator:
         state = self.run_dir.read_state()
         if state is not None:
             try:
-                self.evolution.load_state_dict(state["evolution"])
+                self.optimizer.load_state_dict(state["evolution"])
                 self.generation_seconds = [float(v) for v in state["generation_seconds"]]
                 best = state.get("best_by_generation", [])
                 self.best_by_generation = [math.inf if v is None else float(v) for v in best]
             except (KeyError, TypeError, ValueError, IndexError) as exc:
-                raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc!r})") from None
+                raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc})") from None
             self.stopped_early = bool(state.get("stopped_early", False))
-            lost = [key for key in self.evolution.scores if key not in history.records]
+            lost = [key for key in self.optimizer.scores if history.records.get(key, {}).get("status") == "partial"]
+            lost += [key for key in self.optimizer.scores if key not in history.records]
             if lost:
                 raise RunStoreError(
-                    f"{self.run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(self.evolution.scores)} candidates "
-                    f"that state.json counts as scored (first {lost[0]}); the run directory is damaged"
+                    f"{self.run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(self.optimizer.scores)} candidates "
+                    f"that state.json counts as scored (first {lost[0]}, no final record); the run directory is damaged"
                 )
         self.history = dict(history.records)
         return history
 
-    @property
-    def finished(self) -> bool:
-        return self.stopped_early or self.evolution.generation >= self.total_generations
-
     def run(self) -> dict[str, Any]:
-        """Run the remaining generations; returns the best candidate's history record."""
+        """Run until the optimizer stops (or early stopping); returns the best candidate's history record."""
         with self._progress() as progress:
-            task = progress.add_task("search", total=self._expected_evaluations(), completed=len(self.history))
-            while self.evolution.generation < self.total_generations and not self.stopped_early:
-                started = time.monotonic()
-                genomes = self.evolution.ask()
-                if not genomes:
-                    self.console.print("search: no new candidate can be made around the population; stopping")
-                    break
-                scores = self._score(genomes, progress, task)
-                self.evolution.tell(genomes, scores)
-                self._end_generation(time.monotonic() - started)
+            done = sum(1 for r in self.history.values() if r.get("status", "scored") in FINAL_STATUSES)
+            self.task = progress.add_task("search", total=self._expected_evaluations(), completed=done)
+            self.progress = progress
+            if self.steady:
+                self._run_steady()
+            else:
+                self._run_generational()
+        if self.steady:
+            self._write_state()  # the last results' state, with `finished`
         return self.best_record()
 
     def best_record(self) -> dict[str, Any]:
@@ -118,74 +165,185 @@ class Coordinator:
             raise RunStoreError("search: no candidate got a finite score; check the model and the data")
         return best
 
-    # ---- one generation ----
+    # ---- the two schedules ----
 
-    def _score(self, genomes: list[Genome], progress: Progress, task) -> list[float]:
-        generation = self.evolution.generation
-        fresh = {g.key: g for g in genomes if g.key not in self.history}
-        candidates = {key: self._candidate(g) for key, g in fresh.items()}
-        self.evaluator.submit(candidates.items())
+    def _run_generational(self) -> None:
+        while not self.optimizer.stop() and not self.stopped_early:
+            started = time.monotonic()
+            genomes = self.optimizer.ask()
+            if not genomes:
+                self.console.print("search: no new candidate can be made around the population; stopping")
+                break
+            self.threshold_key = self.optimizer.worst_parent()  # fixed for the generation: deterministic racing
+            scores = self._score_all(genomes)
+            self.optimizer.tell(genomes, [scores[g.key] for g in genomes])
+            self._end_generation(time.monotonic() - started)
+
+    def _score_all(self, genomes: list[Genome]) -> dict[str, float]:
+        generation = self.optimizer.generation
+        scores: dict[str, float] = {}
+        for genome in {g.key: g for g in genomes}.values():
+            final = self._start(genome, generation)
+            if final is not None:
+                scores[genome.key] = final
         for key, score in self.evaluator.as_completed():
-            record = self._record(fresh[key], candidates[key], score, generation)
-            self.run_dir.append_history(record)  # durable before anything else uses it
-            self.history[key] = record
-            progress.update(task, advance=1, best=self._best_perplexity_text())
-        return [_score_of(self.history[g.key]) for g in genomes]
+            final = self._on_result(key, score)
+            if final is not None:
+                scores[key] = final
+        return scores
 
-    def _candidate(self, genome: Genome) -> RopeMethod:
-        return self.problem.make_candidate(
-            self.evolution.factors(genome), attention_factor=self.evolution.attention_factor(genome), n_hat=genome.n_hat
-        )
+    def _run_steady(self) -> None:
+        capacity = max(1, int(getattr(self.evaluator, "capacity", 1)))
+        self.generation_started = time.monotonic()
+        in_flight: dict[str, Genome] = {}
+        for genome in list(self.optimizer.pending.values()):  # asked before a crash, not told: out again
+            self._launch(genome, in_flight)
+        self._fill(in_flight, capacity)
+        for key, score in self.evaluator.as_completed():
+            final = self._on_result(key, score)
+            if final is not None:
+                self._tell_one(in_flight.pop(key), final)
+                self._fill(in_flight, capacity)
 
-    def _record(self, genome: Genome, candidate: RopeMethod, score: CandidateScore, generation: int) -> dict[str, Any]:
-        mean_nll = score.mean_nll
-        finite = math.isfinite(mean_nll)
-        if not finite:
-            self.console.print(f"search: candidate {genome.key} scored {mean_nll}; ranked last")
+    def _fill(self, in_flight: dict[str, Genome], capacity: int) -> None:
+        """Keep `capacity` candidates out: ask the optimizer for as many children as there is room for."""
+        while not self.optimizer.stop() and not self.stopped_early and len(in_flight) < capacity:
+            genomes = self.optimizer.ask(capacity - len(in_flight))
+            if not genomes:
+                return
+            for genome in genomes:
+                self._launch(genome, in_flight)
+
+    def _launch(self, genome: Genome, in_flight: dict[str, Genome]) -> None:
+        in_flight[genome.key] = genome
+        final = self._start(genome, self.optimizer.generation)
+        if final is not None:  # recorded before a crash: told at once, scored nowhere
+            self._tell_one(in_flight.pop(genome.key), final)
+
+    def _tell_one(self, genome: Genome, score: float) -> None:
+        before = self.optimizer.generation
+        self.optimizer.tell([genome], [score])
+        if self.optimizer.generation != before:
+            now = time.monotonic()
+            self._end_generation(now - self.generation_started)
+            self.generation_started = now
+        else:
+            self._write_state()
+
+    # ---- one candidate, group by group ----
+
+    def _start(self, genome: Genome, generation: int) -> float | None:
+        """Send a candidate's next window group out; returns its score at once if history.jsonl has its final
+        record (a resumed run), so nothing is scored twice."""
+        record = self.history.get(genome.key)
+        if record is not None and record.get("status", "scored") in FINAL_STATUSES:
+            return _score_of(record)
+        race = _Race(self._decode(genome, generation))
+        if record is not None:  # partial: continue from the next window
+            race.nll = [math.nan if v is None else float(v) for v in record["nll"]]
+            race.tokens = [int(v) for v in record["tokens"]]
+        self.races[genome.key] = race
+        self._submit(race)
+        return None
+
+    def _submit(self, race: _Race) -> None:
+        start = len(race.nll)
+        stop = next(end for _, end in self.groups if end > start)
+        self.evaluator.submit([(race.candidate.genome.key, race.candidate.method)], windows=(start, stop))
+
+    def _on_result(self, key: str, score: CandidateScore) -> float | None:
+        """Record a group's result; returns the candidate's score once it is final (inf when stopped)."""
+        race = self.races[key]
+        race.nll += list(score.nll)
+        race.tokens += list(score.tokens)
+        self.window_evaluations += len(score.nll)
+        status = self._status(race)
+        record = self._record(race, status)
+        self.run_dir.append_history(record)  # durable before anything else uses it
+        self.history[key] = record
+        if status == "partial":
+            self._submit(race)
+            return None
+        del self.races[key]
+        self.progress.update(self.task, advance=1, best=self._best_perplexity_text())
+        return _score_of(record)
+
+    def _status(self, race: _Race) -> str:
+        if len(race.nll) >= self.problem.windows:
+            return "scored"
+        threshold_key = self.optimizer.worst_parent() if self.steady else self.threshold_key
+        threshold = self.history.get(threshold_key) if threshold_key else None
+        if threshold and clearly_worse(
+            race.nll, race.tokens, threshold["nll"], threshold["tokens"], self.settings.racing
+        ):
+            return "stopped"
+        return "partial"
+
+    def _decode(self, genome: Genome, generation: int) -> Candidate:
+        grid = self.optimizer.grid
+        factors, attention = grid.factors(genome), grid.attention_factor(genome)
+        method = self.problem.make_candidate(factors, attention_factor=attention, n_hat=genome.n_hat)
+        return Candidate(genome, generation, factors, attention, method)
+
+    def _record(self, race: _Race, status: str) -> dict[str, Any]:
+        candidate = race.candidate
+        mean_nll = sum(race.nll) / sum(race.tokens) if status == "scored" else None
+        finite = mean_nll is not None and math.isfinite(mean_nll)
+        if status == "scored" and not finite:
+            self.console.print(f"search: candidate {candidate.genome.key} scored {mean_nll}; ranked last")
         return {
-            "key": genome.key,
-            "generation": generation,
-            "seed": self.evolution.seed_names.get(genome.key),
-            "factors": [round(float(f), 6) for f in self.evolution.factors(genome)],
-            "n_hat": genome.n_hat,
-            "attention_factor": candidate.attention_factor,
+            "key": candidate.genome.key,
+            "status": status,
+            "generation": candidate.generation,
+            "seed": self.optimizer.seed_names.get(candidate.genome.key),
+            "factors": [round(float(f), 6) for f in candidate.factors],
+            "n_hat": candidate.genome.n_hat,
+            "attention_factor": candidate.method.attention_factor,
             "mean_nll": mean_nll if finite else None,
             "perplexity": math.exp(mean_nll) if finite else None,
-            "nll": [v if math.isfinite(v) else None for v in score.nll],
-            "tokens": list(score.tokens),
+            "nll": [v if math.isfinite(v) else None for v in race.nll],
+            "tokens": list(race.tokens),
         }
 
+    # ---- progress and state ----
+
     def _end_generation(self, seconds: float) -> None:
-        _, best_nll = self.evolution.best()
+        _, best_nll = self.optimizer.best()
         self.generation_seconds.append(seconds)
         self.best_by_generation.append(best_nll)
         patience = self.settings.early_stop.patience
         if patience and len(self.best_by_generation) > patience:
             gain = self.best_by_generation[-patience - 1] - best_nll
             self.stopped_early = gain < self.settings.early_stop.min_improvement
+        self._write_state()
+        done = self.optimizer.generation
+        stopped = sum(1 for r in self.history.values() if r.get("status") == "stopped")
+        self.console.print(
+            f"generation {done}/{self.total_generations}  evaluations {len(self.history)}"
+            + (f" ({stopped} stopped by racing)" if self.settings.racing.enabled else "")
+            + f"  best ppl {math.exp(best_nll):.4f}  ({seconds:.1f}s, "
+            f"{self._fresh_in_generation(done - 1) / max(seconds, 1e-9):.2f} eval/s)"
+            + ("  early stop: no improvement" if self.stopped_early else "")
+        )
+
+    def _write_state(self) -> None:
         self.run_dir.write_state(
             {
-                "evolution": self.evolution.state_dict(),
+                "evolution": self.optimizer.state_dict(),
                 "generation_seconds": self.generation_seconds,
                 "best_by_generation": [v if math.isfinite(v) else None for v in self.best_by_generation],
                 "stopped_early": self.stopped_early,
                 "finished": self.finished,
+                "total_generations": self.total_generations,
             }
-        )
-        done = self.evolution.generation
-        self.console.print(
-            f"generation {done}/{self.total_generations}  evaluations {len(self.history)}  "
-            f"best ppl {math.exp(best_nll):.4f}  ({seconds:.1f}s, "
-            f"{self._fresh_in_generation(done - 1) / max(seconds, 1e-9):.2f} eval/s)"
-            + ("  early stop: no improvement" if self.stopped_early else "")
         )
 
     def _fresh_in_generation(self, generation: int) -> int:
         return sum(1 for record in self.history.values() if record["generation"] == generation)
 
     def _best_perplexity_text(self) -> str:
-        finite = [r["perplexity"] for r in self.history.values() if r["perplexity"] is not None]
-        return f"{min(finite):.4f}" if finite else "-"
+        best = best_of(self.history)
+        return f"{best['perplexity']:.4f}" if best else "-"
 
     def _expected_evaluations(self) -> int:
         per_generation = self.settings.mutations + self.settings.crossovers

@@ -1,53 +1,33 @@
-"""LongRoPE's dim-monotone evolutionary search, as a pure-numpy ask/tell optimizer.
+"""LongRoPE's dim-monotone evolutionary search, as a pure-numpy ask/tell optimizer, generational or steady-state.
 
-Genes live on integer grids (factors in units of `grid_step`, the attention factor in units of its own step),
-so a candidate's identity is exact and no candidate is ever scored twice. Factors are monotone non-decreasing
-in the pair index and bounded to [1, max_factor]. The optimizer never calls the objective: `ask()` returns
-candidates, `tell()` takes their scores (mean NLL, lower is better; NaN/inf rank last), and its whole state,
-the generator's included, round-trips through JSON, so a resumed search continues exactly where it stopped.
-Mutation and crossover follow the official release (evolution/algorithms/dim_mono.py); REFERENCE.md 6c.
+The optimizer never calls the objective: `ask()` returns genomes (`genome.py`), `tell()` takes their scores (mean
+NLL, lower is better; NaN/inf rank last, and so does a candidate that racing stopped), and its whole state, the
+generator's included, round-trips through JSON, so a resumed search continues exactly where it stopped.
+Mutation and crossover follow the official release (microsoft/LongRoPE, evolution/algorithms/dim_mono.py):
+a mutated pair is redrawn uniformly between its neighbours (monotone by construction); a crossover takes pairs
+from the second parent with probability 1/2 where the change probability fires.
+
+Two schedules (`search.schedule`):
+- generational (the release's): generation 0 is the seeds plus their mutations (`population` in all); then each
+  generation breeds `mutations` + `crossovers` children from the `parents` best, and waits for all of them;
+- steady: generation 0 is the same; then `ask(n)` breeds n children at a time from the current parents and
+  `tell` inserts each as it arrives ((mu + lambda) with lambda = 1), so no worker waits for a generation's slowest
+  candidate. The budget is the same number of children; a "generation" is counted every mutations + crossovers
+  children. Arrival order decides the parents, so a steady run is not bit-reproducible across runs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from longrope.search.genome import Genome, GenomeGrid, Seed
 from longrope.search.job_config import SearchConfig
 
 MAX_TRIES = 200  # redraws before giving up on one new candidate
 CROSSOVER_PASSES = 20  # the official max_crossover_try
-
-
-@dataclass(frozen=True)
-class Genome:
-    factor_steps: tuple[int, ...]  # factor_i = factor_steps[i] * grid_step
-    n_hat: int = 0
-    attention_steps: int | None = None  # attention_factor = attention_steps * attention step; None: formula
-
-    @property
-    def key(self) -> str:
-        payload = json.dumps([self.factor_steps, self.n_hat, self.attention_steps])
-        return hashlib.sha256(payload.encode()).hexdigest()[:20]
-
-    def to_json(self) -> list:
-        return [list(self.factor_steps), self.n_hat, self.attention_steps]
-
-    @classmethod
-    def from_json(cls, data: list) -> Genome:
-        return cls(tuple(int(v) for v in data[0]), int(data[1]), None if data[2] is None else int(data[2]))
-
-
-@dataclass(frozen=True)
-class Seed:
-    name: str
-    factors: np.ndarray
-    attention_factor: float | None = None
 
 
 def rank_score(score: float) -> float:
@@ -55,74 +35,55 @@ def rank_score(score: float) -> float:
 
 
 class DimMonoEvolution:
-    """ask() -> genomes to score; tell(genomes, scores); best(); state_dict() / from_state_dict()."""
+    """ask() -> genomes to score; tell(genomes, scores); stop(); best(); state_dict() / load_state_dict()."""
 
-    def __init__(self, settings: SearchConfig, *, pairs: int, scale: float, seeds: list[Seed]):
+    def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
         self.settings = settings
-        self.pairs = pairs
-        self.step = settings.grid_step
-        self.low = round(1.0 / self.step)
-        self.high = round((settings.max_factor or 1.25 * scale) / self.step)
-        attention = settings.attention_factor
-        self.searched_attention = attention.mode == "searched"
-        self.attention_low = round(attention.low / attention.step)
-        self.attention_high = round(attention.high / attention.step)
+        self.grid = grid
+        self.steady = settings.schedule == "steady"
+        self.children_per_generation = settings.mutations + settings.crossovers
         self.n_hat_choices = settings.n_hat.choices if settings.n_hat.enabled else (0,)
         self.rng = np.random.Generator(np.random.PCG64(settings.seed))
         self.generation = 0
+        self.children_told = 0  # steady: children told since generation 0
         self.scores: dict[str, float] = {}  # every genome ever told, by key
         self.genomes: dict[str, Genome] = {}
         self.population: list[str] = []  # keys of the current parents, best first
-        self.seed_genomes = [self.genome_from_seed(seed) for seed in seeds]
+        self.pending: dict[str, Genome] = {}  # asked, not yet told (in order)
+        self._generation_keys: list[str] = []  # generation 0 / a generational round: what was asked
+        self.seed_genomes = [grid.from_seed(seed) for seed in seeds]
         self.seed_names = {g.key: seed.name for g, seed in zip(self.seed_genomes, seeds, strict=True)}
 
-    # ---- genes ----
+    @property
+    def total_generations(self) -> int:
+        """The initial population, then `generations` rounds of mutation and crossover."""
+        return 1 + self.settings.generations
 
-    def genome_from_seed(self, seed: Seed) -> Genome:
-        steps = np.clip(np.round(np.asarray(seed.factors, dtype=np.float64) / self.step), self.low, self.high)
-        steps = np.maximum.accumulate(steps.astype(np.int64))
-        attention = None
-        if self.searched_attention:
-            value = seed.attention_factor if seed.attention_factor is not None else 1.0
-            attention = int(
-                np.clip(round(value / self.settings.attention_factor.step), self.attention_low, self.attention_high)
-            )
-        return Genome(tuple(int(v) for v in steps), 0, attention)
-
-    def factors(self, genome: Genome) -> np.ndarray:
-        return np.asarray(genome.factor_steps, dtype=np.float64) * self.step
-
-    def attention_factor(self, genome: Genome) -> float | None:
-        if genome.attention_steps is None:
-            return None
-        return genome.attention_steps * self.settings.attention_factor.step
-
-    def is_valid(self, genome: Genome) -> bool:
-        steps = np.asarray(genome.factor_steps)
-        return bool(
-            len(steps) == self.pairs and steps[0] >= self.low and steps[-1] <= self.high and np.all(np.diff(steps) >= 0)
-        )
+    @property
+    def budget(self) -> int:
+        """Evaluations the run asks for at most: the initial population and every generation's children."""
+        return self.settings.population + self.children_per_generation * self.settings.generations
 
     # ---- operators ----
 
     def mutate(self, parent: Genome, seen: set[str]) -> Genome | None:
         """Each pair, with the change probability, is redrawn from the grid between its neighbours."""
-        p = self.settings.change_probability
+        p, grid = self.settings.change_probability, self.grid
         for _ in range(MAX_TRIES):
             steps = list(parent.factor_steps)
-            for i in range(self.pairs):
+            for i in range(grid.pairs):
                 if self.rng.random() < p:
-                    lower = steps[i - 1] if i > 0 else self.low
-                    upper = steps[i + 1] if i < self.pairs - 1 else self.high
+                    lower = steps[i - 1] if i > 0 else grid.low
+                    upper = steps[i + 1] if i < grid.pairs - 1 else grid.high
                     steps[i] = int(self.rng.integers(lower, upper + 1))
             n_hat = parent.n_hat
             if len(self.n_hat_choices) > 1 and self.rng.random() < p:
                 n_hat = int(self.rng.choice(self.n_hat_choices))
             attention = parent.attention_steps
             if attention is not None and self.rng.random() < p:
-                attention = int(self.rng.integers(self.attention_low, self.attention_high + 1))
+                attention = int(self.rng.integers(grid.attention_low, grid.attention_high + 1))
             child = Genome(tuple(steps), n_hat, attention)
-            if child.key not in seen and self.is_valid(child):
+            if child.key not in seen and grid.is_valid(child):
                 return child
         return None
 
@@ -133,87 +94,160 @@ class DimMonoEvolution:
         for _ in range(CROSSOVER_PASSES):
             steps = list(first.factor_steps)
             n_hat, attention = first.n_hat, first.attention_steps
-            for i in range(self.pairs):
+            for i in range(self.grid.pairs):
                 if self.rng.random() < p and self.rng.random() < 0.5:
                     steps[i] = second.factor_steps[i]
                     child = Genome(tuple(steps), n_hat, attention)
-                    if child.key not in seen and self.is_valid(child):
+                    if child.key not in seen and self.grid.is_valid(child):
                         return child
             if self.rng.random() < p:
                 n_hat = second.n_hat
             if self.rng.random() < p:
                 attention = second.attention_steps
             child = Genome(tuple(steps), n_hat, attention)
-            if child.key not in seen and self.is_valid(child):
+            if child.key not in seen and self.grid.is_valid(child):
                 return child
         return self.mutate(first, seen)
 
     # ---- ask / tell ----
 
-    def ask(self) -> list[Genome]:
-        """The candidates of the current generation (all new; none scored before)."""
-        seen = set(self.scores)
-        batch: list[Genome] = []
+    def stop(self) -> bool:
+        if self.steady and self.generation > 0:
+            return self.children_told >= self.children_per_generation * self.settings.generations
+        return self.generation >= self.total_generations
 
-        def add(genome: Genome | None) -> None:
-            if genome is not None and genome.key not in seen:
-                seen.add(genome.key)
-                batch.append(genome)
+    def ask(self, count: int | None = None) -> list[Genome]:
+        """New genomes to score (none scored or asked before).
 
-        if self.generation == 0:
-            for genome in self.seed_genomes:
-                add(genome)
-            while len(batch) < self.settings.population:
-                before = len(batch)
-                add(self.mutate(self.seed_genomes[int(self.rng.integers(len(self.seed_genomes)))], seen))
-                if len(batch) == before and len(seen) > 10 * self.settings.population:
-                    break  # the grid is exhausted around the seeds
-            return batch
-        parents = [self.genomes[key] for key in self.population]
-        for _ in range(self.settings.mutations):
-            add(self.mutate(parents[int(self.rng.integers(len(parents)))], seen))
-        for _ in range(self.settings.crossovers):
-            if len(parents) < 2:
-                break
-            i, j = self.rng.choice(len(parents), size=2, replace=False)
-            add(self.crossover(parents[int(i)], parents[int(j)], seen))
+        Generation 0 (both schedules) and every generational round: the whole generation, `count` ignored.
+        Steady, after generation 0: up to `count` children (fewer near the budget; none while generation 0 is out).
+        """
+        if self.generation == 0 or not self.steady:
+            if self.pending:
+                return []  # the generation is out; tell it first
+            batch = self._initial_population() if self.generation == 0 else self._generation_children()
+        else:
+            room = self.children_per_generation * self.settings.generations - self.children_told - len(self.pending)
+            batch = self._children(min(count or 1, room))
+        self.pending.update((g.key, g) for g in batch)
         return batch
 
     def tell(self, genomes: list[Genome], scores: list[float]) -> None:
-        """Record a generation's scores and keep the best `parents` of everything alive (elitist)."""
+        """Record scores; generational: once the generation is all told, keep the best `parents` of everything
+        alive (elitist); steady: each child joins the parents at once if it beats the worst of them."""
         for genome, score in zip(genomes, scores, strict=True):
             self.scores[genome.key] = rank_score(float(score))
             self.genomes[genome.key] = genome
-        alive = set(self.population) | {g.key for g in genomes}
-        self.population = sorted(alive, key=lambda key: (self.scores[key], key))[: self.settings.parents]
-        self.generation += 1
+            self.pending.pop(genome.key, None)
+        if self.steady and self.generation > 0:
+            self.population = self._best_of([*self.population, *(g.key for g in genomes)])
+            self.children_told += len(genomes)
+            self.generation = 1 + self.children_told // self.children_per_generation
+        elif not self.pending:
+            self.population = self._best_of([*self.population, *self._generation_keys])
+            self.generation += 1
+
+    def worst_parent(self) -> str | None:
+        """The acceptance threshold: a child worse than the worst parent can never become a parent (elitism).
+        None while the parents are not all there with finite scores (then every child may get in)."""
+        if len(self.population) < self.settings.parents or not math.isfinite(self.scores[self.population[-1]]):
+            return None
+        return self.population[-1]
 
     def best(self) -> tuple[Genome, float]:
         key = min(self.scores, key=lambda k: (self.scores[k], k))
         return self.genomes[key], self.scores[key]
 
+    # ---- breeding ----
+
+    def _initial_population(self) -> list[Genome]:
+        batch = self._unique(self.seed_genomes)
+        seen = set(self.scores) | {g.key for g in batch}
+        while len(batch) < self.settings.population:
+            child = self.mutate(self.seed_genomes[int(self.rng.integers(len(self.seed_genomes)))], seen)
+            if child is None:
+                break  # MAX_TRIES redraws found nothing new: the grid is exhausted around the seeds
+            batch += self._unique([child], seen)
+        self._generation_keys = [g.key for g in batch]
+        return batch
+
+    def _generation_children(self) -> list[Genome]:
+        seen = set(self.scores)
+        parents = [self.genomes[key] for key in self.population]
+        batch: list[Genome] = []
+        for _ in range(self.settings.mutations):
+            batch += self._unique([self.mutate(parents[int(self.rng.integers(len(parents)))], seen)], seen)
+        for _ in range(self.settings.crossovers):
+            if len(parents) < 2:
+                break
+            i, j = self.rng.choice(len(parents), size=2, replace=False)
+            batch += self._unique([self.crossover(parents[int(i)], parents[int(j)], seen)], seen)
+        self._generation_keys = [g.key for g in batch]
+        return batch
+
+    def _children(self, count: int) -> list[Genome]:
+        """Steady breeding: each child is a mutation with probability mutations / (mutations + crossovers)."""
+        seen = set(self.scores) | set(self.pending)
+        parents = [self.genomes[key] for key in self.population]
+        batch: list[Genome] = []
+        for _ in range(max(0, count)):
+            if len(parents) < 2 or self.rng.random() < self.settings.mutations / self.children_per_generation:
+                child = self.mutate(parents[int(self.rng.integers(len(parents)))], seen)
+            else:
+                i, j = self.rng.choice(len(parents), size=2, replace=False)
+                child = self.crossover(parents[int(i)], parents[int(j)], seen)
+            batch += self._unique([child], seen)
+        return batch
+
+    @staticmethod
+    def _unique(genomes: list[Genome | None], seen: set[str] | None = None) -> list[Genome]:
+        """The genomes not seen yet (None dropped), each once; `seen` is updated in place."""
+        seen = set() if seen is None else seen
+        kept = []
+        for genome in genomes:
+            if genome is not None and genome.key not in seen:
+                seen.add(genome.key)
+                kept.append(genome)
+        return kept
+
+    def _best_of(self, keys: list[str]) -> list[str]:
+        alive = set(keys)
+        return sorted(alive, key=lambda key: (self.scores[key], key))[: self.settings.parents]
+
     # ---- persistence ----
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            "kind": "dim_mono",
             "generation": self.generation,
             "rng": self.rng.bit_generator.state,
             "population": list(self.population),
             "told": [[self.genomes[k].to_json(), _json_score(s)] for k, s in self.scores.items()],
+            "pending": [g.to_json() for g in self.pending.values()],
+            "children_told": self.children_told,
+            "generation_keys": list(self._generation_keys),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generation = int(state["generation"])
         self.rng.bit_generator.state = state["rng"]
-        self.scores, self.genomes = {}, {}
-        for genome_json, score in state["told"]:
-            genome = Genome.from_json(genome_json)
-            self.genomes[genome.key] = genome
-            self.scores[genome.key] = math.inf if score is None else float(score)
+        self.genomes, self.scores = told_from_json(state["told"])
         self.population = [str(key) for key in state["population"]]
+        self.pending = {g.key: g for g in (Genome.from_json(item) for item in state.get("pending", []))}
+        self.children_told = int(state.get("children_told", 0))
+        self._generation_keys = [str(key) for key in state.get("generation_keys", [])]
         unknown = [key for key in self.population if key not in self.genomes]
         if unknown:
             raise ValueError(f"population holds {unknown[0]}, which is not among the told genomes")
+
+
+def told_from_json(told: list) -> tuple[dict[str, Genome], dict[str, float]]:
+    genomes, scores = {}, {}
+    for genome_json, score in told:
+        genome = Genome.from_json(genome_json)
+        genomes[genome.key] = genome
+        scores[genome.key] = math.inf if score is None else float(score)
+    return genomes, scores
 
 
 def _json_score(score: float) -> float | None:

@@ -82,6 +82,26 @@ class EarlyStopConfig(Strict):
     min_improvement: float = Field(default=0.001, ge=0)  # in mean NLL (nats per token)
 
 
+class RacingConfig(Strict):
+    """Stop scoring a child once it is clearly worse than the worst parent, paired on the same windows.
+
+    After each group of `group_windows` windows (after at least `min_windows`), with d_j the child's per-token NLL
+    minus the worst parent's on window j: stop when mean(d) - z * sd(d) / sqrt(k) > 0 (a one-sided paired bound).
+    """
+
+    enabled: bool = False
+    z: float = Field(default=2.0, ge=0, le=10)
+    min_windows: int = Field(default=3, ge=2, le=MAX_COUNT)  # a paired sd needs two windows
+    group_windows: int = Field(default=1, ge=1, le=MAX_COUNT)
+
+
+class CmaesConfig(Strict):
+    """CMA-ES (the `cma` package) over log-increments of the factors; see search/cmaes.py."""
+
+    sigma: float = Field(default=0.05, gt=0, le=10)  # initial step size, in log-factor units
+    population: int | None = Field(default=None, ge=2, le=MAX_COUNT)  # None: mutations + crossovers
+
+
 class SearchConfig(Strict):
     population: int = Field(default=64, ge=2, le=MAX_COUNT)
     generations: int = Field(default=40, ge=0, le=MAX_COUNT)
@@ -97,9 +117,19 @@ class SearchConfig(Strict):
     n_hat: NHatConfig = NHatConfig()
     attention_factor: AttentionFactorConfig = AttentionFactorConfig()
     early_stop: EarlyStopConfig = EarlyStopConfig()
+    optimizer: Literal["dim_mono", "cmaes"] = "dim_mono"  # dim_mono: the release's GA; cmaes: search/cmaes.py
+    schedule: Literal["generational", "steady"] = "generational"
+    racing: RacingConfig = RacingConfig()
+    cmaes: CmaesConfig = CmaesConfig()
 
     @model_validator(mode="after")
     def _sizes(self) -> SearchConfig:
+        if self.optimizer == "cmaes" and self.schedule == "steady":
+            raise ValueError("schedule: 'steady' needs optimizer 'dim_mono' (CMA-ES updates once per generation)")
+        if self.optimizer == "cmaes" and self.racing.enabled:
+            raise ValueError("racing.enabled: racing needs optimizer 'dim_mono' (CMA-ES ranks every sample)")
+        if self.optimizer == "cmaes" and self.n_hat.enabled:
+            raise ValueError("n_hat.enabled: CMA-ES searches factors and the attention factor only, not n_hat")
         if self.parents > self.population:
             raise ValueError(f"parents: must be <= population ({self.population}), got {self.parents}")
         if self.mutations + self.crossovers < 1:
@@ -156,6 +186,12 @@ class JobConfig(Strict):
             raise ValueError(
                 f"search.n_hat.choices: every choice must be < target_length ({self.target_length}), "
                 f"got {max(n_hat.choices)}"
+            )
+        racing = self.search.racing
+        if racing.enabled and racing.min_windows >= self.data.search_windows:
+            raise ValueError(
+                f"search.racing.min_windows: must be < data.search_windows ({self.data.search_windows}) for racing "
+                f"to stop anything, got {racing.min_windows}"
             )
         return self
 

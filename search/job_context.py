@@ -19,8 +19,8 @@ from longrope.encodings import (
     RopeMethod,
     YarnRope,
 )
-from longrope.search.evolution import Seed
 from longrope.search.factors_file import FactorsFile
+from longrope.search.genome import Seed
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
 from longrope.search.run_store import RunDir
 from longrope.workers.documents import read_source

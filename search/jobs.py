@@ -15,10 +15,11 @@ from typing import Any
 from rich.console import Console
 
 from longrope.search.coordinator import Coordinator, SearchProblem
-from longrope.search.evolution import Seed
+from longrope.search.genome import Seed
 from longrope.search.job_config import JobConfig
 from longrope.search.job_context import JobContext
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
+from longrope.search.optimizers import make_optimizer
 from longrope.search.run_store import RunDir, write_json_atomic
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.pool import WorkerPool, ensure_ray
@@ -74,7 +75,7 @@ def _resume(
             "of a write cut short); cut it, and that candidate is scored again"
         )
     console.print(
-        f"search: resuming at generation {coordinator.evolution.generation}/{coordinator.total_generations} "
+        f"search: resuming at generation {coordinator.optimizer.generation}/{coordinator.total_generations} "
         f"with {len(coordinator.history)} candidates already scored"
     )
     return _run(coordinator, context, windows, console)
@@ -100,10 +101,16 @@ def _search_windows(context: JobContext) -> Windows:
 def _coordinator(
     config: JobConfig, context: JobContext, run_dir: RunDir, console: Console, show_progress: bool
 ) -> Coordinator:
+    seeds = context.seeds()
     problem = SearchProblem(
-        pairs=context.pairs, scale=context.scale, seeds=context.seeds(), make_candidate=context.longrope
+        pairs=context.pairs,
+        scale=context.scale,
+        seeds=seeds,
+        make_candidate=context.longrope,
+        windows=config.data.search_windows,
     )
-    return Coordinator(config.search, problem, run_dir, evaluator=None, console=console, show_progress=show_progress)
+    optimizer = make_optimizer(config.search, pairs=context.pairs, scale=context.scale, seeds=seeds)
+    return Coordinator(config.search, problem, run_dir, None, optimizer, console=console, show_progress=show_progress)
 
 
 def _run(coordinator: Coordinator, context: JobContext, windows: Windows, console: Console) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -38,6 +38,7 @@ class HistoryRecord(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
     key: str
+    status: Literal["scored", "stopped", "partial"] = "scored"  # see FINAL_STATUSES
     generation: int = Field(ge=0)
     seed: str | None = None  # the seed method's name for a seed candidate
     factors: list[float]
@@ -45,17 +46,30 @@ class HistoryRecord(BaseModel):
     attention_factor: float | None
     mean_nll: float | None
     perplexity: float | None
-    nll: list[float | None]  # per window, summed over its tokens
+    nll: list[float | None]  # per window scored so far (all of them when scored), summed over its tokens
     tokens: list[int]
 
 
-class EvolutionState(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+# "scored": every search window; "stopped": racing stopped it, clearly worse than the worst parent on the windows
+# in `nll` (never a parent, never the best); "partial": the windows scored so far of a candidate still racing (a
+# later line for the same key replaces it). Stopped and partial records have mean_nll and perplexity null.
+FINAL_STATUSES = ("scored", "stopped")
 
+
+class EvolutionState(BaseModel):
+    """The optimizer's state (`DimMonoEvolution` or `CmaesOptimizer`.state_dict())."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    kind: Literal["dim_mono", "cmaes"] = "dim_mono"
     generation: int = Field(ge=0)
-    rng: dict[str, Any]
+    rng: dict[str, Any] | None  # dim_mono: the PCG64 generator's state; cmaes: None (rebuilt by replay)
     population: list[str]
     told: list[list[Any]]
+    pending: list[list[Any]] = []  # steady: asked, not yet told (re-submitted on resume)
+    children_told: int = Field(default=0, ge=0)
+    generation_keys: list[str] = []  # what generation 0 / the current round asked
+    asked_keys: list[list[str]] = []  # cmaes: the keys each generation asked, for the replay
 
 
 class RunState(BaseModel):
@@ -68,6 +82,7 @@ class RunState(BaseModel):
     best_by_generation: list[float | None] = []
     stopped_early: bool = False
     finished: bool = False
+    total_generations: int | None = Field(default=None, ge=1)  # the optimizer's (CMA-ES: by its budget)
 
 
 def first_error(exc: ValidationError) -> str:
@@ -102,7 +117,7 @@ def seed_perplexities(history: dict[str, dict[str, Any]]) -> dict[str, float | N
 def best_of(history: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The best scored candidate: lowest mean NLL, ties broken by key (the optimizer's own order); None if none
     has a finite score. Status, export, seeding from a run and the coordinator all use this one rule."""
-    finite = [r for r in history.values() if r.get("mean_nll") is not None]
+    finite = [r for r in history.values() if r.get("mean_nll") is not None and r.get("status", "scored") == "scored"]
     return min(finite, key=lambda r: (r["mean_nll"], r["key"])) if finite else None
 
 
@@ -239,7 +254,9 @@ class RunDir:
         good_length = data.rfind(b"\n") + 1
         records: dict[str, dict[str, Any]] = {}
         for number, line in enumerate(data[:good_length].splitlines(), start=1):
-            records.setdefault(*_history_entry(path, number, line))
+            key, record = _history_entry(path, number, line)
+            if key not in records or records[key].get("status") == "partial":  # a final record stays
+                records[key] = record
         return History(records, data[good_length:], good_length)
 
     def cut_torn_history(self, history: History) -> None:

@@ -12,7 +12,7 @@ def run_status(run_dir: RunDir) -> dict[str, Any]:
     config = run_dir.read_config()
     state = run_dir.read_state() or {"evolution": {"generation": 0}, "generation_seconds": []}
     history = run_dir.read_history()
-    total = 1 + config.search.generations
+    total = state.get("total_generations") or 1 + config.search.generations
     done = int(state["evolution"]["generation"])
     seconds = state["generation_seconds"]
     finished = bool(state.get("finished"))
@@ -24,7 +24,8 @@ def run_status(run_dir: RunDir) -> dict[str, Any]:
         "name": config.name,
         "generation": done,
         "generations": total,
-        "evaluations": len(history),
+        "evaluations": sum(1 for r in history.values() if r.get("status", "scored") != "partial"),
+        "stopped_by_racing": sum(1 for r in history.values() if r.get("status") == "stopped"),
         "finished": finished,
         "stopped_early": bool(state.get("stopped_early")),
         "best_perplexity": best["perplexity"] if best else None,
@@ -37,7 +38,9 @@ def run_status(run_dir: RunDir) -> dict[str, Any]:
 def format_status(status: dict[str, Any]) -> str:
     lines = [
         f"run {status['name']} in {status['run_dir']}",
-        f"  generation {status['generation']}/{status['generations']}, {status['evaluations']} evaluations, "
+        f"  generation {status['generation']}/{status['generations']}, {status['evaluations']} evaluations"
+        + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else "")
+        + ", "
         + ("finished" + (" (stopped early)" if status["stopped_early"] else "") if status["finished"] else "running"),
     ]
     if status["best_perplexity"] is not None:

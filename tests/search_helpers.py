@@ -9,7 +9,7 @@ import torch
 
 from longrope.encodings import LongRope, NtkRope, YarnRope
 from longrope.search.coordinator import SearchProblem
-from longrope.search.evolution import Seed
+from longrope.search.genome import Seed
 from longrope.workers.scorer import CandidateScore
 
 HEAD_DIM, PAIRS, ORIGINAL, TARGET = 32, 16, 64, 256
@@ -44,7 +44,7 @@ def make_candidate(factors, attention_factor=None, n_hat=0) -> LongRope:
     )
 
 
-def problem() -> SearchProblem:
+def problem(windows: int = 1) -> SearchProblem:
     shape = {"head_dim": HEAD_DIM, "max_position_embeddings": TARGET}
     seeds = [
         Seed("pi", np.full(PAIRS, 4.0)),
@@ -53,43 +53,87 @@ def problem() -> SearchProblem:
             "yarn", YarnRope(factor=4.0, original_max_position_embeddings=ORIGINAL, **shape).factors().double().numpy()
         ),
     ]
-    return SearchProblem(pairs=PAIRS, scale=4.0, seeds=seeds, make_candidate=make_candidate)
+    return SearchProblem(pairs=PAIRS, scale=4.0, seeds=seeds, make_candidate=make_candidate, windows=windows)
+
+
+def window_nll(factors: np.ndarray, window: int, windows: int, wobble: float = 0.002) -> float:
+    """The known objective on one of `windows` windows: window j scales it by w_j and adds an offset o_j (windows
+    differ in difficulty, paired differences keep their sign), plus a candidate-and-window term of size `wobble`
+    (noise that paired differences do not cancel). One window: `objective` itself."""
+    base = objective(factors)
+    if windows == 1:
+        return base
+    weight = 1.0 + 0.5 * (((window * 0.618) % 1.0) - 0.5)
+    noise = wobble * np.sin(1000.0 * float(np.sum(factors)) + 7.0 * window)
+    return base * weight + 0.1 * window + float(noise)
 
 
 def finished_run(run_dir: Path) -> Path:
     """A finished run directory (cheap objective, no model, one generation) for the commands that read one."""
-    from longrope.search.coordinator import Coordinator
     from longrope.search.job_config import load_job_config
     from longrope.search.run_store import RunDir
 
     config = load_job_config(None, ["target_length=256", "search.generations=1", f"output_dir={run_dir}"])
     RunDir(run_dir).create(config)
-    Coordinator(config.search, problem(), RunDir(run_dir), FunctionEvaluator(), show_progress=False).run()
+    make_coordinator(config, RunDir(run_dir), FunctionEvaluator()).run()
     return run_dir
+
+
+def run_job(config, run_dir, evaluator, *, resume: bool = False):
+    """Start (or resume) `config`'s search in `run_dir` with `evaluator`; returns (best record, coordinator)."""
+    coordinator = make_coordinator(config, run_dir, evaluator)
+    if resume:
+        coordinator.resume()
+    else:
+        run_dir.create(config)
+    return coordinator.run(), coordinator
+
+
+def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem | None = None):
+    """A quiet coordinator for `config` with its optimizer built as `longrope search` builds it."""
+    from rich.console import Console
+
+    from longrope.search.coordinator import Coordinator
+    from longrope.search.optimizers import make_optimizer
+
+    search_problem = search_problem or problem(getattr(evaluator, "windows", 1))
+    optimizer = make_optimizer(
+        config.search, pairs=search_problem.pairs, scale=search_problem.scale, seeds=search_problem.seeds
+    )
+    return Coordinator(
+        config.search, search_problem, run_dir, evaluator, optimizer, console=Console(quiet=True), show_progress=False
+    )
 
 
 class FunctionEvaluator:
     """In-process evaluator with the pool's shape; returns results in reverse order, as a pool may."""
 
-    def __init__(self, fail_on_call: int | None = None):
+    def __init__(self, fail_on_call: int | None = None, windows: int = 1, capacity: int = 4, wobble: float = 0.002):
         self.pending: list = []
         self.calls = 0
-        self.evaluated = 0
+        self.evaluated = 0  # candidate-window groups scored
+        self.window_evaluations = 0
         self.fail_on_call = fail_on_call
+        self.windows = windows
+        self.capacity = capacity
+        self.wobble = wobble
 
-    def submit(self, candidates):
-        self.pending.extend(candidates)
+    def submit(self, candidates, windows=None):
+        self.pending.extend((key, candidate, windows or (0, self.windows)) for key, candidate in candidates)
 
     def as_completed(self):
         self.calls += 1
         if self.fail_on_call is not None and self.calls == self.fail_on_call:
             first = self.pending.pop()
-            yield first[0], self._score(first[1])
+            yield first[0], self._score(*first[1:])
             raise RuntimeError("simulated coordinator crash in the middle of a generation")
         while self.pending:
-            key, candidate = self.pending.pop()
-            yield key, self._score(candidate)
+            key, candidate, windows = self.pending.pop()
+            yield key, self._score(candidate, windows)
 
-    def _score(self, candidate: LongRope) -> CandidateScore:
+    def _score(self, candidate: LongRope, windows: tuple[int, int]) -> CandidateScore:
         self.evaluated += 1
-        return CandidateScore(nll=(objective(np.asarray(candidate.long_factor)),), tokens=(1,))
+        self.window_evaluations += windows[1] - windows[0]
+        factors = np.asarray(candidate.long_factor)
+        nll = tuple(window_nll(factors, j, self.windows, self.wobble) for j in range(*windows))
+        return CandidateScore(nll=nll, tokens=(1,) * len(nll))

@@ -505,6 +505,67 @@ CASES = [
         "plain-file' exists and is not a directory",
         id="output-dir-under-a-file",
     ),
+    # search cost settings: racing, schedule, optimizer
+    pytest.param(
+        lambda t: search(t, base(t, search={"schedule": "fast"})),
+        "search.schedule = 'fast': Input should be 'generational' or 'steady'",
+        id="schedule-unknown",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"optimizer": "pso"})),
+        "search.optimizer = 'pso': Input should be 'dim_mono' or 'cmaes'",
+        id="optimizer-unknown",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"racing": {"enabled": True, "z": -1}})),
+        "search.racing.z = -1: Input should be greater than or equal to 0",
+        id="racing-negative-z",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"racing": {"enabled": True, "min_windows": 1}})),
+        "search.racing.min_windows = 1: Input should be greater than or equal to 2",
+        id="racing-min-windows-one",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"racing": {"enabled": True, "min_windows": 8}})),
+        "search.racing.min_windows: must be < data.search_windows (8) for racing to stop anything, got 8",
+        id="racing-min-windows-all",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"racing": {"enabled": "sometimes"}})),
+        "search.racing.enabled = 'sometimes': Input should be a valid boolean",
+        id="racing-enabled-not-bool",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"racing": {"group_windows": 0}})),
+        "search.racing.group_windows = 0: Input should be greater than or equal to 1",
+        id="racing-group-zero",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"optimizer": "cmaes", "schedule": "steady"})),
+        "search.schedule: 'steady' needs optimizer 'dim_mono'",
+        id="cmaes-steady",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"optimizer": "cmaes", "racing": {"enabled": True}})),
+        "search.racing.enabled: racing needs optimizer 'dim_mono'",
+        id="cmaes-racing",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"optimizer": "cmaes", "cmaes": {"sigma": 0}})),
+        "search.cmaes.sigma = 0: Input should be greater than 0",
+        id="cmaes-sigma-zero",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"cmaes": {"population": 1}})),
+        "search.cmaes.population = 1: Input should be greater than or equal to 2",
+        id="cmaes-population-one",
+    ),
+    pytest.param(
+        lambda t: validate(t, base(t), "search.racing.z=.nan"),
+        "search.racing.z = nan: must be a finite number",
+        id="racing-z-nan-override",
+    ),
     pytest.param(
         lambda t: ["search", "--no-progress", "--resume", str(finished_run(t)), "--set", "search.seed=5"],
         "--set 'search.seed=5': a resumed run can change only workers.*",

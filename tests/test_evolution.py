@@ -10,15 +10,16 @@ from search_helpers import PAIRS, objective, problem
 
 from longrope.search.evolution import DimMonoEvolution
 from longrope.search.job_config import SearchConfig
+from longrope.search.optimizers import make_optimizer
 
 
 def run_generations(settings: SearchConfig, generations: int) -> tuple[DimMonoEvolution, list[list]]:
-    evolution = DimMonoEvolution(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    evolution = make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
     asked = []
     for _ in range(generations):
         genomes = evolution.ask()
         asked.append(genomes)
-        evolution.tell(genomes, [objective(evolution.factors(g)) for g in genomes])
+        evolution.tell(genomes, [objective(evolution.grid.factors(g)) for g in genomes])
     return evolution, asked
 
 
@@ -27,7 +28,7 @@ def test_every_candidate_obeys_the_constraints():
     evolution, asked = run_generations(settings, 6)
     for genomes in asked:
         for genome in genomes:
-            factors = evolution.factors(genome)
+            factors = evolution.grid.factors(genome)
             assert np.all(np.diff(factors) >= 0), "monotone non-decreasing in the pair index"
             assert factors.min() >= 1.0 and factors.max() <= 1.25 * 4.0 + 1e-9, "bounded to [1, 1.25 s]"
             np.testing.assert_allclose(factors * 100, np.round(factors * 100), atol=1e-6)  # the 0.01 grid
@@ -49,7 +50,7 @@ def test_seeds_are_in_generation_zero():
     first = asked[0]
     for seed in problem().seeds:
         expected = np.maximum.accumulate(np.clip(np.round(seed.factors, 2), 1.0, 5.0))
-        assert any(np.allclose(evolution.factors(g), expected) for g in first[:3]), seed.name
+        assert any(np.allclose(evolution.grid.factors(g), expected) for g in first[:3]), seed.name
     assert set(evolution.seed_names.values()) == {"pi", "ntk", "yarn"}
 
 
@@ -64,7 +65,7 @@ def test_same_seed_same_population_other_seed_other_population():
 def test_state_round_trips_through_json():
     settings = SearchConfig(seed=9)
     evolution, _ = run_generations(settings, 3)
-    restored = DimMonoEvolution(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    restored = make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
     restored.load_state_dict(json.loads(json.dumps(evolution.state_dict())))
     assert [g.key for g in restored.ask()] == [g.key for g in evolution.ask()]
 
@@ -76,13 +77,13 @@ def test_optional_genes_stay_in_their_sets():
     evolution, asked = run_generations(settings, 5)
     genomes = [g for gen in asked for g in gen]
     assert {g.n_hat for g in genomes} <= set(settings.n_hat.choices) and len({g.n_hat for g in genomes}) > 1
-    attention = {evolution.attention_factor(g) for g in genomes}
+    attention = {evolution.grid.attention_factor(g) for g in genomes}
     assert min(attention) >= 1.0 - 1e-9 and max(attention) <= 1.4 + 1e-9 and len(attention) > 1
 
 
 def test_nan_scores_rank_last():
     settings = SearchConfig(population=10, parents=4, mutations=3, crossovers=3)
-    evolution = DimMonoEvolution(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    evolution = make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
     genomes = evolution.ask()
     scores = [float("nan")] + [float(i) for i in range(1, len(genomes))]
     evolution.tell(genomes, scores)

@@ -87,6 +87,16 @@ def test_pool_results_equal_direct_scoring(local_ray, tiny_llama_dir, windows, d
         assert len(pool.worker_info()) == 2
         assert_same_results(list(pool.imap(candidates(12))), direct_scores, 12)
         assert_same_results(list(pool.imap(candidates(5))), direct_scores, 5)  # a pool is reusable
+        # racing's window groups: tasks on different window ranges share a call (batches [0, 2] and [1, 3])
+        four = dict(candidates(4))
+        for key in (0, 2, 1, 3):
+            pool.submit([(key, four[key])], windows=(0, 1) if key % 2 == 0 else (1, 2))
+        parts = dict(pool.as_completed())
+        for key, score in parts.items():
+            window = key % 2
+            assert score.nll == pytest.approx(direct_scores[key].nll[window : window + 1], rel=1e-6)
+            assert score.tokens == (TARGET,)
+        assert pool.capacity == 2 * 2 * 2, "usable workers x calls per worker x batch size"
     finally:
         pool.shutdown()
 
@@ -239,7 +249,7 @@ def test_a_transient_failure_with_a_call_still_in_flight_is_probed_back(monkeypa
         gets.append(ref.kind)
         if len(gets) == 1:
             raise ActorUnavailableError("unreachable for a moment", None)
-        return {"pid": 1} if ref.kind == "ready" else [(key, f"score of {key}") for key, _ in ref.batch]
+        return {"pid": 1} if ref.kind == "ready" else [(key, f"score of {key}") for key, *_ in ref.batch]
 
     monkeypatch.setattr(pool_module.ray, "wait", lambda refs, num_returns, timeout: (refs[:1], refs[1:]))
     monkeypatch.setattr(pool_module.ray, "get", fake_get)
@@ -265,7 +275,7 @@ def test_workers_that_never_answer_are_reported_once(monkeypatch):
         return (refs[:1], refs[1:]) if len(waits) > 3 else ([], refs)  # pending three times, then it runs
 
     monkeypatch.setattr(pool_module.ray, "wait", fake_wait)
-    monkeypatch.setattr(pool_module.ray, "get", lambda ref: [(key, "scored") for key, _ in ref.batch])
+    monkeypatch.setattr(pool_module.ray, "get", lambda ref: [(key, "scored") for key, *_ in ref.batch])
     with pytest.warns(UserWarning, match=r"no worker has answered after \d+ s \(1 started\)") as caught:
         assert dict(pool.imap([("a", None)])) == {"a": "scored"}
     assert len(caught) == 1, "said once, not on every wait"

@@ -12,8 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from rich.console import Console
-from search_helpers import FunctionEvaluator, problem
+from search_helpers import FunctionEvaluator, make_coordinator
 
 from longrope.search.coordinator import Coordinator
 from longrope.search.job_config import JobConfig
@@ -27,14 +26,7 @@ def job(tmp_path, generations: int = 4) -> JobConfig:
 
 
 def coordinator(config: JobConfig, run_dir: RunDir, evaluator=None) -> Coordinator:
-    return Coordinator(
-        config.search,
-        problem(),
-        run_dir,
-        evaluator or FunctionEvaluator(),
-        console=Console(quiet=True),
-        show_progress=False,
-    )
+    return make_coordinator(config, run_dir, evaluator or FunctionEvaluator())
 
 
 def snapshot(folder) -> dict[str, str]:

@@ -126,6 +126,14 @@ def test_batched_scoring_equals_one_at_a_time(tiny_llama_dir, generator):
         assert a.tokens == b.tokens == (TARGET,) * 3
         assert a.nll == pytest.approx(b.nll, rel=1e-5)
     assert len({round(s.mean_nll, 4) for s in together}) == len(together), "candidates must score differently"
+    # a window range (what racing scores group by group) equals those windows of the full score
+    for begin, end in ((0, 1), (1, 3), (2, 3)):
+        for part, full in zip(batched.score(candidates(rope), windows=(begin, end)), together, strict=True):
+            assert part.tokens == (TARGET,) * (end - begin)
+            assert part.nll == pytest.approx(full.nll[begin:end], rel=1e-5)
+    for bad in ((0, 0), (2, 4), (-1, 1)):
+        with pytest.raises(ValueError, match=r"windows: expected a range within \[0, 3\)"):
+            batched.score(candidates(rope), windows=bad)
 
 
 def test_scores_equal_transformers_loss(tiny_llama_dir, tmp_path, generator):

@@ -6,10 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from rich.console import Console
-from search_helpers import JOB_RECORD, OPTIMUM, FunctionEvaluator, objective, problem
+from search_helpers import JOB_RECORD, OPTIMUM, FunctionEvaluator, objective, problem, run_job
 
-from longrope.search.coordinator import Coordinator
 from longrope.search.job_config import JobConfig
 from longrope.search.run_store import RunDir, RunStoreError
 
@@ -20,20 +18,9 @@ def job(tmp_path, **search) -> JobConfig:
     )
 
 
-def run(config: JobConfig, run_dir: RunDir, evaluator, *, resume: bool = False):
-    coordinator = Coordinator(
-        config.search, problem(), run_dir, evaluator, console=Console(quiet=True), show_progress=False
-    )
-    if resume:
-        coordinator.resume()
-    else:
-        run_dir.create(config)
-    return coordinator.run(), coordinator
-
-
 def test_finds_the_known_optimum(tmp_path):
     config = job(tmp_path, generations=40)
-    best, _ = run(config, RunDir(tmp_path), FunctionEvaluator())
+    best, _ = run_job(config, RunDir(tmp_path), FunctionEvaluator())
     seed_best = min(objective(seed.factors) for seed in problem().seeds)
     assert best["mean_nll"] < 0.05 * seed_best
     assert np.abs(np.asarray(best["factors"]) - OPTIMUM).max() < 0.35
@@ -51,12 +38,12 @@ def test_finds_the_known_optimum(tmp_path):
 def test_crash_then_resume_reaches_the_uninterrupted_result(tmp_path):
     clean_dir, crash_dir = RunDir(tmp_path / "clean"), RunDir(tmp_path / "crash")
     config = job(tmp_path)
-    clean_best, _ = run(config, clean_dir, FunctionEvaluator())
+    clean_best, _ = run_job(config, clean_dir, FunctionEvaluator())
     crashing = FunctionEvaluator(fail_on_call=5)  # dies in generation 4, after one result of it is saved
     with pytest.raises(RuntimeError, match="simulated coordinator crash"):
-        run(config, crash_dir, crashing)
+        run_job(config, crash_dir, crashing)
     resumed_evaluator = FunctionEvaluator()
-    resumed_best, _ = run(config, crash_dir, resumed_evaluator, resume=True)
+    resumed_best, _ = run_job(config, crash_dir, resumed_evaluator, resume=True)
     assert resumed_best == clean_best
     clean_state = json.loads(clean_dir.file("state.json").read_text())
     resumed_state = json.loads(crash_dir.file("state.json").read_text())
@@ -68,19 +55,19 @@ def test_crash_then_resume_reaches_the_uninterrupted_result(tmp_path):
 def test_resume_refuses_another_config_and_a_corrupted_state(tmp_path):
     run_dir = RunDir(tmp_path)
     config = job(tmp_path, generations=2)
-    run(config, run_dir, FunctionEvaluator())
+    run_job(config, run_dir, FunctionEvaluator())
     with pytest.raises(RunStoreError, match="already holds this run; continue it with --resume"):
         run_dir.create(config)
     with pytest.raises(RunStoreError, match="holds a run of another config"):
         run_dir.create(job(tmp_path, generations=3))
     (tmp_path / "state.json").write_text('{"evolution": {"generation": ')
     with pytest.raises(RunStoreError, match=r"state\.json: corrupted"):
-        run(config, run_dir, FunctionEvaluator(), resume=True)
+        run_job(config, run_dir, FunctionEvaluator(), resume=True)
 
 
 def test_early_stop_after_patience_without_improvement(tmp_path):
     config = job(tmp_path, generations=30, early_stop={"patience": 2, "min_improvement": 10.0})
-    run(config, RunDir(tmp_path), FunctionEvaluator())
+    run_job(config, RunDir(tmp_path), FunctionEvaluator())
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["stopped_early"] and state["finished"]
     assert len(state["best_by_generation"]) == 3, "stops once 2 generations failed to improve by 10 nats"
@@ -91,7 +78,7 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
     from longrope.search.run_store import write_json_atomic
 
     config = job(tmp_path, generations=1)
-    run(config, RunDir(tmp_path), FunctionEvaluator())
+    run_job(config, RunDir(tmp_path), FunctionEvaluator())
     write_json_atomic(tmp_path / "job.json", JOB_RECORD)
     best = RunDir(tmp_path).best_record()
     with (tmp_path / "history.jsonl").open("a") as history:  # a better candidate with n_hat, as a search may find
@@ -108,7 +95,7 @@ def test_another_runs_best_seeds_a_new_search(tmp_path):
     from longrope.search.job_context import JobContext
 
     first = job(tmp_path / "first", generations=1)
-    run(first, RunDir(tmp_path / "first"), FunctionEvaluator())
+    run_job(first, RunDir(tmp_path / "first"), FunctionEvaluator())
     best = RunDir(tmp_path / "first").best_record()
     # the reference model has 16 pairs, as the cheap problem does
     config = load_job_config(None, ["target_length=1024", f"search.seed_files=[{tmp_path / 'first'}]"])

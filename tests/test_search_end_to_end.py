@@ -10,11 +10,12 @@ import pytest
 import ray
 import torch
 from rich.console import Console
+from search_helpers import make_coordinator
 from transformers import AutoModelForCausalLM
 
 from longrope.encodings import from_hf
 from longrope.search.compare import paired_difference, run_compare
-from longrope.search.coordinator import Coordinator, SearchProblem
+from longrope.search.coordinator import SearchProblem
 from longrope.search.export import factors_file_of_run, write_into_model
 from longrope.search.factors_file import FactorsFile
 from longrope.search.job_config import load_job_config
@@ -113,9 +114,10 @@ class KillingEvaluator:
 
     def __init__(self, pool: WorkerPool):
         self.pool, self.seen = pool, 0
+        self.capacity = pool.capacity
 
-    def submit(self, candidates):
-        self.pool.submit(candidates)
+    def submit(self, candidates, windows=None):
+        self.pool.submit(candidates, windows)
 
     def as_completed(self):
         for item in self.pool.as_completed():
@@ -133,10 +135,8 @@ def test_killed_ray_worker_loses_no_candidate(finished_run, tmp_path):
     pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec())
     run_dir = RunDir(tmp_path)
     run_dir.create(config)
-    problem = SearchProblem(context.pairs, context.scale, context.seeds(), context.longrope)
-    coordinator = Coordinator(
-        config.search, problem, run_dir, KillingEvaluator(pool), console=Console(quiet=True), show_progress=False
-    )
+    problem = SearchProblem(context.pairs, context.scale, context.seeds(), context.longrope, windows=len(windows.names))
+    coordinator = make_coordinator(config, run_dir, KillingEvaluator(pool), problem)
     try:
         coordinator.run()
     finally:

@@ -35,6 +35,8 @@ from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError,
 from longrope.workers.scorer import CandidateScore
 
 Key = Hashable
+WindowRange = tuple[int, int]  # [start, stop) of the job's windows
+Task = tuple[Key, RopeMethod, WindowRange | None]  # a candidate on some windows (None: all of them)
 
 
 @dataclass(frozen=True)
@@ -114,10 +116,16 @@ class ScoringWorker:
         self._check_loaded()
         return {"pid": os.getpid(), "device": self.device, "node": ray.get_runtime_context().get_node_id()}
 
-    def score(self, batch: Sequence[tuple[Key, RopeMethod]]) -> list[tuple[Key, CandidateScore]]:
+    def score(self, batch: Sequence[Task]) -> list[tuple[Key, CandidateScore]]:
+        """Scores a batch; tasks on the same window range share forward passes (`Scorer.score`)."""
         self._check_loaded()
-        keys = [key for key, _ in batch]
-        return list(zip(keys, self.scorer.score([method for _, method in batch]), strict=True))
+        results: dict[int, CandidateScore] = {}
+        ranges = {windows for _, _, windows in batch}
+        for windows in sorted(ranges, key=lambda r: (-1, -1) if r is None else r):
+            indices = [i for i, task in enumerate(batch) if task[2] == windows]
+            scores = self.scorer.score([batch[i][1] for i in indices], windows=windows)
+            results.update(zip(indices, scores, strict=True))
+        return [(task[0], results[i]) for i, task in enumerate(batch)]
 
     def _check_loaded(self) -> None:
         if self.load_error is not None:
@@ -295,14 +303,16 @@ class _Worker:
 @dataclass
 class _Call:
     worker: _Worker
-    batch: list[tuple[Key, RopeMethod]] = field(default_factory=list)
+    batch: list[Task] = field(default_factory=list)
     probe: bool = False
 
 
 class WorkerPool:
     """Candidates in, (key, CandidateScore) out, in completion order."""
 
-    def __init__(self, model: ModelSpec, windows: np.ndarray, spec: PoolSpec = PoolSpec()):
+    def __init__(self, model: ModelSpec, windows: np.ndarray, spec: PoolSpec = PoolSpec(), *, worker_class=None):
+        """`worker_class`: the actor class (ScoringWorker; bench/search_cost.py passes a synthetic one with the
+        same constructor and `ready`/`score` methods to measure scheduling without a model)."""
         if spec.num_workers < 1:
             raise WorkerPoolError(f"workers.num_workers: must be at least 1, got {spec.num_workers}")
         ensure_ray(spec)
@@ -310,7 +320,7 @@ class WorkerPool:
         num_cpus, num_gpus = actor_resources(spec, ray.cluster_resources())
         # Held for the pool's lifetime: a restarted actor is built again from these constructor arguments.
         self.windows_ref = ray.put(np.ascontiguousarray(windows, dtype=np.int64))
-        actor_class = ray.remote(ScoringWorker).options(
+        actor_class = ray.remote(worker_class or ScoringWorker).options(
             num_gpus=num_gpus,
             num_cpus=num_cpus,
             max_restarts=spec.max_restarts,
@@ -318,7 +328,7 @@ class WorkerPool:
         )
         count = workers_to_start(spec, num_cpus, num_gpus, ray.nodes())
         self.workers = [_Worker(actor_class.remote(model, self.windows_ref), i) for i in range(count)]
-        self._queue: deque[list[tuple[Key, RopeMethod]]] = deque()
+        self._queue: deque[Task] = deque()  # packed into calls of batch_size when a worker has room
         self._calls: dict[ray.ObjectRef, _Call] = {}
         self.failures = 0
         self.started_at = time.monotonic()
@@ -329,19 +339,25 @@ class WorkerPool:
         """Each usable worker's pid, device and node (waits until every worker has loaded its model)."""
         return ray.get([w.actor.ready.remote() for w in self.workers if w.usable])
 
-    def submit(self, candidates: Iterable[tuple[Key, RopeMethod]]) -> None:
-        pending = list(candidates)
-        size = max(1, self.spec.batch_size)
-        self._queue.extend(pending[i : i + size] for i in range(0, len(pending), size))
+    @property
+    def capacity(self) -> int:
+        """Candidates the usable workers hold at once (each with `calls_per_worker` calls of `batch_size`): a
+        steady-state search keeps this many out, so every worker always has its next call queued."""
+        usable = sum(1 for w in self.workers if w.usable) or 1
+        return usable * self.spec.calls_per_worker * max(1, self.spec.batch_size)
+
+    def submit(self, candidates: Iterable[tuple[Key, RopeMethod]], windows: WindowRange | None = None) -> None:
+        """Queue candidates, each to be scored on `windows` ([start, stop) of the pool's windows; None: all)."""
+        self._queue.extend((key, method, windows) for key, method in candidates)
 
     def as_completed(self) -> Iterator[tuple[Key, CandidateScore]]:
         """Results of everything submitted, as each batch finishes; returns when all are done."""
-        while self._queue or any(not call.probe for call in self._calls.values()):
+        while self._queue or any(not call.probe for call in self._calls.values()):  # submit() may add more
             self._dispatch()
             if all(w.dead for w in self.workers):
                 raise WorkerPoolError(
                     f"worker pool: no worker left ({self.failures} worker failures); "
-                    f"{sum(len(b) for b in self._queue)} candidates were not scored"
+                    f"{len(self._queue)} candidates were not scored"
                 )
             if not self._calls:  # every worker is down and waiting for its next probe
                 time.sleep(PROBE_INTERVAL_S)
@@ -353,6 +369,7 @@ class WorkerPool:
                 self._warn_if_never_started()
 
     def imap(self, candidates: Iterable[tuple[Key, RopeMethod]]) -> Iterator[tuple[Key, CandidateScore]]:
+        """Score candidates on all windows; results in completion order."""
         self.submit(candidates)
         return self.as_completed()
 
@@ -367,7 +384,8 @@ class WorkerPool:
             if worker.failed_since is not None and not worker.dead:
                 self._probe_if_due(worker, now)
             while worker.usable and self._queue and worker.in_flight < self.spec.calls_per_worker:
-                batch = self._queue.popleft()
+                size = min(max(1, self.spec.batch_size), len(self._queue))
+                batch = [self._queue.popleft() for _ in range(size)]
                 self._calls[worker.actor.score.remote(batch)] = _Call(worker, batch)
                 worker.in_flight += 1
 
@@ -431,7 +449,7 @@ class WorkerPool:
             worker.death_counted = True
         if not call.probe:
             worker.in_flight -= 1
-            self._queue.appendleft(call.batch)  # lost work goes first, to whoever is free
+            self._queue.extendleft(reversed(call.batch))  # lost work goes first, to whoever is free
             if worker.failed_since is None:
                 self.failures += 1
                 worker.failed_since = now

@@ -89,32 +89,38 @@ class Scorer:
         """Tokens in each forward pass: a window of n + 1 tokens is read at n positions, predicting n tokens."""
         return self.windows.shape[1] - 1
 
-    def windows_per_forward(self, candidates: int) -> int:
+    def windows_per_forward(self, candidates: int, windows: int | None = None) -> int:
         """Short windows are stacked so each forward reads about `tokens_per_forward` tokens (one window at least):
         a 128-token window alone leaves most of a GPU, or the CPU's matmul units, idle."""
-        return max(1, min(len(self.windows), self.tokens_per_forward // (candidates * self.context_length)))
+        count = len(self.windows) if windows is None else windows
+        return max(1, min(count, self.tokens_per_forward // (candidates * self.context_length)))
 
     @torch.inference_mode()
-    def score(self, candidates: Sequence[RopeMethod]) -> list[CandidateScore]:
-        """One CandidateScore per candidate, in order; every candidate sees exactly the same windows.
+    def score(self, candidates: Sequence[RopeMethod], windows: tuple[int, int] | None = None) -> list[CandidateScore]:
+        """One CandidateScore per candidate, in order, on windows [start, stop) (None: all); every candidate sees
+        exactly the same windows, so scores pair window by window (what racing compares).
 
         Each forward pass reads B candidates x K windows as B*K batch rows, candidate-major, and the rope patch
         gives every row its candidate's frequencies."""
-        nll = torch.zeros(len(candidates), len(self.windows), dtype=torch.float64)
+        begin, end = (0, len(self.windows)) if windows is None else windows
+        if not 0 <= begin < end <= len(self.windows):
+            raise ValueError(f"windows: expected a range within [0, {len(self.windows)}), got [{begin}, {end})")
+        nll = torch.zeros(len(candidates), end - begin, dtype=torch.float64)
         patched, original = patch_rotary(self.model, self.original_inv_freq)
         try:
             for first in range(0, len(candidates), self.candidates_per_forward):
                 group = candidates[first : first + self.candidates_per_forward]
-                per_forward = self.windows_per_forward(len(group))
-                for start in range(0, len(self.windows), per_forward):
-                    windows = self.windows[start : start + per_forward]
-                    patched.set_candidates(group, seq_len=self.context_length, rows_each=len(windows))
-                    batch = windows.repeat(len(group), 1)
-                    rows_nll = self._batch_nll(batch).view(len(group), len(windows))
-                    nll[first : first + len(group), start : start + len(windows)] = rows_nll.cpu()
+                per_forward = self.windows_per_forward(len(group), end - begin)
+                for start in range(begin, end, per_forward):
+                    rows = self.windows[start : min(start + per_forward, end)]
+                    patched.set_candidates(group, seq_len=self.context_length, rows_each=len(rows))
+                    batch = rows.repeat(len(group), 1)
+                    rows_nll = self._batch_nll(batch).view(len(group), len(rows))
+                    column = start - begin
+                    nll[first : first + len(group), column : column + len(rows)] = rows_nll.cpu()
         finally:
             restore_rotary(self.model, original)
-        tokens = (self.context_length,) * len(self.windows)
+        tokens = (self.context_length,) * (end - begin)
         return [CandidateScore(nll=tuple(row.tolist()), tokens=tokens) for row in nll]
 
     def _batch_nll(self, batch: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,49 @@
+"""The optimizer seam: what the coordinator needs of an optimizer, and the one place that builds it from a config.
+
+The coordinator's loop reads like pycma's (`while not opt.stop(): genomes = opt.ask(); opt.tell(genomes, scores)`);
+it never builds an optimizer itself, so a new one is a class with this shape and one line in `make_optimizer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from longrope.search.cmaes import CmaesOptimizer
+from longrope.search.evolution import DimMonoEvolution
+from longrope.search.genome import Genome, GenomeGrid, Seed
+from longrope.search.job_config import SearchConfig
+
+
+class Optimizer(Protocol):
+    grid: GenomeGrid
+    generation: int
+    seed_names: dict[str, str]  # genome key -> the seed method it came from
+    scores: dict[str, float]  # every told genome's score, by key
+    pending: dict[str, Genome]  # asked, not yet told
+
+    @property
+    def total_generations(self) -> int: ...
+
+    @property
+    def population(self) -> list[str]: ...
+
+    def ask(self, count: int | None = None) -> list[Genome]: ...
+
+    def tell(self, genomes: list[Genome], scores: list[float]) -> None: ...
+
+    def stop(self) -> bool: ...
+
+    def best(self) -> tuple[Genome, float]: ...
+
+    def worst_parent(self) -> str | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def make_optimizer(settings: SearchConfig, *, pairs: int, scale: float, seeds: list[Seed]) -> Optimizer:
+    grid = GenomeGrid(settings, pairs=pairs, scale=scale)
+    if settings.optimizer == "cmaes":
+        return CmaesOptimizer(settings, grid, seeds)
+    return DimMonoEvolution(settings, grid, seeds)

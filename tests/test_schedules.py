@@ -1,0 +1,185 @@
+"""The steady-state schedule and the CMA-ES optimizer, on the known objective (no model): budgets, a full queue,
+kills at random points that lose nothing and score nothing twice, and CMA-ES's replay resume."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from search_helpers import PAIRS, FunctionEvaluator, objective, problem, run_job
+
+from longrope.search.cmaes import CmaesOptimizer
+from longrope.search.genome import Genome, GenomeGrid
+from longrope.search.job_config import JobConfig
+from longrope.search.optimizers import make_optimizer
+from longrope.search.run_store import RunDir
+
+WINDOWS = 8
+
+
+def job(tmp_path, windows: int = 1, **search) -> JobConfig:
+    return JobConfig.model_validate(
+        {
+            "target_length": 256,
+            "output_dir": str(tmp_path),
+            "data": {"search_windows": max(windows, 4)},
+            "search": {"generations": 10, "seed": 5, "population": 16, "parents": 8, **search},
+        }
+    )
+
+
+def final_lines(run_dir: RunDir) -> list[dict]:
+    lines = [json.loads(line) for line in run_dir.file("history.jsonl").read_text().splitlines()]
+    return [r for r in lines if r["status"] != "partial"]
+
+
+class QueueEvaluator(FunctionEvaluator):
+    """First in, first out, one result per step; records how many candidates were out at each step."""
+
+    def __init__(self, kill_after: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.kill_after = kill_after
+        self.outstanding: list[int] = []
+        self.results = 0
+
+    def as_completed(self):
+        while self.pending:
+            self.outstanding.append(len(self.pending))
+            key, candidate, windows = self.pending.pop(0)
+            if self.kill_after is not None and self.results == self.kill_after:
+                raise KeyboardInterrupt("killed")  # the process dies with this candidate in flight
+            self.results += 1
+            yield key, self._score(candidate, windows)
+
+
+# ---- steady ----
+
+
+def test_steady_spends_the_budget_keeps_the_queue_full_and_improves(tmp_path):
+    config = job(tmp_path, schedule="steady")
+    evaluator = QueueEvaluator(capacity=6)
+    best, coordinator = run_job(config, RunDir(tmp_path), evaluator)
+    finals = final_lines(RunDir(tmp_path))
+    budget = 16 + (16 + 16) * 10
+    assert len(finals) == len({r["key"] for r in finals}) == budget, "the GA's budget, each candidate once"
+    # after generation 0 (16 out at once), exactly `capacity` candidates are out until the budget runs low
+    steady_part = evaluator.outstanding[16 : budget - 6]
+    assert steady_part and set(steady_part) == {6}
+    seed_best = min(objective(seed.factors) for seed in problem().seeds)
+    assert best["mean_nll"] < 0.2 * seed_best
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["finished"] and state["evolution"]["pending"] == []
+    assert coordinator.optimizer.generation == 11
+
+
+def test_steady_children_come_from_the_parents_of_the_moment(tmp_path):
+    """(mu + lambda) with lambda = 1: the parents after each tell are the best `parents` of all told so far."""
+    settings = job(tmp_path, schedule="steady").search
+    optimizer = make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    initial = optimizer.ask(3)
+    assert len(initial) == 16, "generation 0 is the whole initial population"
+    assert optimizer.ask(3) == [], "nothing more while generation 0 is out"
+    optimizer.tell(initial, [objective(optimizer.grid.factors(g)) for g in initial])
+    for _ in range(40):
+        (child,) = optimizer.ask(1)
+        optimizer.tell([child], [objective(optimizer.grid.factors(child))])
+        ranked = sorted(optimizer.scores, key=lambda key: (optimizer.scores[key], key))
+        assert optimizer.population == ranked[: settings.parents]
+
+
+@pytest.mark.parametrize("racing", [False, True], ids=["plain", "racing"])
+def test_steady_killed_at_random_points_loses_nothing_and_scores_nothing_twice(tmp_path, racing):
+    windows = WINDOWS if racing else 1
+    config = job(tmp_path, windows=windows, schedule="steady", racing={"enabled": racing})
+    run_dir = RunDir(tmp_path)
+    draw = random.Random(11)
+    evaluators, kills = [], 0
+    resume = False
+    while True:
+        evaluator = QueueEvaluator(kill_after=draw.randrange(1, 40), windows=windows, capacity=5)
+        evaluators.append(evaluator)
+        try:
+            run_job(config, run_dir, evaluator, resume=resume)
+            break
+        except KeyboardInterrupt:
+            kills += 1
+            resume = True
+    assert kills >= 5
+    lines = [json.loads(line) for line in run_dir.file("history.jsonl").read_text().splitlines()]
+    finals = [r for r in lines if r["status"] != "partial"]
+    assert len(finals) == len({r["key"] for r in finals}), "a candidate scored twice"
+    assert len(finals) == 16 + 32 * 10, "a candidate lost"
+    recorded_windows = sum(len(r["nll"]) for r in finals)
+    assert sum(e.window_evaluations for e in evaluators) == recorded_windows, "a window scored twice"
+    state = json.loads(run_dir.file("state.json").read_text())
+    assert state["finished"] and set(state["evolution"]["population"]) <= {r["key"] for r in finals}
+
+
+# ---- CMA-ES ----
+
+
+def cmaes(settings_overrides: dict | None = None) -> CmaesOptimizer:
+    settings = job("unused", optimizer="cmaes", **(settings_overrides or {})).search
+    return make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+
+
+def test_cmaes_parametrisation_is_monotone_and_round_trips_the_seeds():
+    optimizer = cmaes()
+    grid: GenomeGrid = optimizer.grid
+    for seed in problem().seeds:
+        genome = grid.from_seed(seed)
+        assert optimizer.decode(optimizer.encode(genome)) == genome
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        genome = optimizer.decode(rng.normal(0.3, 0.5, size=PAIRS))
+        assert grid.is_valid(genome)
+    # worked by hand: log f0 = log 2, increments log 1.5 and a negative one (clipped to 0)
+    x = np.array([np.log(2.0), np.log(1.5), -0.3] + [0.0] * (PAIRS - 3))
+    assert optimizer.grid.factors(optimizer.decode(x))[:4].tolist() == [2.0, 3.0, 3.0, 3.0]
+
+
+def run_cmaes(optimizer: CmaesOptimizer, generations: int) -> None:
+    for _ in range(generations):
+        genomes = optimizer.ask()
+        optimizer.tell(genomes, [objective(optimizer.grid.factors(g)) for g in genomes])
+
+
+def test_cmaes_replay_resume_reaches_the_uninterrupted_state():
+    uninterrupted = cmaes()
+    run_cmaes(uninterrupted, 6)
+    np.random.seed(123)  # the global generator must not matter
+    restored = cmaes()
+    restored.load_state_dict(json.loads(json.dumps(uninterrupted.state_dict())))
+    assert np.array_equal(restored.es.mean, uninterrupted.es.mean)
+    assert restored.es.sigma == uninterrupted.es.sigma
+    assert np.array_equal(restored.es.C, uninterrupted.es.C)
+    assert [g.key for g in restored.ask()] == [g.key for g in uninterrupted.ask()]
+
+
+def test_cmaes_replay_refuses_a_state_that_does_not_replay():
+    optimizer = cmaes()
+    run_cmaes(optimizer, 3)
+    state = json.loads(json.dumps(optimizer.state_dict()))
+    state["asked_keys"][1][0] = Genome((100,) * PAIRS).key
+    with pytest.raises(ValueError, match="replaying CMA-ES generation 2 asks for other candidates"):
+        cmaes().load_state_dict(state)
+
+
+def test_cmaes_search_improves_on_the_best_seed_and_resumes_exactly(tmp_path):
+    config = job(tmp_path / "clean", optimizer="cmaes")
+    clean_best, coordinator = run_job(config, RunDir(tmp_path / "clean"), FunctionEvaluator())
+    seed_best = min(objective(seed.factors) for seed in problem().seeds)
+    assert clean_best["mean_nll"] < 0.5 * seed_best
+    assert coordinator.optimizer.generation == coordinator.optimizer.total_generations
+    crash_dir = RunDir(tmp_path / "crash")
+    crashing = FunctionEvaluator(fail_on_call=5)
+    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+        run_job(job(crash_dir.path, optimizer="cmaes"), crash_dir, crashing)
+    resumed = FunctionEvaluator()
+    resumed_best, _ = run_job(job(crash_dir.path, optimizer="cmaes"), crash_dir, resumed, resume=True)
+    assert resumed_best == clean_best
+    assert crash_dir.read_history() == RunDir(tmp_path / "clean").read_history()
+    clean_history = RunDir(tmp_path / "clean").read_history()
+    assert crashing.evaluated + resumed.evaluated == len(clean_history), "nothing scored twice"
