@@ -48,11 +48,12 @@ from longrope.workers.pool import ModelSpec, PoolSpec, WorkerPool
 from longrope.workers.scorer import CandidateScore
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = {
-    "official_ga": [],
-    "racing": ["search.racing.enabled=true"],
-    "racing_steady": ["search.racing.enabled=true", "search.schedule=steady"],
-    "cmaes": ["search.optimizer=cmaes"],
+GA = ["search.optimizer=dim_mono", "search.schedule=generational"]
+VARIANTS = {  # explicit, whatever configs/demo.yaml ships with
+    "official_ga": [*GA, "search.racing.enabled=false"],
+    "racing": [*GA, "search.racing.enabled=true"],
+    "racing_steady": ["search.optimizer=dim_mono", "search.racing.enabled=true", "search.schedule=steady"],
+    "cmaes": ["search.optimizer=cmaes", "search.schedule=generational", "search.racing.enabled=false"],
 }
 
 

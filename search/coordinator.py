@@ -11,10 +11,11 @@ Schedules (`search.schedule`):
 - generational: one generation out at a time; the racing threshold is fixed when the generation is asked, so the
   run is deterministic and a resumed run reaches exactly the result of an uninterrupted one; state.json is written
   after every generation;
-- steady: the evaluator's `capacity` candidates are kept out at all times; each result is told as it arrives, new
-  children are asked for at once, the threshold is the worst parent of the moment, and state.json (with the asked,
-  untold candidates) is written after every result. A resumed steady run re-submits the untold candidates and
-  takes every score history.jsonl holds, so nothing is lost and nothing is scored twice.
+- steady: after generation 0 (scored as one batch), the evaluator's `capacity` candidates are kept out until the
+  budget runs low; each result is told as it arrives, new children are asked for at once, the threshold is the
+  worst parent of the moment, and state.json (with the asked, untold candidates) is written after every result,
+  once the children it asked for are out. A resumed steady run re-submits the untold candidates and takes every
+  score history.jsonl holds, so nothing is lost and nothing is scored twice.
 
 On resume, the optimizer is restored from state.json (or, without one, started afresh from the same seed, which
 asks for the candidates already recorded), and a candidate with a "partial" record continues from its next window.
@@ -37,7 +38,7 @@ from longrope.search.genome import Genome, Seed
 from longrope.search.job_config import SearchConfig
 from longrope.search.optimizers import Optimizer
 from longrope.search.racing import WindowRange, clearly_worse, window_groups
-from longrope.search.run_store import FINAL_STATUSES, HISTORY, History, RunDir, RunStoreError, best_of
+from longrope.search.run_store import FINAL_STATUSES, HISTORY, History, RunDir, RunStoreError, best_of, final_count
 from longrope.workers.scorer import CandidateScore
 
 
@@ -105,6 +106,7 @@ class Coordinator:
         self.generation_seconds: list[float] = []
         self.best_by_generation: list[float] = []
         self.stopped_early = False
+        self.exhausted = False  # the optimizer could make no new candidate
         self.window_evaluations = 0  # scored by this process (not counting what a resumed run found recorded)
 
     @property
@@ -117,7 +119,7 @@ class Coordinator:
 
     @property
     def finished(self) -> bool:
-        return self.stopped_early or self.optimizer.stop()
+        return self.stopped_early or self.exhausted or self.optimizer.stop()
 
     def resume(self) -> History:
         """Load what the run directory holds; writes nothing, so a damaged directory is left as it was.
@@ -134,6 +136,7 @@ class Coordinator:
             except (KeyError, TypeError, ValueError, IndexError) as exc:
                 raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc})") from None
             self.stopped_early = bool(state.get("stopped_early", False))
+            self.exhausted = bool(state.get("exhausted", False))
             lost = [key for key in self.optimizer.scores if history.records.get(key, {}).get("status") == "partial"]
             lost += [key for key in self.optimizer.scores if key not in history.records]
             if lost:
@@ -147,15 +150,13 @@ class Coordinator:
     def run(self) -> dict[str, Any]:
         """Run until the optimizer stops (or early stopping); returns the best candidate's history record."""
         with self._progress() as progress:
-            done = sum(1 for r in self.history.values() if r.get("status", "scored") in FINAL_STATUSES)
+            done = final_count(self.history)
             self.task = progress.add_task("search", total=self._expected_evaluations(), completed=done)
             self.progress = progress
             if self.steady:
                 self._run_steady()
             else:
                 self._run_generational()
-        if self.steady:
-            self._write_state()  # the last results' state, with `finished`
         return self.best_record()
 
     def best_record(self) -> dict[str, Any]:
@@ -168,16 +169,23 @@ class Coordinator:
     # ---- the two schedules ----
 
     def _run_generational(self) -> None:
-        while not self.optimizer.stop() and not self.stopped_early:
+        while not self.finished:
             started = time.monotonic()
             genomes = self.optimizer.ask()
             if not genomes:
-                self.console.print("search: no new candidate can be made around the population; stopping")
+                self._exhausted()
                 break
             self.threshold_key = self.optimizer.worst_parent()  # fixed for the generation: deterministic racing
             scores = self._score_all(genomes)
             self.optimizer.tell(genomes, [scores[g.key] for g in genomes])
             self._end_generation(time.monotonic() - started)
+            self._write_state()
+
+    def _exhausted(self) -> None:
+        """No new candidate can be made: the run is finished (recorded, so a resume does not try again)."""
+        self.exhausted = True
+        self.console.print("search: no new candidate can be made around the population; stopping")
+        self._write_state()
 
     def _score_all(self, genomes: list[Genome]) -> dict[str, float]:
         generation = self.optimizer.generation
@@ -199,11 +207,15 @@ class Coordinator:
         for genome in list(self.optimizer.pending.values()):  # asked before a crash, not told: out again
             self._launch(genome, in_flight)
         self._fill(in_flight, capacity)
+        self._write_state()  # after the fill: the state lists every child that is out, and the generator after it
         for key, score in self.evaluator.as_completed():
             final = self._on_result(key, score)
             if final is not None:
                 self._tell_one(in_flight.pop(key), final)
                 self._fill(in_flight, capacity)
+                self._write_state()
+        if not in_flight and not self.finished:
+            self._exhausted()
 
     def _fill(self, in_flight: dict[str, Genome], capacity: int) -> None:
         """Keep `capacity` candidates out: ask the optimizer for as many children as there is room for."""
@@ -221,14 +233,13 @@ class Coordinator:
             self._tell_one(in_flight.pop(genome.key), final)
 
     def _tell_one(self, genome: Genome, score: float) -> None:
+        """Tell one result (state.json is written by the caller, once the children it makes room for are out)."""
         before = self.optimizer.generation
         self.optimizer.tell([genome], [score])
         if self.optimizer.generation != before:
             now = time.monotonic()
             self._end_generation(now - self.generation_started)
             self.generation_started = now
-        else:
-            self._write_state()
 
     # ---- one candidate, group by group ----
 
@@ -238,8 +249,10 @@ class Coordinator:
         record = self.history.get(genome.key)
         if record is not None and record.get("status", "scored") in FINAL_STATUSES:
             return _score_of(record)
+        if record is not None:  # partial: continue from the next window, in the generation it was asked in
+            generation = int(record["generation"])
         race = _Race(self._decode(genome, generation))
-        if record is not None:  # partial: continue from the next window
+        if record is not None:
             race.nll = [math.nan if v is None else float(v) for v in record["nll"]]
             race.tokens = [int(v) for v in record["tokens"]]
         self.races[genome.key] = race
@@ -314,12 +327,12 @@ class Coordinator:
         patience = self.settings.early_stop.patience
         if patience and len(self.best_by_generation) > patience:
             gain = self.best_by_generation[-patience - 1] - best_nll
-            self.stopped_early = gain < self.settings.early_stop.min_improvement
-        self._write_state()
+            # sticky: in steady mode candidates still out are told after the stop and may cross a boundary
+            self.stopped_early = self.stopped_early or gain < self.settings.early_stop.min_improvement
         done = self.optimizer.generation
         stopped = sum(1 for r in self.history.values() if r.get("status") == "stopped")
         self.console.print(
-            f"generation {done}/{self.total_generations}  evaluations {len(self.history)}"
+            f"generation {done}/{self.total_generations}  evaluations {final_count(self.history)}"
             + (f" ({stopped} stopped by racing)" if self.settings.racing.enabled else "")
             + f"  best ppl {math.exp(best_nll):.4f}  ({seconds:.1f}s, "
             f"{self._fresh_in_generation(done - 1) / max(seconds, 1e-9):.2f} eval/s)"
@@ -334,6 +347,7 @@ class Coordinator:
                 "best_by_generation": [v if math.isfinite(v) else None for v in self.best_by_generation],
                 "stopped_early": self.stopped_early,
                 "finished": self.finished,
+                "exhausted": self.exhausted,
                 "total_generations": self.total_generations,
             }
         )

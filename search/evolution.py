@@ -229,6 +229,8 @@ class DimMonoEvolution:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind", "dim_mono") != "dim_mono":
+            raise ValueError(f"kind: state.json holds a {state.get('kind')!r} optimizer, the config says dim_mono")
         self.generation = int(state["generation"])
         self.rng.bit_generator.state = state["rng"]
         self.genomes, self.scores = told_from_json(state["told"])

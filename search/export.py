@@ -15,6 +15,7 @@ from longrope.search.run_store import (
     RunDir,
     RunStoreError,
     best_of,
+    final_count,
     seed_perplexities,
     write_json_atomic,
     write_text_atomic,
@@ -76,7 +77,7 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
             baseline_perplexities=seed_perplexities(history),
             n_hat=method.n_hat,
             generations=state.get("evolution", {}).get("generation"),
-            evaluations=len(history),
+            evaluations=final_count(history),
             config_hash=config.hash(),
         ),
     )

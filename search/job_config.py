@@ -160,6 +160,9 @@ def ray_resource_amount(value: float) -> float:
     return value
 
 
+LATER_SEARCH_FIELDS = ("optimizer", "schedule", "racing", "cmaes")
+
+
 class JobConfig(Strict):
     name: str = "longrope-search"
     model: ModelConfig = ModelConfig()
@@ -196,8 +199,15 @@ class JobConfig(Strict):
         return self
 
     def hash(self) -> str:
-        """Identity of a run: everything that changes its result (not where it is written or who scores it)."""
+        """Identity of a run: everything that changes its result (not where it is written or who scores it).
+
+        Search fields added after the first release (LATER_SEARCH_FIELDS) count only when they differ from their
+        defaults, so a run directory written before them still matches its config and can be resumed."""
         identity = self.model_dump(mode="json", exclude={"output_dir", "workers"})
+        defaults = SearchConfig().model_dump(mode="json")
+        for name in LATER_SEARCH_FIELDS:
+            if identity["search"][name] == defaults[name]:
+                del identity["search"][name]
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

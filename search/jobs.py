@@ -20,7 +20,7 @@ from longrope.search.job_config import JobConfig
 from longrope.search.job_context import JobContext
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.optimizers import make_optimizer
-from longrope.search.run_store import RunDir, write_json_atomic
+from longrope.search.run_store import RunDir, final_count, write_json_atomic
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.pool import WorkerPool, ensure_ray
 from longrope.workers.windows import Windows
@@ -76,7 +76,7 @@ def _resume(
         )
     console.print(
         f"search: resuming at generation {coordinator.optimizer.generation}/{coordinator.total_generations} "
-        f"with {len(coordinator.history)} candidates already scored"
+        f"with {final_count(coordinator.history)} candidates already scored"
     )
     return _run(coordinator, context, windows, console)
 

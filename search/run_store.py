@@ -2,10 +2,13 @@
 
 - config.json: the resolved job config and its hash (a run directory never holds two configs);
 - job.json: the model's shape and the search windows' hash, written with config.json (see `jobs.py`);
-- history.jsonl: every scored candidate with its per-window NLL, appended and fsynced as results arrive. It is
-  the one source of truth for scores and for the best candidate: a crash in the middle of a generation loses
-  no evaluation, and a resumed run takes those scores instead of recomputing them;
-- state.json: the optimizer's whole state (population, generator), written atomically after every generation.
+- history.jsonl: every scored candidate with its per-window NLL, appended and fsynced as results arrive; with
+  racing also each window group of a candidate still racing ("partial") and the candidates racing stopped
+  ("stopped"; see HistoryRecord). It is the one source of truth for scores and for the best candidate: a crash
+  in the middle of a generation loses no evaluation, and a resumed run takes those scores instead of
+  recomputing them;
+- state.json: the optimizer's whole state (population, generator, asked-but-untold candidates), written
+  atomically after every generation (generational schedule) or every result (steady schedule).
   Without it (a kill before the first generation ended) a resumed run starts the optimizer afresh from the same
   seed, which asks for exactly the candidates already in history.jsonl, so none of them is scored again.
 
@@ -73,7 +76,8 @@ class EvolutionState(BaseModel):
 
 
 class RunState(BaseModel):
-    """state.json: the optimizer's state after the last finished generation, and the run's progress."""
+    """state.json: the optimizer's state (after the last generation, or in steady mode the last result) and the
+    run's progress."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
@@ -82,6 +86,7 @@ class RunState(BaseModel):
     best_by_generation: list[float | None] = []
     stopped_early: bool = False
     finished: bool = False
+    exhausted: bool = False  # the optimizer could make no new candidate (the grid is used up around the parents)
     total_generations: int | None = Field(default=None, ge=1)  # the optimizer's (CMA-ES: by its budget)
 
 
@@ -107,6 +112,11 @@ def write_text_atomic(path: Path, text: str) -> None:
             tmp.write(text)
     except OSError as exc:
         raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def final_count(history: dict[str, dict[str, Any]]) -> int:
+    """Candidates done (scored on every window, or stopped by racing); a racing candidate's partial record is not."""
+    return sum(1 for r in history.values() if r.get("status", "scored") in FINAL_STATUSES)
 
 
 def seed_perplexities(history: dict[str, dict[str, Any]]) -> dict[str, float | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from longrope.search.run_store import RunDir, best_of, seed_perplexities
+from longrope.search.run_store import RunDir, best_of, final_count, seed_perplexities
 
 
 def run_status(run_dir: RunDir) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def run_status(run_dir: RunDir) -> dict[str, Any]:
         "name": config.name,
         "generation": done,
         "generations": total,
-        "evaluations": sum(1 for r in history.values() if r.get("status", "scored") != "partial"),
+        "evaluations": final_count(history),
         "stopped_by_racing": sum(1 for r in history.values() if r.get("status") == "stopped"),
         "finished": finished,
         "stopped_early": bool(state.get("stopped_early")),

@@ -275,3 +275,24 @@ def test_resuming_a_finished_run_starts_no_worker(clean, capsys):
     assert main(["search", "--no-progress", "--resume", str(run_dir.path)]) == 0
     assert json.loads(capsys.readouterr().out)["key"] == best["key"]
     assert not ray.is_initialized(), "nothing to score: no Ray, no model copies"
+
+
+def test_a_run_directory_written_before_racing_still_reads_and_resumes(tmp_path):
+    """config.json as the release before racing wrote it: no optimizer/schedule/racing/cmaes fields, and its hash
+    taken over the config without them (computed here from the dump, a second formulation)."""
+    config = job(tmp_path, generations=2)
+    identity = config.model_dump(mode="json", exclude={"output_dir", "workers"})
+    for name in ("optimizer", "schedule", "racing", "cmaes"):
+        del identity["search"][name]
+    old_hash = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    assert config.hash() == old_hash
+    stored = config.model_dump(mode="json")
+    for name in ("optimizer", "schedule", "racing", "cmaes"):
+        del stored["search"][name]
+    run_dir = RunDir(tmp_path)
+    write_json_atomic(run_dir.file("config.json"), {"config_hash": old_hash, "config": stored})
+    assert run_dir.read_config() == config
+    best = coordinator(config, run_dir).run()
+    assert best == run_dir.best_record()
+    raced = config.model_copy(update={"search": config.search.model_copy(update={"schedule": "steady"})})
+    assert raced.hash() != config.hash(), "a field away from its default is part of the run's identity"

@@ -90,15 +90,29 @@ def test_steady_children_come_from_the_parents_of_the_moment(tmp_path):
 
 
 @pytest.mark.parametrize("racing", [False, True], ids=["plain", "racing"])
-def test_steady_killed_at_random_points_loses_nothing_and_scores_nothing_twice(tmp_path, racing):
+@pytest.mark.parametrize("kill_at", ["result", "append"])
+def test_steady_killed_at_random_points_loses_nothing_and_scores_nothing_twice(tmp_path, racing, kill_at, monkeypatch):
+    """Killed as a result arrives (in flight), or right after a history line is appended (before state.json is
+    written): the resumed runs together score every candidate once, and every window once."""
     windows = WINDOWS if racing else 1
     config = job(tmp_path, windows=windows, schedule="steady", racing={"enabled": racing})
     run_dir = RunDir(tmp_path)
     draw = random.Random(11)
-    evaluators, kills = [], 0
-    resume = False
+    appended = {"lines": 0, "kill_at": None}
+    append = RunDir.append_history
+
+    def append_then_maybe_die(self, record):
+        append(self, record)
+        appended["lines"] += 1
+        if appended["lines"] == appended["kill_at"]:
+            raise KeyboardInterrupt("killed after an append")
+
+    monkeypatch.setattr(RunDir, "append_history", append_then_maybe_die)
+    evaluators, kills, resume = [], 0, False
     while True:
-        evaluator = QueueEvaluator(kill_after=draw.randrange(1, 40), windows=windows, capacity=5)
+        kill_after = draw.randrange(1, 40)
+        evaluator = QueueEvaluator(kill_after=kill_after if kill_at == "result" else None, windows=windows, capacity=5)
+        appended["kill_at"] = appended["lines"] + kill_after if kill_at == "append" else None
         evaluators.append(evaluator)
         try:
             run_job(config, run_dir, evaluator, resume=resume)
@@ -111,6 +125,7 @@ def test_steady_killed_at_random_points_loses_nothing_and_scores_nothing_twice(t
     finals = [r for r in lines if r["status"] != "partial"]
     assert len(finals) == len({r["key"] for r in finals}), "a candidate scored twice"
     assert len(finals) == 16 + 32 * 10, "a candidate lost"
+    assert {r["key"] for r in lines} == {r["key"] for r in finals}, "a partly scored candidate was dropped"
     recorded_windows = sum(len(r["nll"]) for r in finals)
     assert sum(e.window_evaluations for e in evaluators) == recorded_windows, "a window scored twice"
     state = json.loads(run_dir.file("state.json").read_text())

@@ -104,7 +104,7 @@ class Scorer:
         gives every row its candidate's frequencies."""
         begin, end = (0, len(self.windows)) if windows is None else windows
         if not 0 <= begin < end <= len(self.windows):
-            raise ValueError(f"windows: expected a range within [0, {len(self.windows)}), got [{begin}, {end})")
+            raise ValueError(f"windows: expected 0 <= start < stop <= {len(self.windows)}, got [{begin}, {end})")
         nll = torch.zeros(len(candidates), end - begin, dtype=torch.float64)
         patched, original = patch_rotary(self.model, self.original_inv_freq)
         try:
