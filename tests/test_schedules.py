@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from search_helpers import PAIRS, FunctionEvaluator, objective, problem, run_job
+from search_helpers import PAIRS, FunctionEvaluator, make_coordinator, objective, problem, run_job
 
 from longrope.search.cmaes import CmaesOptimizer
 from longrope.search.genome import Genome, GenomeGrid
@@ -198,3 +198,18 @@ def test_cmaes_search_improves_on_the_best_seed_and_resumes_exactly(tmp_path):
     assert crash_dir.read_history() == RunDir(tmp_path / "clean").read_history()
     clean_history = RunDir(tmp_path / "clean").read_history()
     assert crashing.evaluated + resumed.evaluated == len(clean_history), "nothing scored twice"
+
+
+@pytest.mark.parametrize("schedule", ["generational", "steady"])
+def test_a_used_up_grid_finishes_the_run_and_a_resume_does_not_try_again(tmp_path, schedule):
+    """Factors in {1.0, 1.5} on 16 monotone pairs: 17 genomes in all, fewer than the budget."""
+    config = job(tmp_path, schedule=schedule, grid_step=0.5, max_factor=1.5, population=8, parents=4)
+    best, _ = run_job(config, RunDir(tmp_path), QueueEvaluator(capacity=3))
+    finals = final_lines(RunDir(tmp_path))
+    assert len(finals) == len({r["key"] for r in finals}) <= 17
+    assert best == RunDir(tmp_path).best_record()
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["exhausted"] and state["finished"]
+    resumed = make_coordinator(config, RunDir(tmp_path), QueueEvaluator(capacity=3))
+    resumed.resume()
+    assert resumed.finished
