@@ -154,9 +154,11 @@ def plot_trajectories(runs: dict, seeds: list[int], path: Path) -> None:
         for name in VARIANTS:
             points = [(e, b) for e, b in runs[name, seed]["points"] if math.isfinite(b)]
             axis.step([e for e, _ in points], [math.exp(b) for _, b in points], where="post", label=name)
-        axis.axhline(runs["official_ga", seed]["best"]["perplexity"], color="grey", linestyle=":", linewidth=1)
+        ga_final = runs["official_ga", seed]["best"]["perplexity"]
+        axis.axhline(ga_final, color="grey", linestyle=":", linewidth=1, label="GA final")
+        lowest = min(run["best"]["perplexity"] for (_, s), run in runs.items() if s == seed)
+        axis.set_ylim(0.99 * lowest, 1.10 * ga_final)  # the end game; generation 0 starts far above
         axis.set(title=f"seed {seed}", xlabel="window evaluations", ylabel="best search perplexity")
-        axis.set_yscale("log")
         axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -260,9 +260,18 @@ class Coordinator:
         return None
 
     def _submit(self, race: _Race) -> None:
+        """Send the next window group; with no threshold to race against (generation 0, or parents not all
+        there) every remaining window at once, since nothing could stop the candidate early."""
         start = len(race.nll)
-        stop = next(end for _, end in self.groups if end > start)
+        stop = next(end for _, end in self.groups if end > start) if self._threshold_key() else self.problem.windows
         self.evaluator.submit([(race.candidate.genome.key, race.candidate.method)], windows=(start, stop))
+
+    def _threshold_key(self) -> str | None:
+        """The worst parent to race against: fixed when the generation was asked (generational), or the worst
+        parent of the moment (steady); None when racing is off or there is none yet."""
+        if not self.settings.racing.enabled:
+            return None
+        return self.optimizer.worst_parent() if self.steady else self.threshold_key
 
     def _on_result(self, key: str, score: CandidateScore) -> float | None:
         """Record a group's result; returns the candidate's score once it is final (inf when stopped)."""
@@ -284,7 +293,7 @@ class Coordinator:
     def _status(self, race: _Race) -> str:
         if len(race.nll) >= self.problem.windows:
             return "scored"
-        threshold_key = self.optimizer.worst_parent() if self.steady else self.threshold_key
+        threshold_key = self._threshold_key()
         threshold = self.history.get(threshold_key) if threshold_key else None
         if threshold and clearly_worse(
             race.nll, race.tokens, threshold["nll"], threshold["tokens"], self.settings.racing
