@@ -227,7 +227,7 @@ def bench_pool(repeats: int) -> None:
     candidates = candidate_set(16, rope, 1024)
     scorer = Scorer(model, torch.from_numpy(windows), rope.method.original_inv_freq(), candidates_per_forward=4)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         pool = WorkerPool(
             ModelSpec(model_dir=str(reference_model_dir()), candidates_per_forward=4),

@@ -40,7 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _SigtermSeen:
+    """Whether this process received SIGTERM. Ray's core worker runs Python signal handlers inside its own wait
+    loops and turns whatever they raise into a plain KeyboardInterrupt (`ray._raylet.check_signals`), so a
+    `Terminated` raised during `ray.get`/`ray.wait` arrives as Ctrl-C; the flag keeps the stop's true cause."""
+
+    received = False
+
+
 def _raise_terminated(signum, frame) -> None:
+    _SigtermSeen.received = True
     raise Terminated()
 
 
@@ -55,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.formatwarning = _one_line_warning
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    _SigtermSeen.received = False
     try:
         code = args.handler(args)
         sys.stdout.flush()  # inside the try: a closed pipe must end here, not in the flush at exit
@@ -63,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"longrope: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        terminated = isinstance(exc, Terminated)
+        terminated = isinstance(exc, Terminated) or _SigtermSeen.received
         cause = "SIGTERM" if terminated else "Ctrl-C"
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the line short
         print(f"longrope: stopped by {cause}{getattr(exc, 'hint', '')}", file=sys.stderr)

@@ -4,6 +4,7 @@ uninterrupted run's optimizer state and best, with no candidate scored twice and
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -228,3 +229,24 @@ def test_steady_racing_run_killed_at_three_points_loses_nothing_and_scores_nothi
         windows_seen[record["key"]] = len(record["nll"])
     state = json.loads((run_dir / "state.json").read_text())
     assert state["finished"] and state["evolution"]["pending"] == []
+
+
+def test_sigterm_that_ray_turns_into_a_plain_keyboard_interrupt_still_exits_143(monkeypatch, capsys):
+    """Ray's core worker runs signal handlers inside `ray.get`/`ray.wait` and re-raises whatever they raise as a
+    plain KeyboardInterrupt; the stop must still be reported as SIGTERM with exit 143 (seen in CI as 'Ctrl-C',
+    130). The handler below does what Ray does with the handler's exception."""
+    from longrope.search import cli
+
+    def ray_like_wait(args) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises during this call
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt() from None
+        return 0
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(handler=ray_like_wait)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert cli.main([]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip() == "longrope: stopped by SIGTERM"

@@ -33,6 +33,7 @@ ORIGINAL, TARGET, PAIRS = 64, 128, 16
 def local_ray():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(
+        address="local",  # its own instance, never a cluster that `ray start` left on this machine
         num_cpus=2,
         num_gpus=2,
         include_dashboard=False,
