@@ -217,7 +217,7 @@ def synthetic_nll(factors: np.ndarray, window: int) -> float:
 class SyntheticWorker:
     """A scoring actor with ScoringWorker's shape: sleeps LATENCY_PER_WINDOW_S per window (+-JITTER) per task."""
 
-    def __init__(self, spec, windows):
+    def __init__(self, spec, windows, loss_mask=None):
         self.busy_s = 0.0
         self.random = random.Random(os.getpid())
 

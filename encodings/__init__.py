@@ -5,6 +5,7 @@ read from transformers configs by `hf_params`); the other families plug into a d
 uniform `PositionalEncoding` interface (`interface`).
 """
 
+from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.encodings.errors import EncodingConfigError, PositionOutOfRangeError
 from longrope.encodings.hf_params import from_hf, from_hf_config
 from longrope.encodings.rope_methods import (
@@ -33,8 +34,10 @@ __all__ = [
     "RopeMethod",
     "YarnRope",
     "apply_rotary",
+    "critical_dim",
     "default_inv_freq",
     "from_hf",
     "from_hf_config",
+    "pair_periods",
     "rotary_cos_sin",
 ]

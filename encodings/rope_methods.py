@@ -305,15 +305,20 @@ class LongRope(RopeMethod):
         partial_rotary_factor: float = 1.0,
         attention_factor: float | None = None,
         n_hat: int = 0,
+        short_factor: Sequence[float] | torch.Tensor | None = None,
     ) -> LongRope:
-        """A LongRoPE encoding for searched factors: short factors all ones, `factor = target / original`."""
+        """A LongRoPE encoding for searched factors, `factor = target / original`; short factors all ones unless
+        given (a short-factor search, the Phi-3 recipe)."""
         values = [float(v) for v in torch.as_tensor(long_factor, dtype=torch.float64).tolist()]
+        short = [1.0] * len(values)
+        if short_factor is not None:
+            short = [float(v) for v in torch.as_tensor(short_factor, dtype=torch.float64).tolist()]
         return cls(
             head_dim=head_dim,
             max_position_embeddings=target_length,
             rope_theta=rope_theta,
             partial_rotary_factor=partial_rotary_factor,
-            short_factor=[1.0] * len(values),
+            short_factor=short,
             long_factor=values,
             original_max_position_embeddings=original_length,
             factor=target_length / original_length,

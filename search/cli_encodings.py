@@ -1,4 +1,5 @@
-"""`longrope encodings ...`: list the suite's methods, and state any RoPE method as per-pair factors."""
+"""`longrope encodings ...`: list the suite's methods, state any RoPE method as per-pair factors, and show
+LongRoPE2's critical dimension."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from longrope.encodings import ROPE_METHODS, from_hf
 from longrope.encodings.catalog import METHODS
+from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.encodings.errors import EncodingConfigError
 from longrope.search.factors_file import factors_file_for
 from longrope.search.job_config import MAX_FACTOR, MAX_LENGTH
@@ -61,6 +63,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     factors.set_defaults(handler=run_factors)
 
+    critical = commands.add_parser(
+        "critical-dim",
+        help="print LongRoPE2's critical dimension and the pair periods around it",
+        description="d_cd = ceil(log_theta(L0 / 2pi) * d/2) - 1 (LongRoPE2, arXiv 2502.20082): the last pair whose "
+        "period 2pi * theta^(2i/d) is below the original length L0. `search.space: longrope2` searches the pairs "
+        "from d_cd up and sets the ones below from it.",
+    )
+    critical.add_argument("--theta", type=float, required=True, help="rope_theta")
+    critical.add_argument("--head-dim", type=int, required=True)
+    critical.add_argument("--original-length", type=int, required=True, help="pre-training context length L0")
+    critical.add_argument("--partial-rotary-factor", type=float, default=1.0)
+    critical.set_defaults(handler=run_critical_dim)
+
 
 def run_list(args: argparse.Namespace) -> int:
     if args.json:
@@ -104,6 +119,49 @@ def run_factors(args: argparse.Namespace) -> int:
     )
     print(factors_file.model_dump_json(indent=2, exclude_none=True))
     return 0
+
+
+def run_critical_dim(args: argparse.Namespace) -> int:
+    rotary_dim = _critical_dim_inputs(args)
+    d_cd = critical_dim(args.theta, rotary_dim, args.original_length)
+    periods, pairs, length = pair_periods(args.theta, rotary_dim), rotary_dim // 2, args.original_length
+    x = math.log(length / (2 * math.pi)) / math.log(args.theta) * pairs
+    print(
+        f"critical dimension d_cd = {d_cd}  (theta {args.theta:g}, rotary dim {rotary_dim} = {pairs} pairs, "
+        f"L0 {length})"
+    )
+    print(f"  ceil(log_theta(L0 / 2pi) * d/2) - 1 = ceil({x:.4f}) - 1, clipped to [0, {pairs}]  (LongRoPE2)")
+    print("  pair  period (tokens)  vs L0")
+    for i in range(max(0, d_cd - 2), min(pairs, d_cd + 3)):
+        mark = ">" if i == d_cd else " "
+        relation = "<  L0" if periods[i] < length else ">= L0"
+        print(f"{mark} {i:5d}  {periods[i]:15.1f}  {relation}")
+    if d_cd >= pairs:
+        print(f"  every pair's period is below L0: no pair is left to search (longrope2 needs d_cd < {pairs})")
+    else:
+        low = f"pairs 0..{d_cd - 1} follow it (lambda_i = lambda_{d_cd}^(i/{d_cd}))" if d_cd else "no pair below it"
+        print(f"  longrope2 searches pairs {d_cd}..{pairs - 1}; {low}")
+    return 0
+
+
+def _critical_dim_inputs(args: argparse.Namespace) -> int:
+    """The rotary dim for `critical-dim`, after checking each flag (one line naming the flag on bad input)."""
+    if not (math.isfinite(args.theta) and args.theta > 1):
+        raise EncodingConfigError(f"--theta: must be a finite number > 1, got {args.theta}")
+    if args.head_dim < 2 or args.head_dim % 2:
+        raise EncodingConfigError(f"--head-dim: must be an even integer >= 2, got {args.head_dim}")
+    if args.original_length < 2:
+        raise EncodingConfigError(f"--original-length: must be >= 2 tokens, got {args.original_length}")
+    factor = args.partial_rotary_factor
+    rotary_dim = int(args.head_dim * factor) if math.isfinite(factor) else 0
+    if not 0 < factor <= 1 or rotary_dim < 2 or rotary_dim % 2:
+        raise EncodingConfigError(
+            f"--partial-rotary-factor: must be in (0, 1] and give an even rotary dim >= 2 with --head-dim "
+            f"{args.head_dim}, got {factor}"
+        )
+    if args.original_length > MAX_LENGTH:
+        raise EncodingConfigError(f"--original-length: must be at most {MAX_LENGTH} tokens, got {args.original_length}")
+    return rotary_dim
 
 
 def _rope_parameters(rope_type: str, args: argparse.Namespace) -> dict[str, Any]:

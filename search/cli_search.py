@@ -13,6 +13,7 @@ from longrope.search.export import factors_file_of_run, write_export, write_into
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.search.job_context import JobContext
 from longrope.search.jobs import run_search
+from longrope.search.needle_report import needle_table
 from longrope.search.run_store import CONFIG, RunDir
 from longrope.search.status import format_status, run_status
 
@@ -135,7 +136,11 @@ def run_compare_command(args: argparse.Namespace) -> int:
         context, factors_files=args.factors, lengths=lengths, out_dir=out_dir, log=lambda line: console.print(line)
     )
     print(markdown_table(result))
-    console.print(f"compare: wrote {out_dir}/compare.json, compare.md, perplexity_vs_length.png, factors.png")
+    print()
+    print(needle_table(result))
+    console.print(
+        f"compare: wrote {out_dir}/compare.json, compare.md, perplexity_vs_length.png, factors.png, needle_heatmap.png"
+    )
     return 0
 
 

@@ -4,7 +4,9 @@ Methods: none, PI, NTK-aware, Dynamic NTK, YaRN and Llama 3 at their nominal set
 NTK with its scale and attention factor tuned on the search split (a fair, strong baseline); and any factors
 files given. Perplexity intervals are 95% normal intervals over windows of the per-window mean NLL; the
 paired difference to the best baseline uses the same windows on both sides, which removes most of the
-window-to-window variance (about 10x tighter than comparing two perplexities).
+window-to-window variance (about 10x tighter than comparing two perplexities). Next to perplexity, needle
+retrieval on held-out needles of the test split (`needle_report.py`): exact-match accuracy and answer NLL per
+length and depth, and a depth x length heat-map.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import numpy as np
 from longrope.encodings import NtkRope, RopeMethod, from_hf
 from longrope.search.job_config import JobConfigError
 from longrope.search.job_context import JobContext, read_factors_file
+from longrope.search.needle_report import needle_cell, needle_table, plot_needle_heatmap
 from longrope.search.run_store import write_json_atomic
+from longrope.workers.errors import DataError
 from longrope.workers.pool import WorkerPool
 
 Z95 = 1.959963984540054
@@ -51,13 +55,31 @@ def paired_difference(a: list[float], b: list[float]) -> tuple[float, float, flo
     return interval(np.asarray(a) - np.asarray(b))
 
 
-def score_all(context: JobContext, methods: dict[str, RopeMethod], source: str, length: int, count: int) -> dict:
-    windows = context.windows(source, length, count)
-    pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec())
+def score_all(
+    context: JobContext,
+    methods: dict[str, RopeMethod],
+    source: str,
+    length: int,
+    count: int,
+    objective: str = "perplexity",
+) -> dict:
+    windows = context.windows(source, length, count, objective)
+    pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
     try:
         return dict(pool.imap(methods.items()))
     finally:
         pool.shutdown()
+
+
+def needle_scores(context: JobContext, methods: dict[str, RopeMethod], length: int, log) -> dict[str, dict] | None:
+    """Each method's needle retrieval at `length` on the test split; None where a needle cannot fit."""
+    data = context.config.data
+    try:
+        scores = score_all(context, methods, data.test_source, length, data.test_windows, "needle")
+    except DataError as exc:
+        log(f"compare: no needle retrieval at {length} tokens ({exc})")
+        return None
+    return {name: needle_cell(list(s.misses), list(s.nll), list(s.tokens)) for name, s in scores.items()}
 
 
 def tuned_ntk(context: JobContext) -> tuple[RopeMethod, dict[str, float]]:
@@ -106,16 +128,23 @@ def run_compare(
         methods[f"file:{Path(path).name}"] = factors_method(context, path)
     data = context.config.data
     per_window: dict[str, dict[int, list[float]]] = {name: {} for name in methods}
+    needles: dict[str, dict[str, dict]] = {name: {} for name in methods}
     for length in lengths:
         log(f"compare: scoring {len(methods)} methods on {data.test_windows} test windows of {length} tokens ...")
         for name, score in score_all(context, methods, data.test_source, length, data.test_windows).items():
             per_window[name][length] = window_means(score).tolist()
+        log(f"compare: needle retrieval on {data.test_windows} test needles of {length} tokens ...")
+        for name, cell in (needle_scores(context, methods, length, log) or {}).items():
+            needles[name][str(length)] = cell
     result = summarize(context, methods, per_window, lengths, tuned)
+    for name, row in result["methods"].items():
+        row["needle"] = needles[name]
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / "compare.json", result)
-    (out_dir / "compare.md").write_text(markdown_table(result) + "\n")
+    (out_dir / "compare.md").write_text(markdown_table(result) + "\n\n" + needle_table(result) + "\n")
     plot_perplexity(result, out_dir / "perplexity_vs_length.png")
     plot_factors(result, out_dir / "factors.png")
+    plot_needle_heatmap(result, out_dir / "needle_heatmap.png")
     return result
 
 

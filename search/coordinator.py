@@ -36,6 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from longrope.encodings import RopeMethod
 from longrope.search.genome import Genome, Seed
 from longrope.search.job_config import SearchConfig
+from longrope.search.objective import ObjectiveMix
 from longrope.search.optimizers import Optimizer
 from longrope.search.racing import WindowRange, clearly_worse, window_groups
 from longrope.search.run_store import FINAL_STATUSES, HISTORY, History, RunDir, RunStoreError, best_of, final_count
@@ -61,6 +62,11 @@ class SearchProblem:
     seeds: list[Seed]
     make_candidate: Callable[..., RopeMethod]  # (factors, attention_factor=None, n_hat=0) -> RopeMethod
     windows: int = 1  # search windows each candidate is scored on
+    objective: ObjectiveMix | None = None  # which objective each window serves; None: perplexity on every one
+
+    @property
+    def mix(self) -> ObjectiveMix:
+        return self.objective or ObjectiveMix.single(self.windows)
 
 
 @dataclass(frozen=True)
@@ -309,7 +315,7 @@ class Coordinator:
 
     def _record(self, race: _Race, status: str) -> dict[str, Any]:
         candidate = race.candidate
-        mean_nll = sum(race.nll) / sum(race.tokens) if status == "scored" else None
+        mean_nll = self.problem.mix.mean_nll(race.nll, race.tokens) if status == "scored" else None
         finite = mean_nll is not None and math.isfinite(mean_nll)
         if status == "scored" and not finite:
             self.console.print(f"search: candidate {candidate.genome.key} scored {mean_nll}; ranked last")

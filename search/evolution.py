@@ -5,7 +5,10 @@ NLL, lower is better; NaN/inf rank last, and so does a candidate that racing sto
 generator's included, round-trips through JSON, so a resumed search continues exactly where it stopped.
 Mutation and crossover follow the official release (microsoft/LongRoPE, evolution/algorithms/dim_mono.py):
 a mutated pair is redrawn uniformly between its neighbours (monotone by construction); a crossover takes pairs
-from the second parent with probability 1/2 where the change probability fires.
+from the second parent with probability 1/2 where the change probability fires. In the longrope2 space
+(LongRoPE2, arXiv 2502.20082) only the pairs from the critical dimension up are mutated or crossed, strictly
+between their neighbours and with the last-pair cap (`GenomeGrid.redraw_bounds`), and after every change the
+pairs below it are set from the critical pair (`GenomeGrid.derive`).
 
 Two schedules (`search.schedule`):
 - generational (the release's): generation 0 is the seeds plus their mutations (`population` in all); then each
@@ -67,15 +70,17 @@ class DimMonoEvolution:
     # ---- operators ----
 
     def mutate(self, parent: Genome, seen: set[str]) -> Genome | None:
-        """Each pair, with the change probability, is redrawn from the grid between its neighbours."""
+        """Each searched pair, with the change probability, is redrawn from the grid between its neighbours
+        (`GenomeGrid.redraw_bounds`; a pair with no room stays, as in the release); the derived pairs follow."""
         p, grid = self.settings.change_probability, self.grid
         for _ in range(MAX_TRIES):
             steps = list(parent.factor_steps)
-            for i in range(grid.pairs):
+            for i in grid.searched_pairs:
                 if self.rng.random() < p:
-                    lower = steps[i - 1] if i > 0 else grid.low
-                    upper = steps[i + 1] if i < grid.pairs - 1 else grid.high
-                    steps[i] = int(self.rng.integers(lower, upper + 1))
+                    lower, upper = grid.redraw_bounds(steps, i)
+                    if lower <= upper:
+                        steps[i] = int(self.rng.integers(lower, upper + 1))
+            steps = grid.derive(steps)
             n_hat = parent.n_hat
             if len(self.n_hat_choices) > 1 and self.rng.random() < p:
                 n_hat = int(self.rng.choice(self.n_hat_choices))
@@ -88,15 +93,17 @@ class DimMonoEvolution:
         return None
 
     def crossover(self, first: Genome, second: Genome, seen: set[str]) -> Genome | None:
-        """From the first parent, each pair considered with the change probability takes the second parent's
-        value with probability 1/2; the first monotone, unseen child wins; else the first parent mutates."""
-        p = self.settings.change_probability
+        """From the first parent, each searched pair considered with the change probability takes the second
+        parent's value with probability 1/2 (derived pairs follow); the first valid, unseen child wins; else the
+        first parent mutates."""
+        p, grid = self.settings.change_probability, self.grid
         for _ in range(CROSSOVER_PASSES):
             steps = list(first.factor_steps)
             n_hat, attention = first.n_hat, first.attention_steps
-            for i in range(self.grid.pairs):
+            for i in grid.searched_pairs:
                 if self.rng.random() < p and self.rng.random() < 0.5:
                     steps[i] = second.factor_steps[i]
+                    steps = grid.derive(steps)
                     child = Genome(tuple(steps), n_hat, attention)
                     if child.key not in seen and self.grid.is_valid(child):
                         return child

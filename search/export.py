@@ -12,6 +12,7 @@ from longrope.encodings import LongRope
 from longrope.search.factors_file import FactorsFile, LongRopeParameters, Provenance
 from longrope.search.job_record import JobRecord, read_job_record
 from longrope.search.run_store import (
+    CONFIG,
     RunDir,
     RunStoreError,
     best_of,
@@ -20,6 +21,7 @@ from longrope.search.run_store import (
     write_json_atomic,
     write_text_atomic,
 )
+from longrope.search.stages import last_stage
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.models import ModelRope, model_rope, read_model_config
 
@@ -29,9 +31,12 @@ class ExportError(ValueError):
 
 
 def best_as_longrope(best: dict, job: JobRecord) -> LongRope:
-    """A history record as a LongRoPE encoding, with the model shape recorded in the run's job.json."""
+    """A history record as a LongRoPE encoding, with the model shape recorded in the run's job.json; a
+    short-factor run's record holds the short factors, beside the long ones job.json kept."""
+    short = job.factor == "short"
     return LongRope.from_factors(
-        best["factors"],
+        job.long_factor if short else best["factors"],
+        short_factor=best["factors"] if short else None,
         head_dim=job.head_dim,
         original_length=job.original_length,
         target_length=job.target_length,
@@ -43,8 +48,14 @@ def best_as_longrope(best: dict, job: JobRecord) -> LongRope:
 
 
 def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> FactorsFile:
-    """The run's best candidate (the lowest mean NLL in history.jsonl, the rule status uses too) as a factors file."""
+    """The run's best candidate (the lowest mean NLL in history.jsonl, the rule status uses too) as a factors file;
+    for a progressive job, the last stage's."""
     config = run_dir.read_config()  # first, so a folder that is no run directory says so
+    if config.search.stages:
+        last = last_stage(run_dir)
+        if not last.file(CONFIG).is_file():
+            raise ExportError(f"{run_dir.path}: its last stage ({last.path.name}) has not started; nothing to export")
+        return factors_file_of_run(last, allow_n_hat=allow_n_hat)
     job = read_job_record(run_dir)
     history = run_dir.read_history()
     best = best_of(history)

@@ -6,6 +6,7 @@ Bad input stops here, before any model is loaded, with one line per problem nami
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from pathlib import Path
@@ -22,6 +23,7 @@ MAX_COUNT = 1_000_000  # populations, generations, windows: larger is a typo, no
 MIN_GRID_STEP = 1e-4  # factors live on an integer grid: (max_factor / grid_step) steps must stay countable
 MAX_FACTOR = 1e4
 N_HAT_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
+OBJECTIVES = ("perplexity", "tail", "needle")
 
 
 class JobConfigError(ValueError):
@@ -50,6 +52,38 @@ class DataConfig(Strict):
     test_windows: int = Field(default=32, ge=1, le=MAX_COUNT)
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     cache_dir: str | None = None
+    # what a candidate's score counts: one objective, or weights for a mix ({perplexity: 1, needle: 1});
+    # perplexity: every position; tail: positions at or past original_length; needle: the answer's tokens
+    objective: str | dict[str, float] = "perplexity"
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _name_or_weights(cls, value):
+        if isinstance(value, dict):
+            for name, weight in value.items():
+                if not isinstance(weight, int | float) or isinstance(weight, bool):
+                    raise ValueError(f"{name}: the weight must be a number, got {weight!r}")
+        elif not isinstance(value, str):
+            raise ValueError("must be an objective name or a mapping of objective names to weights")
+        return value
+
+    @model_validator(mode="after")
+    def _objective(self) -> DataConfig:
+        weights = self.objective if isinstance(self.objective, dict) else {self.objective: 1.0}
+        unknown = [name for name in weights if name not in OBJECTIVES]
+        if unknown:
+            raise ValueError(f"objective: unknown objective {unknown[0]!r} (expected one of {', '.join(OBJECTIVES)})")
+        negative = [name for name, weight in weights.items() if weight < 0]
+        if negative:
+            raise ValueError(f"objective: weight of {negative[0]!r} must be >= 0, got {weights[negative[0]]}")
+        if sum(weights.values()) <= 0:
+            raise ValueError(f"objective: weights must sum to more than 0, got {dict(weights)}")
+        return self
+
+    def objective_weights(self) -> dict[str, float]:
+        """The objectives with a positive weight, in a fixed order (perplexity, tail, needle)."""
+        weights = self.objective if isinstance(self.objective, dict) else {self.objective: 1.0}
+        return {name: float(weights[name]) for name in OBJECTIVES if weights.get(name, 0) > 0}
 
 
 class NHatConfig(Strict):
@@ -121,9 +155,36 @@ class SearchConfig(Strict):
     schedule: Literal["generational", "steady"] = "generational"
     racing: RacingConfig = RacingConfig()
     cmaes: CmaesConfig = CmaesConfig()
+    # longrope: every pair searched (LongRoPE); longrope2: only pairs >= the critical dimension, within
+    # [target/original, length_scale], the pairs below it set from the critical pair (LongRoPE2, arXiv 2502.20082)
+    space: Literal["longrope", "longrope2"] = "longrope"
+    critical_dim: int | None = Field(default=None, ge=0, le=MAX_COUNT)  # None: ceil(log_theta(L0/2pi) d/2) - 1
+    length_scale: float | None = Field(default=None, gt=1, le=MAX_FACTOR)  # None: 2 x target/original
+    # long: the factors used past original_length; short: those used up to it (Phi-3), searched on windows of
+    # original_length tokens with the long factors of `long_factors` (a factors file or a run directory) kept
+    factor: Literal["long", "short"] = "long"
+    long_factors: str | None = None
+    # progressive search: intermediate target lengths, each stage seeded by the previous stage's best
+    stages: tuple[int, ...] = ()
+
+    @field_validator("stages")
+    @classmethod
+    def _increasing(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        for first, second in itertools.pairwise(value):
+            if second <= first:
+                raise ValueError(f"stage lengths must increase, got {first} then {second}")
+        return value
 
     @model_validator(mode="after")
     def _sizes(self) -> SearchConfig:
+        if self.optimizer == "cmaes" and self.space == "longrope2":
+            raise ValueError("space: 'longrope2' needs optimizer 'dim_mono' (CMA-ES searches every pair)")
+        if self.factor == "short" and not self.long_factors:
+            raise ValueError("long_factors: factor 'short' needs the long factors it keeps (a factors file or run)")
+        if self.factor == "short" and self.space == "longrope2":
+            raise ValueError("space: a short-factor search needs 'longrope' (longrope2's bounds start at the scale)")
+        if self.factor == "short" and self.stages:
+            raise ValueError(f"stages: a short-factor search has one length (original_length), got {list(self.stages)}")
         if self.optimizer == "cmaes" and self.schedule == "steady":
             raise ValueError("schedule: 'steady' needs optimizer 'dim_mono' (CMA-ES updates once per generation)")
         if self.optimizer == "cmaes" and self.racing.enabled:
@@ -160,7 +221,19 @@ def ray_resource_amount(value: float) -> float:
     return value
 
 
-LATER_SEARCH_FIELDS = ("optimizer", "schedule", "racing", "cmaes")
+LATER_SEARCH_FIELDS = (
+    "optimizer",
+    "schedule",
+    "racing",
+    "cmaes",
+    "space",
+    "critical_dim",
+    "length_scale",
+    "factor",
+    "long_factors",
+    "stages",
+)
+LATER_DATA_FIELDS = ("objective",)
 
 
 class JobConfig(Strict):
@@ -190,6 +263,13 @@ class JobConfig(Strict):
                 f"search.n_hat.choices: every choice must be < target_length ({self.target_length}), "
                 f"got {max(n_hat.choices)}"
             )
+        stages = self.search.stages
+        if stages and (stages[-1] >= self.target_length or stages[0] <= (self.original_length or 0)):
+            bad = stages[-1] if stages[-1] >= self.target_length else stages[0]
+            raise ValueError(
+                f"search.stages: each stage length must lie between original_length ({self.original_length}) and "
+                f"target_length ({self.target_length}), got {bad}"
+            )
         racing = self.search.racing
         if racing.enabled and racing.min_windows >= self.data.search_windows:
             raise ValueError(
@@ -204,10 +284,13 @@ class JobConfig(Strict):
         Search fields added after the first release (LATER_SEARCH_FIELDS) count only when they differ from their
         defaults, so a run directory written before them still matches its config and can be resumed."""
         identity = self.model_dump(mode="json", exclude={"output_dir", "workers"})
-        defaults = SearchConfig().model_dump(mode="json")
-        for name in LATER_SEARCH_FIELDS:
-            if identity["search"][name] == defaults[name]:
-                del identity["search"][name]
+        for section, names, defaults in (
+            ("search", LATER_SEARCH_FIELDS, SearchConfig().model_dump(mode="json")),
+            ("data", LATER_DATA_FIELDS, DataConfig().model_dump(mode="json")),
+        ):
+            for name in names:
+                if identity[section][name] == defaults[name]:
+                    del identity[section][name]
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

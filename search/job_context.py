@@ -20,7 +20,7 @@ from longrope.encodings import (
     YarnRope,
 )
 from longrope.search.factors_file import FactorsFile
-from longrope.search.genome import Seed
+from longrope.search.genome import SearchSpace, Seed, resolve_space
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
 from longrope.search.run_store import RunDir
 from longrope.workers.documents import read_source
@@ -28,7 +28,7 @@ from longrope.workers.models import check_model, model_rope, read_model_config
 from longrope.workers.pool import ModelSpec, PoolSpec
 from longrope.workers.reference_model import reference_model_dir
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
-from longrope.workers.windows import Windows, load_windows
+from longrope.workers.windows import Windows, concat_windows, load_windows
 
 REFERENCE = "reference"
 
@@ -41,6 +41,7 @@ class JobContext:
     method: RopeMethod  # the model's own RoPE (its theta, head_dim, partial rotary)
     tokenizer: TextTokenizer
     _seeds: list[Seed] | None = field(default=None, init=False, repr=False)
+    _kept_long: Seed | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def resolve(cls, config: JobConfig) -> JobContext:
@@ -70,16 +71,72 @@ class JobContext:
     def pairs(self) -> int:
         return self.method.rotary_dim // 2
 
-    def windows(self, source: str, length: int, count: int) -> Windows:
-        """`count` windows of `length` tokens read at `length` positions (so length + 1 tokens each)."""
+    @property
+    def short_search(self) -> bool:
+        return self.config.search.factor == "short"
+
+    @property
+    def search_length(self) -> int:
+        """Tokens per search window: the target, or original_length for a short-factor search (the longest
+        prompt transformers reads with the short factors, `max(position) + 1 <= original`)."""
+        return self.original_length if self.short_search else self.target_length
+
+    def space(self) -> SearchSpace:
+        """The search space, defaults resolved (a bad critical_dim or length_scale is one JobConfigError)."""
+        return resolve_space(
+            self.config.search,
+            pairs=self.pairs,
+            scale=self.scale,
+            rope_theta=self.method.rope_theta,
+            rotary_dim=self.method.rotary_dim,
+            original_length=self.original_length,
+        )
+
+    def kept_long(self) -> Seed | None:
+        """The long factors (and attention factor) a short-factor search keeps, from `search.long_factors`."""
+        if not self.short_search:
+            return None
+        if self._kept_long is None:
+            self._kept_long = self.seed_from_file(self.config.search.long_factors, field="search.long_factors")
+        return self._kept_long
+
+    def candidate(self, factors, *, attention_factor: float | None = None, n_hat: int = 0) -> LongRope:
+        """What the search scores: searched long factors, or searched short factors beside the kept long ones
+        (the attention factor is then the long factors', which transformers applies in both regimes)."""
+        kept = self.kept_long()
+        if kept is None:
+            return self.longrope(factors, attention_factor=attention_factor, n_hat=n_hat)
+        return self.longrope(kept.factors, attention_factor=kept.attention_factor, n_hat=n_hat, short_factor=factors)
+
+    def windows(self, source: str, length: int, count: int, objective: str = "perplexity") -> Windows:
+        """`count` windows of `length` tokens read at `length` positions (so length + 1 tokens each), with the
+        loss mask of `objective` (a tail starts at original_length)."""
         data = self.config.data
         documents = read_source(source, text_field=data.text_field)
         cache = Path(data.cache_dir) if data.cache_dir else Path(self.config.output_dir) / "windows-cache"
-        return load_windows(documents, self.tokenizer, length=length + 1, count=count, seed=data.seed, cache_dir=cache)
+        return load_windows(
+            documents,
+            self.tokenizer,
+            length=length + 1,
+            count=count,
+            seed=data.seed,
+            cache_dir=cache,
+            objective=objective,
+            original_length=self.original_length,
+        )
 
-    def longrope(self, factors, *, attention_factor: float | None = None, n_hat: int = 0) -> LongRope:
+    def objective_windows(self, source: str, length: int, count: int) -> Windows:
+        """The job's windows for its objective mix: `count` per objective, in the order of `ObjectiveMix.of`.
+        Perplexity and tail in one mix read the same documents twice."""
+        weights = self.config.data.objective_weights()
+        return concat_windows([self.windows(source, length, count, objective) for objective in weights])
+
+    def longrope(
+        self, factors, *, attention_factor: float | None = None, n_hat: int = 0, short_factor=None
+    ) -> LongRope:
         return LongRope.from_factors(
             factors,
+            short_factor=short_factor,
             head_dim=self.method.head_dim,
             original_length=self.original_length,
             target_length=self.target_length,
@@ -119,26 +176,61 @@ class JobContext:
         """Resolved once per job (seed files and other runs' directories are read once): the check, the search
         problem and job.json's seeds hash all see the same seeds."""
         if self._seeds is None:
-            baselines = self.baselines()
-            closed_form = [
-                Seed(
-                    name, baselines[name].factors(self.target_length).double().numpy(), baselines[name].attention_factor
-                )
-                for name in self.config.search.seeds
+            self.kept_long()  # a bad long_factors source stops here, with the other seed checks
+            self._seeds = self._first_seeds() + [
+                seed for path in self.config.search.seed_files for seed in self.seeds_from_file(path)
             ]
-            self._seeds = closed_form + [self.seed_from_file(path) for path in self.config.search.seed_files]
         return list(self._seeds)
 
-    def seed_from_file(self, path: str) -> Seed:
+    def _first_seeds(self) -> list[Seed]:
+        """PI / NTK / YaRN / Llama 3 at the target (`search.seeds`); a short-factor search starts from all ones
+        instead (the unscaled model: the closed forms are long-context methods)."""
+        if self.short_search:
+            return [Seed("ones", np.ones(self.pairs))]
+        baselines = self.baselines()
+        seeds = [
+            Seed(name, baselines[name].factors(self.target_length).double().numpy(), baselines[name].attention_factor)
+            for name in self.config.search.seeds
+        ]
+        return seeds + self._longrope2_ramp()
+
+    def _longrope2_ramp(self) -> list[Seed]:
+        """In the longrope2 space every closed form projects to S, S + step, ... on the searched pairs (they are
+        all <= S there), which leaves room to move only at the top; a ramp from S to length_scale over the
+        searched pairs (the pairs below derived, lambda_cd^(i/d_cd)) starts the population spread out."""
+        space = self.space()
+        if space.kind != "longrope2":
+            return []
+        step, searched = self.config.search.grid_step, self.pairs - space.critical_dim
+        top = space.low + min(space.high - space.low, (searched - 1) * space.cap) if space.cap else space.high
+        ramp = np.linspace(space.low, top, searched) * step
+        critical = ramp[0]
+        below = critical ** (np.arange(space.critical_dim) / max(space.critical_dim, 1))
+        return [Seed("ramp", np.concatenate([below, ramp]))]
+
+    def seeds_from_file(self, path: str) -> list[Seed]:
+        """A factors file's long factors, or another run's best; a run at another target length also gives its
+        factors moved to this one as LongRoPE's dynamic form does, lambda' = 1 + (lambda - 1) (S' - 1) / (S - 1)
+        (microsoft/LongRoPE, DynamicLongRoPEScaledRotaryEmbedding), which is how a progressive stage hands its
+        best to the next."""
+        seed = self.seed_from_file(path)
+        other_length = _run_target_length(path)
+        if other_length is None or other_length == self.target_length or other_length <= self.original_length:
+            return [seed]
+        ratio = (self.scale - 1) / (other_length / self.original_length - 1)
+        moved = 1 + (seed.factors - 1) * ratio
+        return [seed, Seed(f"{seed.name}@{self.target_length}", moved, seed.attention_factor)]
+
+    def seed_from_file(self, path: str, field: str = "search.seed_files") -> Seed:
         """A factors JSON (what `longrope export` writes), or another run's directory (its best candidate)."""
         if Path(path).is_dir():
             best = RunDir(path).best_record()
             factors, attention = np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]
-            where = f"search.seed_files: {path}: best candidate's factors"
+            where = f"{field}: {path}: best candidate's factors"
         else:
             block = read_factors_file(path).rope_parameters
             factors, attention = np.asarray(block.long_factor, dtype=np.float64), block.attention_factor
-            where = f"search.seed_files: {path}: rope_parameters.long_factor"
+            where = f"{field}: {path}: rope_parameters.long_factor"
         if len(factors) != self.pairs:
             raise JobConfigError(f"{where}: expected {self.pairs} factors (rotary_dim / 2), got {len(factors)}")
         if factors.min() < 1.0:
@@ -186,6 +278,11 @@ class JobContext:
             batch_size=workers.batch_size,
             local_num_cpus=workers.local_num_cpus,
         )
+
+
+def _run_target_length(path: str) -> int | None:
+    """The target length of a run directory (None for a factors file)."""
+    return RunDir(path).read_config().target_length if Path(path).is_dir() else None
 
 
 def read_factors_file(path: str | Path) -> FactorsFile:

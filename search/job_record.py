@@ -6,6 +6,8 @@ freshly built windows against: a data file changed under a run would silently br
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from longrope.encodings.rotary import rotary_dim_for
@@ -21,6 +23,7 @@ PINNED_FIELDS = (
     "head_dim",
     "rope_theta",
     "partial_rotary_factor",
+    "long_factor",
 )
 
 
@@ -44,6 +47,10 @@ class JobRecord(BaseModel):
     search_windows: WindowsShape
     corpus: dict[str, str] | None = None
     seeds_hash: str | None = None  # the seed factors as resolved (seed files and runs can change under a path)
+    # a short-factor run (search.factor: short): the long factors and attention factor it kept beside the search
+    factor: Literal["long", "short"] = "long"
+    long_factor: list[float] | None = None
+    attention_factor: float | None = None
 
     @property
     def pairs(self) -> int:

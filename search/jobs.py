@@ -19,8 +19,10 @@ from longrope.search.genome import Seed
 from longrope.search.job_config import JobConfig
 from longrope.search.job_context import JobContext
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
+from longrope.search.objective import ObjectiveMix
 from longrope.search.optimizers import make_optimizer
-from longrope.search.run_store import RunDir, final_count, write_json_atomic
+from longrope.search.run_store import CONFIG, RunDir, final_count, write_json_atomic
+from longrope.search.stages import is_staged, stage_configs
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.pool import WorkerPool, ensure_ray
 from longrope.workers.windows import Windows
@@ -35,6 +37,8 @@ def run_search(
 ) -> dict[str, Any]:
     """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record."""
     console = console or Console(stderr=True)
+    if (resume_dir and is_staged(RunDir(resume_dir))) or (not resume_dir and config.search.stages):
+        return _run_stages(config, resume_dir, console, show_progress)
     if resume_dir:
         run_dir = RunDir(resume_dir)
         stored = run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
@@ -81,10 +85,46 @@ def _resume(
     return _run(coordinator, context, windows, console)
 
 
+def _run_stages(
+    config: JobConfig | None, resume_dir: str | Path | None, console: Console, show_progress: bool
+) -> dict[str, Any]:
+    """A progressive job (`stages.py`): every stage's config is checked first (the first stage's model, data and
+    seeds fully), then the stages run in order, each started or resumed in its own directory."""
+    job_dir = RunDir(resume_dir or config.output_dir)
+    if resume_dir:
+        stored = job_dir.read_config()
+        if config is not None:
+            job_dir.check_matches(config)
+        config = stored
+    else:
+        job_dir.check_new(config)
+    stages = stage_configs(config, job_dir.path)
+    _checked_context(stages[0])
+    for stage in stages[1:]:
+        JobContext.resolve(stage)
+    with job_dir.lock():
+        if not resume_dir:
+            job_dir.check_new(config)
+            job_dir.create(config)
+        best: dict[str, Any] = {}
+        for index, stage in enumerate(stages):
+            folder = RunDir(stage.output_dir)
+            console.print(f"search {config.name}: stage {index + 1}/{len(stages)} at {stage.target_length} tokens")
+            started = folder.file(CONFIG).is_file()
+            best = run_search(
+                None if started else stage,
+                resume_dir=folder.path if started else None,
+                show_progress=show_progress,
+                console=console,
+            )
+        return best
+
+
 def _checked_context(config: JobConfig) -> JobContext:
     """Resolve and check the model, the seeds and the cluster; writes nothing. A cluster address is connected to
     here (bounded), so "auto" with no cluster, or a dead one, fails before the run directory is made."""
     context = JobContext.resolve(config)
+    context.space()
     context.seeds()
     context.check_model()
     if config.workers.address:
@@ -95,21 +135,25 @@ def _checked_context(config: JobConfig) -> JobContext:
 def _search_windows(context: JobContext) -> Windows:
     """The search windows (data too short for the target is an error here); writes only the windows cache."""
     data = context.config.data
-    return context.windows(data.search_source, context.target_length, data.search_windows)
+    return context.objective_windows(data.search_source, context.search_length, data.search_windows)
 
 
 def _coordinator(
     config: JobConfig, context: JobContext, run_dir: RunDir, console: Console, show_progress: bool
 ) -> Coordinator:
     seeds = context.seeds()
+    mix = ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows)
     problem = SearchProblem(
         pairs=context.pairs,
         scale=context.scale,
         seeds=seeds,
-        make_candidate=context.longrope,
-        windows=config.data.search_windows,
+        make_candidate=context.candidate,
+        windows=len(mix.objectives),
+        objective=mix,
     )
-    optimizer = make_optimizer(config.search, pairs=context.pairs, scale=context.scale, seeds=seeds)
+    optimizer = make_optimizer(
+        config.search, pairs=context.pairs, scale=context.scale, seeds=seeds, critical_dim=context.space().critical_dim
+    )
     return Coordinator(config.search, problem, run_dir, None, optimizer, console=console, show_progress=show_progress)
 
 
@@ -122,7 +166,7 @@ def _run(coordinator: Coordinator, context: JobContext, windows: Windows, consol
         f"search {config.name}: {context.original_length} -> {context.target_length} tokens "
         f"(scale {context.scale:g}), {context.pairs} pairs, run dir {coordinator.run_dir.path}"
     )
-    pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec())
+    pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
     coordinator.evaluator = pool
     try:
         return coordinator.run()
@@ -148,4 +192,14 @@ def job_record(context: JobContext, windows: Windows) -> JobRecord:
         search_windows_hash=windows.content_hash,
         search_windows={"count": len(windows.names), "tokens": int(windows.tokens.shape[1])},
         corpus=corpus_provenance(),
+        **_kept_long_fields(context),
     )
+
+
+def _kept_long_fields(context: JobContext) -> dict[str, Any]:
+    """A short-factor run records the long factors it kept, so its export needs nothing but the run directory."""
+    kept = context.kept_long()
+    if kept is None:
+        return {}
+    attention = context.candidate(kept.factors).attention_factor
+    return {"factor": "short", "long_factor": [float(v) for v in kept.factors], "attention_factor": attention}

@@ -42,8 +42,13 @@ class Optimizer(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def make_optimizer(settings: SearchConfig, *, pairs: int, scale: float, seeds: list[Seed]) -> Optimizer:
-    grid = GenomeGrid(settings, pairs=pairs, scale=scale)
+def make_optimizer(
+    settings: SearchConfig, *, pairs: int, scale: float, seeds: list[Seed], critical_dim: int | None = None
+) -> Optimizer:
+    """The configured optimizer on its grid. critical_dim: the resolved critical dimension for the longrope2 space
+    (`genome.resolve_space(...).critical_dim`, which applies the formula when search.critical_dim is None);
+    None: search.critical_dim as configured. The longrope space ignores it."""
+    grid = GenomeGrid(settings, pairs=pairs, scale=scale, critical_dim=critical_dim)
     if settings.optimizer == "cmaes":
         return CmaesOptimizer(settings, grid, seeds)
     return DimMonoEvolution(settings, grid, seeds)

@@ -5,11 +5,20 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from longrope.search.run_store import RunDir, best_of, final_count, seed_perplexities
+from longrope.search.run_store import RunDir, RunStoreError, best_of, final_count, seed_perplexities
+from longrope.search.stages import stage_lengths, started_stages
 
 
 def run_status(run_dir: RunDir) -> dict[str, Any]:
+    """A run's status; a progressive job's is its latest started stage's, with the stage named."""
     config = run_dir.read_config()
+    if config.search.stages:
+        started = started_stages(run_dir)
+        if not started:
+            raise RunStoreError(f"{run_dir.path}: no stage has started yet")
+        status = run_status(started[-1])
+        status["stage"] = f"{len(started)}/{len(stage_lengths(config))}"
+        return status
     state = run_dir.read_state() or {"evolution": {"generation": 0}, "generation_seconds": []}
     history = run_dir.read_history()
     total = state.get("total_generations") or 1 + config.search.generations
@@ -36,8 +45,9 @@ def run_status(run_dir: RunDir) -> dict[str, Any]:
 
 
 def format_status(status: dict[str, Any]) -> str:
+    stage = f" (stage {status['stage']})" if status.get("stage") else ""
     lines = [
-        f"run {status['name']} in {status['run_dir']}",
+        f"run {status['name']} in {status['run_dir']}{stage}",
         f"  generation {status['generation']}/{status['generations']}, {status['evaluations']} evaluations"
         + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else "")
         + ", "

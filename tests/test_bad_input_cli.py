@@ -566,6 +566,52 @@ CASES = [
         "search.racing.z = nan: must be a finite number",
         id="racing-z-nan-override",
     ),
+    # better factors: objectives, stages, short factors (issue 9)
+    pytest.param(
+        lambda t: search(t, base(t, data={"objective": {"perplexity": 0, "needle": 0}})),
+        "data.objective: weights must sum to more than 0, got {",
+        id="objective-weights-zero",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, data={"objective": "needles"})),
+        "data.objective: unknown objective 'needles' (expected one of perplexity, tail, needle)",
+        id="objective-unknown",
+    ),
+    pytest.param(
+        lambda t: search(t, {**base(t, data={"objective": "needle"}), "original_length": 16, "target_length": 64}),
+        "data.objective: a needle needs 99 tokens for its preamble, key sentence, question and answer; windows of 65",
+        id="needle-cannot-fit",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"space": "longrope2", "critical_dim": 16})),
+        "search.critical_dim: must be < 16 pairs, got 16",
+        id="critical-dim-out-of-range",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"space": "longrope2", "length_scale": 4})),
+        "search.length_scale: must be >= target/original (8), got 4",
+        id="length-scale-below-scale",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"space": "longrope2", "length_scale": 8.05})),
+        "search.length_scale: must be >= 8.1 for the 11 searched pairs",
+        id="length-scale-empty-space",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"stages": [512, 256]})),
+        "search.stages = [512, 256]: stage lengths must increase, got 512 then 256",
+        id="stages-not-increasing",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"stages": [256, 1024]})),
+        "search.stages: each stage length must lie between original_length",
+        id="stage-at-target",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"factor": "short"})),
+        "search.long_factors: factor 'short' needs the long factors it keeps",
+        id="short-without-long-factors",
+    ),
     pytest.param(
         lambda t: ["search", "--no-progress", "--resume", str(finished_run(t)), "--set", "search.seed=5"],
         "--set 'search.seed=5': a resumed run can change only workers.*",

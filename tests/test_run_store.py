@@ -278,17 +278,32 @@ def test_resuming_a_finished_run_starts_no_worker(clean, capsys):
 
 
 def test_a_run_directory_written_before_racing_still_reads_and_resumes(tmp_path):
-    """config.json as the release before racing wrote it: no optimizer/schedule/racing/cmaes fields, and its hash
-    taken over the config without them (computed here from the dump, a second formulation)."""
+    """config.json as the release before racing wrote it: no optimizer/schedule/racing/cmaes fields (nor the
+    later space/critical_dim/length_scale/factor/long_factors/stages and data.objective), and its hash taken over
+    the config without them (computed here from the dump, a second formulation)."""
+    later_search = (
+        "optimizer",
+        "schedule",
+        "racing",
+        "cmaes",
+        "space",
+        "critical_dim",
+        "length_scale",
+        "factor",
+        "long_factors",
+        "stages",
+    )
     config = job(tmp_path, generations=2)
     identity = config.model_dump(mode="json", exclude={"output_dir", "workers"})
-    for name in ("optimizer", "schedule", "racing", "cmaes"):
+    for name in later_search:
         del identity["search"][name]
+    del identity["data"]["objective"]
     old_hash = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     assert config.hash() == old_hash
     stored = config.model_dump(mode="json")
-    for name in ("optimizer", "schedule", "racing", "cmaes"):
+    for name in later_search:
         del stored["search"][name]
+    del stored["data"]["objective"]
     run_dir = RunDir(tmp_path)
     write_json_atomic(run_dir.file("config.json"), {"config_hash": old_hash, "config": stored})
     assert run_dir.read_config() == config

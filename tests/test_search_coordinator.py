@@ -99,5 +99,9 @@ def test_another_runs_best_seeds_a_new_search(tmp_path):
     best = RunDir(tmp_path / "first").best_record()
     # the reference model has 16 pairs, as the cheap problem does
     config = load_job_config(None, ["target_length=1024", f"search.seed_files=[{tmp_path / 'first'}]"])
-    (seed,) = [s for s in JobContext.resolve(config).seeds() if s.name.startswith("file:")]
+    seed, moved = [s for s in JobContext.resolve(config).seeds() if s.name.startswith("file:")]
     assert seed.factors.tolist() == best["factors"] and seed.attention_factor == best["attention_factor"]
+    # a run at another length also seeds its factors moved to this one: 1 + (lambda - 1)(S' - 1)/(S - 1)
+    other_scale = first.target_length / 128  # the reference model's original length, as this job reads it
+    expected = [1 + (f - 1) * (1024 / 128 - 1) / (other_scale - 1) for f in best["factors"]]
+    assert moved.name == f"{seed.name}@1024" and moved.factors.tolist() == pytest.approx(expected)

@@ -104,9 +104,16 @@ def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path):
     best, ntk = methods["file:factors.json"], methods["ntk"]
     mean, low, high = paired_difference(best["nll_per_window"][1024], ntk["nll_per_window"][1024])
     assert high < 0, (mean, low, high)
-    for name in ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png"):
+    for name in ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png", "needle_heatmap.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0
     assert set(methods) >= {"none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned"}
+    for row in methods.values():
+        for length in ("256", "1024"):
+            cell = row["needle"][length]
+            share, low, high = cell["accuracy"]
+            assert cell["windows"] == config.data.test_windows and 0 <= low <= share <= high <= 1
+            assert set(cell["accuracy_by_depth"]) == {"0", "0.25", "0.5", "0.75", "1"}
+    assert "needle acc @ 1024" in (tmp_path / "cmp" / "compare.md").read_text()
 
 
 class KillingEvaluator:

@@ -78,15 +78,15 @@ class ScoringWorker:
     failure and the caller would only learn that the actor died. Every call then raises it, so the pool
     reports the real cause at once."""
 
-    def __init__(self, spec: ModelSpec, windows: np.ndarray):
+    def __init__(self, spec: ModelSpec, windows: np.ndarray, loss_mask: np.ndarray | None = None):
         self.load_error: str | None = None
         self.device = "none"
         try:
-            self._load(spec, windows)
+            self._load(spec, windows, loss_mask)
         except Exception as exc:  # reported by every call, see the class docstring
             self.load_error = f"{type(exc).__name__}: {one_line(exc)}"
 
-    def _load(self, spec: ModelSpec, windows: np.ndarray) -> None:
+    def _load(self, spec: ModelSpec, windows: np.ndarray, loss_mask: np.ndarray | None) -> None:
         import torch
 
         from longrope.workers.models import load_model
@@ -109,6 +109,7 @@ class ScoringWorker:
             candidates_per_forward=spec.candidates_per_forward,
             tokens_per_forward=spec.tokens_per_forward,
             loss_chunk_tokens=spec.loss_chunk_tokens,
+            loss_mask=None if loss_mask is None else torch.from_numpy(np.asarray(loss_mask, dtype=bool)),
         )
         self.device = str(self.scorer.device)
 
@@ -310,8 +311,17 @@ class _Call:
 class WorkerPool:
     """Candidates in, (key, CandidateScore) out, in completion order."""
 
-    def __init__(self, model: ModelSpec, windows: np.ndarray, spec: PoolSpec = PoolSpec(), *, worker_class=None):
-        """`worker_class`: the actor class (ScoringWorker; bench/search_cost.py passes a synthetic one with the
+    def __init__(
+        self,
+        model: ModelSpec,
+        windows: np.ndarray,
+        spec: PoolSpec = PoolSpec(),
+        *,
+        loss_mask: np.ndarray | None = None,
+        worker_class=None,
+    ):
+        """`loss_mask` [count, length - 1]: which predictions of each window count (None: all).
+        `worker_class`: the actor class (ScoringWorker; bench/search_cost.py passes a synthetic one with the
         same constructor and `ready`/`score` methods to measure scheduling without a model)."""
         if spec.num_workers < 1:
             raise WorkerPoolError(f"workers.num_workers: must be at least 1, got {spec.num_workers}")
@@ -320,6 +330,7 @@ class WorkerPool:
         num_cpus, num_gpus = actor_resources(spec, ray.cluster_resources())
         # Held for the pool's lifetime: a restarted actor is built again from these constructor arguments.
         self.windows_ref = ray.put(np.ascontiguousarray(windows, dtype=np.int64))
+        self.loss_mask_ref = None if loss_mask is None else ray.put(np.ascontiguousarray(loss_mask, dtype=bool))
         actor_class = ray.remote(worker_class or ScoringWorker).options(
             num_gpus=num_gpus,
             num_cpus=num_cpus,
@@ -327,7 +338,8 @@ class WorkerPool:
             max_task_retries=0,
         )
         count = workers_to_start(spec, num_cpus, num_gpus, ray.nodes())
-        self.workers = [_Worker(actor_class.remote(model, self.windows_ref), i) for i in range(count)]
+        arguments = (model, self.windows_ref, self.loss_mask_ref)
+        self.workers = [_Worker(actor_class.remote(*arguments), i) for i in range(count)]
         self._queue: deque[Task] = deque()  # packed into calls of batch_size when a worker has room
         self._calls: dict[ray.ObjectRef, _Call] = {}
         self.failures = 0

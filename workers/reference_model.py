@@ -1,7 +1,9 @@
 """The reference model: a small standard LlamaForCausalLM on bytes, trained by the project on the embedded corpus.
 
 It lets the whole product run with no GPU and no download, and it shows the problem the product solves: trained
-at 128 tokens, its perplexity at 8x that length with plain RoPE is several times its perplexity at 1x. The
+at 128 tokens, its perplexity at 8x that length with plain RoPE is several times its perplexity at 1x. A share of
+its training windows carry a needle (`needles.py`: a hidden 7-digit number and a question asking for it), so it
+can retrieve a number within its training length, and needle retrieval at 8x measures what the factors keep. The
 checkpoint ships as package data (`reference_model/`); `longrope train-reference` is the recipe that made it,
 nanoGPT-plain and deterministic under its seed. The demo and the tests never train it.
 """
@@ -19,8 +21,11 @@ import torch
 
 from longrope.workers.byte_tokenizer import BYTE_VOCAB_SIZE, encode_bytes
 from longrope.workers.corpus import Split, corpus_documents, corpus_provenance
+from longrope.workers.needles import NUMBER_HIGH, NUMBER_LOW, make_needle, needle_windows
+from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 
 REFERENCE_MODEL_DIR = Path(__file__).resolve().parent / "reference_model"
+BYTES = TextTokenizer(BYTE_TOKENIZER)
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class TrainingRecipe:
     head_dim: int = 32
     intermediate_size: int = 384
     rope_theta: float = 10000.0
+    needle_share: float = 0.3  # share of training windows that carry a needle (0: the first release's recipe)
 
 
 def reference_model_dir() -> Path:
@@ -69,9 +75,35 @@ def split_tokens(split: Split) -> list[np.ndarray]:
     return [encode_bytes(doc.text) for doc in corpus_documents(split)]
 
 
-def _batch(stream: np.ndarray, rng: np.random.Generator, batch_size: int, length: int) -> torch.Tensor:
-    starts = rng.integers(0, len(stream) - length, size=batch_size)
-    return torch.from_numpy(np.stack([stream[s : s + length] for s in starts]))
+def _batch(stream: np.ndarray, rng: np.random.Generator, recipe: TrainingRecipe) -> torch.Tensor:
+    """Random windows of the stream; with a needle share, that share of rows become needle windows (a number
+    hidden at a random depth and asked for at the end), drawn after the plain starts so a share of 0 draws
+    exactly what the first recipe drew."""
+    length = recipe.train_length
+    starts = rng.integers(0, len(stream) - length, size=recipe.batch_size)
+    rows = [stream[s : s + length] for s in starts]
+    if recipe.needle_share > 0:
+        for row in np.flatnonzero(rng.random(recipe.batch_size) < recipe.needle_share):
+            number = str(int(rng.integers(NUMBER_LOW, NUMBER_HIGH)))
+            haystack = stream[starts[row] : starts[row] + length]
+            rows[row] = make_needle(haystack, BYTES, length=length, depth=float(rng.random()), number=number).tokens
+    return torch.from_numpy(np.stack(rows))
+
+
+@torch.no_grad()
+def needle_retrieval(model, documents: list[np.ndarray], length: int, count: int = 64) -> dict[str, float]:
+    """Exact-match accuracy and mean answer NLL of `count` held-out needle windows of `length` tokens. Greedy
+    decoding returns the number exactly when every answer token is the argmax given the true prefix (induction
+    on the answer's tokens), so one teacher-forced forward decides it."""
+    needles, _, _ = needle_windows(documents, BYTES, length=length, count=count, seed=0)
+    hits, nll = 0, []
+    for needle in needles:
+        tokens = torch.from_numpy(needle.tokens)[None]
+        logits = model(input_ids=tokens).logits[0, needle.answer_start - 1 : -1].float()
+        answer = tokens[0, needle.answer_start :]
+        hits += bool((logits.argmax(-1) == answer).all())
+        nll.append(float(torch.nn.functional.cross_entropy(logits, answer)))
+    return {"accuracy": hits / len(needles), "answer_nll": float(np.mean(nll))}
 
 
 def _learning_rate(recipe: TrainingRecipe, step: int) -> float:
@@ -102,6 +134,7 @@ def train_reference(out_dir: Path, recipe: TrainingRecipe, *, log=print) -> dict
     rng = np.random.default_rng(recipe.seed)
     model = LlamaForCausalLM(reference_config(recipe))
     stream = np.concatenate(split_tokens("train"))
+    test_needle_docs = split_tokens("test")
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay, betas=(0.9, 0.95)
     )
@@ -109,12 +142,17 @@ def train_reference(out_dir: Path, recipe: TrainingRecipe, *, log=print) -> dict
     for step in range(recipe.steps):
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(recipe, step)
-        batch = _batch(stream, rng, recipe.batch_size, recipe.train_length)
+        batch = _batch(stream, rng, recipe)
         loss = model(input_ids=batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        if step % 1000 == 999:
+            model.eval()
+            found = needle_retrieval(model, test_needle_docs, recipe.train_length, count=32)["accuracy"]
+            model.train()
+            log(f"step {step:5d}/{recipe.steps}  needle accuracy at {recipe.train_length}: {found:.2f}")
         if step % 200 == 0 or step == recipe.steps - 1:
             log(f"step {step:5d}/{recipe.steps}  loss {loss.item():.3f}  {time.monotonic() - started:6.0f}s")
     model.eval()
@@ -124,6 +162,9 @@ def train_reference(out_dir: Path, recipe: TrainingRecipe, *, log=print) -> dict
         f"test_perplexity_at_{n}": heldout_perplexity(model, test_docs, n, span)
         for n in (recipe.train_length, 2 * recipe.train_length, span)
     }
+    for n in (recipe.train_length, span):
+        for name, value in needle_retrieval(model, test_docs, n).items():
+            metrics[f"test_needle_{name}_at_{n}"] = value
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     summary = {

@@ -26,6 +26,9 @@ class CandidateScore:
 
     nll: tuple[float, ...]
     tokens: tuple[int, ...]
+    # counted predictions whose argmax is not the target, per window (windows with a loss mask only): 0 means
+    # greedy decoding reproduces the counted tokens exactly (a needle's answer retrieved)
+    misses: tuple[int, ...] | None = None
 
     @property
     def mean_nll(self) -> float:
@@ -41,18 +44,42 @@ def chunked_nll(
     hidden: torch.Tensor, targets: torch.Tensor, lm_head, *, chunk_tokens: int, logit_softcap: float | None = None
 ) -> torch.Tensor:
     """Summed NLL per row of `hidden` [B, T, H] predicting `targets` [B, T], `chunk_tokens` positions at a time."""
+    return chunked_loss(hidden, targets, lm_head, chunk_tokens=chunk_tokens, logit_softcap=logit_softcap)[0]
+
+
+def chunked_loss(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    lm_head,
+    *,
+    chunk_tokens: int,
+    logit_softcap: float | None = None,
+    loss_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed NLL, argmax misses) per row of `hidden` [B, T, H] predicting `targets` [B, T], `chunk_tokens`
+    positions at a time, counting only the positions where `loss_mask` [B, T] is True (all where None; misses
+    are counted only with a mask). Chunks with nothing to count are skipped, so a needle's loss (a few answer
+    tokens) costs almost no lm_head work."""
     rows = hidden.shape[0]
     total = torch.zeros(rows, dtype=torch.float64, device=hidden.device)
+    misses = torch.zeros(rows, dtype=torch.long, device=hidden.device)
     step = max(1, chunk_tokens // rows)
     for start in range(0, hidden.shape[1], step):
+        chunk_mask = None if loss_mask is None else loss_mask[:, start : start + step]
+        if chunk_mask is not None and not bool(chunk_mask.any()):
+            continue
         logits = lm_head(hidden[:, start : start + step]).float()
         if logit_softcap:
             logits = torch.tanh(logits / logit_softcap) * logit_softcap
         chunk_targets = targets[:, start : start + step].reshape(-1)
-        losses = F.cross_entropy(logits.flatten(0, 1), chunk_targets, reduction="none")
-        total += losses.view(rows, -1).double().sum(dim=1)
+        losses = F.cross_entropy(logits.flatten(0, 1), chunk_targets, reduction="none").view(rows, -1).double()
+        if chunk_mask is not None:
+            losses = torch.where(chunk_mask, losses, 0.0)  # a masked-out NaN must not reach the sum
+            wrong = logits.argmax(dim=-1) != targets[:, start : start + step]
+            misses += (wrong & chunk_mask).sum(dim=1)
+        total += losses.sum(dim=1)
         del logits, losses  # free this chunk before the next one is computed, so only one exists at a time
-    return total
+    return total, misses
 
 
 # Tokens per forward pass when stacking short windows: a CPU runs fastest per token on ~2k-token forwards (bigger
@@ -72,12 +99,20 @@ class Scorer:
         candidates_per_forward: int = 4,
         tokens_per_forward: int | None = None,
         loss_chunk_tokens: int = 1024,
+        loss_mask: torch.Tensor | None = None,
     ):
+        """`loss_mask` [count, length - 1] bool: which predictions of each window count (None: all)."""
         if windows.ndim != 2 or windows.shape[1] < 2:
             raise ValueError(f"windows: expected [count, length >= 2] token ids, got shape {tuple(windows.shape)}")
+        expected = (windows.shape[0], windows.shape[1] - 1)
+        if loss_mask is not None and tuple(loss_mask.shape) != expected:
+            raise ValueError(f"loss_mask: expected shape {expected}, got {tuple(loss_mask.shape)}")
         self.model = model
         self.device = next(model.parameters()).device
         self.windows = windows.to(self.device, dtype=torch.long)
+        self.loss_mask = None if loss_mask is None else loss_mask.to(self.device, dtype=torch.bool)
+        counts = (windows.shape[1] - 1,) * len(windows) if loss_mask is None else loss_mask.sum(dim=1).tolist()
+        self.counted_tokens = tuple(int(count) for count in counts)
         self.original_inv_freq = original_inv_freq
         self.candidates_per_forward = max(1, candidates_per_forward)
         self.tokens_per_forward = tokens_per_forward or DEFAULT_TOKENS_PER_FORWARD[self.device.type == "cuda"]
@@ -106,6 +141,7 @@ class Scorer:
         if not 0 <= begin < end <= len(self.windows):
             raise ValueError(f"windows: expected 0 <= start < stop <= {len(self.windows)}, got [{begin}, {end})")
         nll = torch.zeros(len(candidates), end - begin, dtype=torch.float64)
+        misses = torch.zeros(len(candidates), end - begin, dtype=torch.long)
         patched, original = patch_rotary(self.model, self.original_inv_freq)
         try:
             for first in range(0, len(candidates), self.candidates_per_forward):
@@ -115,20 +151,32 @@ class Scorer:
                     rows = self.windows[start : min(start + per_forward, end)]
                     patched.set_candidates(group, seq_len=self.context_length, rows_each=len(rows))
                     batch = rows.repeat(len(group), 1)
-                    rows_nll = self._batch_nll(batch).view(len(group), len(rows))
+                    stop = min(start + per_forward, end)
+                    mask = None if self.loss_mask is None else self.loss_mask[start:stop].repeat(len(group), 1)
+                    rows_nll, rows_misses = self._batch_loss(batch, mask)
                     column = start - begin
-                    nll[first : first + len(group), column : column + len(rows)] = rows_nll.cpu()
+                    block = (slice(first, first + len(group)), slice(column, column + len(rows)))
+                    nll[block] = rows_nll.view(len(group), len(rows)).cpu()
+                    misses[block] = rows_misses.view(len(group), len(rows)).cpu()
         finally:
             restore_rotary(self.model, original)
-        tokens = (self.context_length,) * (end - begin)
-        return [CandidateScore(nll=tuple(row.tolist()), tokens=tokens) for row in nll]
+        tokens = self.counted_tokens[begin:end]
+        return [
+            CandidateScore(
+                nll=tuple(row.tolist()),
+                tokens=tokens,
+                misses=None if self.loss_mask is None else tuple(int(v) for v in missed),
+            )
+            for row, missed in zip(nll, misses, strict=True)
+        ]
 
-    def _batch_nll(self, batch: torch.Tensor) -> torch.Tensor:
+    def _batch_loss(self, batch: torch.Tensor, loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model.model(input_ids=batch[:, :-1]).last_hidden_state
-        return chunked_nll(
+        return chunked_loss(
             hidden,
             batch[:, 1:],
             self.model.lm_head,
             chunk_tokens=self.loss_chunk_tokens,
             logit_softcap=self.logit_softcap,
+            loss_mask=loss_mask,
         )

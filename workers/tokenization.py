@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longrope.workers.byte_tokenizer import encode_bytes
+from longrope.workers.byte_tokenizer import decode_bytes, encode_bytes
 from longrope.workers.errors import DataError
 
 BYTE_TOKENIZER = "bytes"
@@ -21,6 +21,7 @@ class TextTokenizer:
         self.source = str(source)
         if self.source == BYTE_TOKENIZER:
             self._encode = encode_bytes
+            self._decode = decode_bytes
             self.identity = BYTE_TOKENIZER
             return
         from transformers import AutoTokenizer
@@ -32,10 +33,20 @@ class TextTokenizer:
         except (OSError, ValueError) as exc:
             raise DataError(f"tokenizer: cannot load one from {self.source!r}: {exc}") from None
         self._encode = lambda text: np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        self._decode = lambda ids: tokenizer.decode([int(i) for i in ids])
         self.identity = _files_hash(Path(self.source))
 
     def encode(self, text: str) -> np.ndarray:
         return self._encode(text)
+
+    def decode(self, ids: np.ndarray) -> str:
+        return self._decode(ids)
+
+    def newline_mask(self, ids: np.ndarray) -> np.ndarray:
+        """Which tokens hold a line break (where a needle may be inserted), each distinct id decoded alone."""
+        ids = np.asarray(ids, dtype=np.int64)
+        breaking = [u for u in np.unique(ids).tolist() if "\n" in self._decode(np.array([u]))]
+        return np.isin(ids, breaking)
 
 
 def _files_hash(model_dir: Path) -> str:

@@ -1,8 +1,13 @@
 """Fixed token windows: every candidate of a job is scored on exactly the same tokens, so scores are paired.
 
 A window is `length` tokens from one document at a seeded offset (one window per document, documents drawn by
-a seeded permutation). Tokenized windows are cached on disk as a plain `.npz` (no pickle) keyed by a hash of
-everything that decides them: the documents' text, the tokenizer, the length, the count and the seed.
+a seeded permutation), read at `length - 1` positions. Which predictions count is the window's loss mask, set by
+its objective:
+- perplexity: every position;
+- tail: positions at or past the original length (the ones the rescaled frequencies exist for);
+- needle: the answer's tokens of a needle window (`needles.py`, LongRoPE2's needle-driven objective).
+Tokenized windows and their masks are cached on disk as a plain `.npz` (no pickle) keyed by a hash of everything
+that decides them: the documents' text, the tokenizer, the length, the count, the seed and the objective.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import numpy as np
 from longrope.workers.atomic_files import atomic_file
 from longrope.workers.documents import TextDocument
 from longrope.workers.errors import DataError
+from longrope.workers.needles import needle_windows
 from longrope.workers.tokenization import TextTokenizer
+
+OBJECTIVE_KINDS = ("perplexity", "tail", "needle")
 
 
 @dataclass(frozen=True)
@@ -24,11 +32,47 @@ class Windows:
     tokens: np.ndarray  # [count, length] int64
     names: tuple[str, ...]  # the document of each window
     offsets: tuple[int, ...]  # its first token in that document
+    loss_mask: np.ndarray | None = None  # [count, length - 1] bool: which predictions count; None: all
+    objectives: tuple[str, ...] = ()  # each window's objective; () means perplexity for every window
 
     @property
     def content_hash(self) -> str:
-        """sha256 of the token ids: two jobs with the same hash scored the same tokens."""
-        return hashlib.sha256(np.ascontiguousarray(self.tokens, dtype=np.int64).tobytes()).hexdigest()
+        """sha256 of the token ids (and the loss mask where there is one): two jobs with the same hash scored the
+        same predictions. Plain windows hash as they always did, so older run directories still match."""
+        digest = hashlib.sha256(np.ascontiguousarray(self.tokens, dtype=np.int64).tobytes())
+        if self.loss_mask is not None:
+            digest.update(np.packbits(self.loss_mask).tobytes())
+        return digest.hexdigest()
+
+    @property
+    def window_objectives(self) -> tuple[str, ...]:
+        return self.objectives or ("perplexity",) * len(self.tokens)
+
+    def mask_or_all(self) -> np.ndarray:
+        """The loss mask, all True where the windows have none."""
+        if self.loss_mask is not None:
+            return self.loss_mask
+        return np.ones((self.tokens.shape[0], self.tokens.shape[1] - 1), dtype=bool)
+
+
+def concat_windows(parts: list[Windows]) -> Windows:
+    """One set of windows from several (an objective mix): tokens stacked, masks and objectives kept."""
+    if len(parts) == 1:
+        return parts[0]
+    return Windows(
+        tokens=np.concatenate([part.tokens for part in parts]),
+        names=tuple(name for part in parts for name in part.names),
+        offsets=tuple(offset for part in parts for offset in part.offsets),
+        loss_mask=np.concatenate([part.mask_or_all() for part in parts]),
+        objectives=tuple(kind for part in parts for kind in part.window_objectives),
+    )
+
+
+def tail_mask(count: int, length: int, original_length: int) -> np.ndarray:
+    """Predictions made at positions >= original_length (position t predicts token t + 1)."""
+    mask = np.zeros((count, length - 1), dtype=bool)
+    mask[:, original_length:] = True
+    return mask
 
 
 def select_windows(token_docs: list[np.ndarray], names: list[str], *, length: int, count: int, seed: int) -> Windows:
@@ -47,8 +91,21 @@ def select_windows(token_docs: list[np.ndarray], names: list[str], *, length: in
     return Windows(tokens=tokens.astype(np.int64), names=tuple(names[i] for i in chosen), offsets=tuple(offsets))
 
 
-def windows_key(documents: list[TextDocument], tokenizer: TextTokenizer, *, length: int, count: int, seed: int) -> str:
-    digest = hashlib.sha256(f"{tokenizer.identity}|{length}|{count}|{seed}".encode())
+def windows_key(
+    documents: list[TextDocument],
+    tokenizer: TextTokenizer,
+    *,
+    length: int,
+    count: int,
+    seed: int,
+    objective: str = "perplexity",
+    original_length: int | None = None,
+) -> str:
+    """Plain perplexity windows keep the key they always had (existing caches stay valid)."""
+    head = f"{tokenizer.identity}|{length}|{count}|{seed}"
+    if objective != "perplexity":
+        head += f"|{objective}|{original_length if objective == 'tail' else ''}"
+    digest = hashlib.sha256(head.encode())
     for doc in documents:
         digest.update(doc.name.encode() + b"\0" + doc.text.encode("utf-8", errors="surrogatepass") + b"\0")
     return digest.hexdigest()[:32]
@@ -62,24 +119,56 @@ def load_windows(
     count: int,
     seed: int,
     cache_dir: Path | None = None,
+    objective: str = "perplexity",
+    original_length: int | None = None,
 ) -> Windows:
-    """Windows for a job, from the cache when the same inputs were tokenized before."""
-    key = windows_key(documents, tokenizer, length=length, count=count, seed=seed)
+    """Windows for a job and one objective (`original_length` is where a tail starts), from the cache when the
+    same inputs were tokenized before."""
+    if objective not in OBJECTIVE_KINDS:
+        raise DataError(f"data.objective: unknown objective {objective!r}; expected one of {OBJECTIVE_KINDS}")
+    key = windows_key(
+        documents,
+        tokenizer,
+        length=length,
+        count=count,
+        seed=seed,
+        objective=objective,
+        original_length=original_length,
+    )
     cache_file = Path(cache_dir) / f"windows-{key}.npz" if cache_dir else None
     if cache_file and cache_file.is_file():
         cached = _read_cache(cache_file)
         if cached is not None:
             return cached
-    windows = select_windows(
-        [tokenizer.encode(doc.text) for doc in documents],
-        [doc.name for doc in documents],
-        length=length,
-        count=count,
-        seed=seed,
-    )
+    token_docs, names = [tokenizer.encode(doc.text) for doc in documents], [doc.name for doc in documents]
+    if objective == "needle":
+        windows = _needle_windows(token_docs, names, tokenizer, length=length, count=count, seed=seed)
+    else:
+        windows = select_windows(token_docs, names, length=length, count=count, seed=seed)
+    if objective == "tail":
+        if original_length is None or not 0 < original_length < length - 1:
+            raise DataError(f"data.objective: 'tail' needs original_length inside the window, got {original_length}")
+        mask = tail_mask(count, length, original_length)
+        windows = Windows(windows.tokens, windows.names, windows.offsets, mask, ("tail",) * count)
     if cache_file:
         _write_cache(cache_file, windows)
     return windows
+
+
+def _needle_windows(
+    token_docs: list[np.ndarray], names: list[str], tokenizer: TextTokenizer, *, length: int, count: int, seed: int
+) -> Windows:
+    needles, chosen, offsets = needle_windows(token_docs, tokenizer, length=length, count=count, seed=seed)
+    mask = np.zeros((count, length - 1), dtype=bool)
+    for row, needle in enumerate(needles):
+        mask[row, needle.answer_start - 1 :] = True  # position t predicts token t + 1
+    return Windows(
+        tokens=np.stack([needle.tokens for needle in needles]),
+        names=tuple(names[i] for i in chosen),
+        offsets=tuple(offsets),
+        loss_mask=mask,
+        objectives=("needle",) * count,
+    )
 
 
 def _read_cache(path: Path) -> Windows | None:
@@ -90,6 +179,8 @@ def _read_cache(path: Path) -> Windows | None:
                 tokens=data["tokens"],
                 names=tuple(data["names"].tolist()),
                 offsets=tuple(int(o) for o in data["offsets"]),
+                loss_mask=data["loss_mask"].astype(bool) if "loss_mask" in data else None,
+                objectives=tuple(data["objectives"].tolist()) if "objectives" in data else (),
             )
     except (OSError, ValueError, KeyError):
         return None
@@ -99,11 +190,15 @@ def _write_cache(path: Path, windows: Windows) -> None:
     """Written atomically (`atomic_file`); an OS error (a path under a file, disk full) is one DataError."""
     try:
         with atomic_file(path, "wb") as tmp:
+            extra = {}
+            if windows.loss_mask is not None:
+                extra = {"loss_mask": windows.loss_mask, "objectives": np.array(windows.objectives, dtype=np.str_)}
             np.savez(
                 tmp,
                 tokens=windows.tokens,
                 names=np.array(windows.names, dtype=np.str_),
                 offsets=np.array(windows.offsets, dtype=np.int64),
+                **extra,
             )
     except OSError as exc:
         reason = exc.strerror or str(exc)

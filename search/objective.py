@@ -1,0 +1,48 @@
+"""A candidate's score from its per-window results: one objective, or a weighted mix of several.
+
+Each window belongs to one objective (perplexity, tail or needle; `workers/windows.py` builds them and their
+loss masks) and reports summed NLL and counted tokens. An objective's value is its token-weighted mean NLL,
+sum(nll_j) / sum(tokens_j) over its windows (the mean NLL per token, whose exp is the perplexity), and a mix is
+sum_o w_o * mean_o / sum_o w_o, so a needle's handful of answer tokens weighs what its weight says, not what its
+token count says. With one objective this is exactly sum(nll) / sum(tokens), the score the release uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ObjectiveMix:
+    """Which objective each window serves, and the objectives' weights."""
+
+    objectives: tuple[str, ...]  # per window, in window order
+    weights: tuple[tuple[str, float], ...]  # (objective, weight > 0)
+
+    @classmethod
+    def single(cls, windows: int, objective: str = "perplexity") -> ObjectiveMix:
+        return cls((objective,) * windows, ((objective, 1.0),))
+
+    @classmethod
+    def of(cls, weights: dict[str, float], count: int) -> ObjectiveMix:
+        """`count` windows per objective, objectives in the order of `weights` (DataConfig.objective_weights)."""
+        return cls(tuple(name for name in weights for _ in range(count)), tuple(weights.items()))
+
+    def mean_nll(self, nll: Sequence[float], tokens: Sequence[int]) -> float:
+        """The weighted mean of the objectives' mean NLL per token (NaN/inf pass through, to be ranked last)."""
+        if len(nll) != len(self.objectives) or len(tokens) != len(self.objectives):
+            raise ValueError(f"expected {len(self.objectives)} windows, got {len(nll)} NLLs and {len(tokens)} counts")
+        total = sum(weight for _, weight in self.weights)
+        value = 0.0
+        for name, weight in self.weights:
+            rows = [j for j, kind in enumerate(self.objectives) if kind == name]
+            value += weight * sum(nll[j] for j in rows) / sum(tokens[j] for j in rows)
+        return value / total
+
+    def describe(self) -> str:
+        """e.g. "perplexity" or "0.5 perplexity + 0.5 needle" (weights normalised)."""
+        if len(self.weights) == 1:
+            return self.weights[0][0]
+        total = sum(weight for _, weight in self.weights)
+        return " + ".join(f"{weight / total:g} {name}" for name, weight in self.weights)
