@@ -13,7 +13,8 @@ factors, side by side in one run on the reference model at the demo's scale (128
    of the unscaled model, of the export as it is (short factors all ones, the attention factor applied), and with
    the searched short factors; and at 1024, where the long factors must be unchanged.
 
-Writes search_quality.json and search_quality.png (needle accuracy against test perplexity per variant).
+Writes search_quality.json and search_quality.png (needle answer NLL against test perplexity per variant, with
+paired intervals: accuracy alone cannot rank variants that all retrieve nothing).
 Run: .venv/bin/python bench/search_quality.py [--seed 0] [--needles 64] [--out bench/results] [--set FIELD=VALUE]
 """
 
@@ -122,6 +123,9 @@ def combination_rows(runs: dict, reading: dict) -> list[dict]:
                 "needle_accuracy": float(mine["hits"].mean()),
                 "needle_accuracy_vs_plain": paired_share(mine["hits"], plain["hits"]),
                 "answer_nll": float(mine["answer_nll"].mean()),
+                "answer_nll_vs_plain": list(paired_difference(mine["answer_nll"], plain["answer_nll"])),
+                "factors": run["best"]["factors"],
+                "attention_factor": run["best"]["attention_factor"],
             }
         )
     return rows
@@ -142,6 +146,7 @@ def progressive_row(progressive: dict, plain: dict, reading: dict) -> dict:
         "test_ppl": math.exp(float(reading["progressive"]["nll"].mean())),
         "test_dnll_vs_plain": list(paired_difference(reading["progressive"]["nll"], reading[PLAIN]["nll"])),
         "needle_accuracy": float(reading["progressive"]["hits"].mean()),
+        "answer_nll": float(reading["progressive"]["answer_nll"].mean()),
         "wall_s": progressive["wall_s"],
     }
 
@@ -178,21 +183,28 @@ def short_factor_row(plain: dict, seed: int, work: Path) -> dict:
 
 
 def plot(rows: list[dict], progressive: dict, path: Path) -> None:
+    """Needle answer NLL (nats per answer token; log 10 = 2.30 is a uniform guess over digits) against test
+    perplexity, each with its paired 95% interval against plain LongRoPE: lower left is better on both."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 5))
+    plain_ppl = next(r["test_ppl"] for r in rows if r["variant"] == PLAIN)
+    plain_answer = next(r["answer_nll"] for r in rows if r["variant"] == PLAIN)
     for row in rows:
-        low, high = row["needle_accuracy_vs_plain"][1:]
-        axis.errorbar(row["test_ppl"], row["needle_accuracy"], fmt="o", capsize=3, label=row["variant"])
-        axis.annotate(f"Δacc [{low:+.2f}, {high:+.2f}]", (row["test_ppl"], row["needle_accuracy"]), fontsize=7)
-    axis.plot(progressive["test_ppl"], progressive["needle_accuracy"], "k^", label="progressive 2x-4x-8x")
+        d, a = row["test_dnll_vs_plain"], row["answer_nll_vs_plain"]
+        x_err = [[row["test_ppl"] - plain_ppl * math.exp(d[1])], [plain_ppl * math.exp(d[2]) - row["test_ppl"]]]
+        y_err = [[row["answer_nll"] - (plain_answer + a[1])], [plain_answer + a[2] - row["answer_nll"]]]
+        label = row["variant"]
+        axis.errorbar(row["test_ppl"], row["answer_nll"], xerr=x_err, yerr=y_err, fmt="o", capsize=3, label=label)
+    axis.plot(progressive["test_ppl"], progressive["answer_nll"], "k^", label="progressive 2x-4x-8x")
+    axis.axhline(math.log(10), color="grey", linestyle=":", linewidth=1, label="uniform guess over digits")
     axis.set(
         xlabel="test perplexity at 1024 (lower is better)",
-        ylabel="needle exact-match accuracy at 1024 (higher is better)",
-        title="search space x objective, reference model 128 -> 1024",
+        ylabel="needle answer NLL per token at 1024 (lower is better)",
+        title="search space x objective, reference model 128 -> 1024 (paired 95% vs plain)",
     )
     axis.legend(fontsize=7)
     figure.tight_layout()
@@ -200,18 +212,19 @@ def plot(rows: list[dict], progressive: dict, path: Path) -> None:
 
 
 def print_tables(result: dict) -> None:
-    console = Console(width=160)  # a table, not prose: never wrapped when piped to a log
+    console = Console(width=200)  # a table, not prose: never wrapped when piped to a log
     console.print("\n[bold]1. space x objective at 8x[/bold] (test split; Δ vs plain LongRoPE, paired 95%)")
     console.print(
         f"{'variant':22s} {'evals':>6s} {'test ppl':>8s} {'x plain':>7s} {'dNLL vs plain [95%]':>27s} "
-        f"{'needle acc':>10s} {'Δacc vs plain [95%]':>26s} {'ans NLL':>7s}"
+        f"{'needle acc':>10s} {'Δacc vs plain [95%]':>26s} {'ans NLL':>7s} {'Δans NLL vs plain [95%]':>27s}"
     )
     for row in result["combinations"]:
-        d, a = row["test_dnll_vs_plain"], row["needle_accuracy_vs_plain"]
+        d, a, n = row["test_dnll_vs_plain"], row["needle_accuracy_vs_plain"], row["answer_nll_vs_plain"]
         console.print(
             f"{row['variant']:22s} {row['window_evaluations']:6d} {row['test_ppl']:8.4f} "
             f"{row['test_ppl_ratio_to_plain']:7.4f} {d[0]:+8.4f} [{d[1]:+7.4f}, {d[2]:+7.4f}] "
-            f"{row['needle_accuracy']:10.3f} {a[0]:+7.3f} [{a[1]:+7.3f}, {a[2]:+7.3f}] {row['answer_nll']:7.3f}"
+            f"{row['needle_accuracy']:10.3f} {a[0]:+7.3f} [{a[1]:+7.3f}, {a[2]:+7.3f}] {row['answer_nll']:7.3f} "
+            f"{n[0]:+8.4f} [{n[1]:+7.4f}, {n[2]:+7.4f}]"
         )
     wins = [
         r
