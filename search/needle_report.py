@@ -80,7 +80,9 @@ def plot_needle_heatmap(result: dict[str, Any], path: Path) -> None:
     names, lengths = list(result["methods"]), result["lengths"]
     columns = min(3, len(names))
     rows = math.ceil(len(names) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(3.6 * columns + 1, 3.0 * rows + 0.6), squeeze=False, layout="constrained"
+    )
     image = None
     for ax, name in zip(axes.flat, names, strict=False):
         grid = np.full((len(DEPTH_BINS), len(lengths)), np.nan)
