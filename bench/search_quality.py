@@ -36,10 +36,10 @@ from search_cost import history_trajectory
 from longrope.encodings import RopeMethod
 from longrope.search.compare import paired_difference, score_all, window_means
 from longrope.search.export import factors_file_of_run
+from longrope.search.intervals import interval
 from longrope.search.job_config import load_job_config
 from longrope.search.job_context import JobContext
 from longrope.search.jobs import run_search
-from longrope.search.needle_report import Z95
 from longrope.search.run_store import RunDir
 from longrope.search.stages import stage_configs
 
@@ -100,9 +100,7 @@ def test_reading(context: JobContext, methods: dict[str, RopeMethod], needles: i
 
 def paired_share(a: np.ndarray, b: np.ndarray) -> list[float]:
     """Mean paired difference of two 0/1 outcomes on the same needles, with a 95% normal interval."""
-    d = a - b
-    half = Z95 * float(d.std(ddof=1)) / math.sqrt(len(d)) if len(d) > 1 else math.inf
-    return [float(d.mean()), float(d.mean()) - half, float(d.mean()) + half]
+    return list(interval(a - b))
 
 
 def combination_rows(runs: dict, reading: dict) -> list[dict]:
@@ -155,7 +153,9 @@ def short_factor_row(plain: dict, seed: int, work: Path) -> dict:
     """Plain 8x's export kept as the long factors; its short factors searched at 128."""
     long_file = work / "plain-8x.json"
     long_file.write_text(factors_file_of_run(RunDir(plain["dir"])).model_dump_json())
-    short = search("short", ["search.factor=short", f"search.long_factors={long_file}"], seed, work)
+    # the attention factor is the long factors' (transformers applies it in both regimes): not searched here
+    overrides = ["search.factor=short", f"search.long_factors={long_file}", "search.attention_factor.mode=longrope"]
+    short = search("short", overrides, seed, work)
     exported = factors_file_of_run(RunDir(short["dir"])).rope_parameters
     context = JobContext.resolve(short["config"])
     kept = context.longrope(exported.long_factor, attention_factor=exported.attention_factor)

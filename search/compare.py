@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from longrope.encodings import NtkRope, RopeMethod, from_hf
+from longrope.search.intervals import interval, paired_difference
 from longrope.search.job_config import JobConfigError
 from longrope.search.job_context import JobContext, read_factors_file
 from longrope.search.needle_report import needle_cell, needle_table, plot_needle_heatmap
@@ -25,7 +26,6 @@ from longrope.search.run_store import write_json_atomic
 from longrope.workers.errors import DataError
 from longrope.workers.pool import WorkerPool
 
-Z95 = 1.959963984540054
 BASELINES = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned")
 NTK_SCALE_MULTIPLIERS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 NTK_ATTENTION_FACTORS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3)
@@ -41,18 +41,6 @@ def default_lengths(original: int, target: int) -> list[int]:
 
 def window_means(score) -> np.ndarray:
     return np.asarray(score.nll, dtype=np.float64) / np.asarray(score.tokens, dtype=np.float64)
-
-
-def interval(values: np.ndarray) -> tuple[float, float, float]:
-    """(mean, low, high) with a 95% normal interval over windows."""
-    mean = float(values.mean())
-    half = Z95 * float(values.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else math.inf
-    return mean, mean - half, mean + half
-
-
-def paired_difference(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """Mean per-window NLL difference a - b (nats per token) with its 95% interval; negative: a is better."""
-    return interval(np.asarray(a) - np.asarray(b))
 
 
 def score_all(

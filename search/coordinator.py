@@ -302,7 +302,12 @@ class Coordinator:
         threshold_key = self._threshold_key()
         threshold = self.history.get(threshold_key) if threshold_key else None
         if threshold and clearly_worse(
-            race.nll, race.tokens, threshold["nll"], threshold["tokens"], self.settings.racing
+            race.nll,
+            race.tokens,
+            threshold["nll"],
+            threshold["tokens"],
+            self.settings.racing,
+            self.problem.mix.racing_weights(),
         ):
             return "stopped"
         return "partial"

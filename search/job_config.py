@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from longrope.search.config_yaml import ConfigYamlError, parse_yaml, read_yaml
+from longrope.workers.windows import OBJECTIVES
 
 SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
 MAX_LENGTH = 1 << 26  # 67M tokens: past every published context window, far below int32/int64 trouble
@@ -23,7 +24,6 @@ MAX_COUNT = 1_000_000  # populations, generations, windows: larger is a typo, no
 MIN_GRID_STEP = 1e-4  # factors live on an integer grid: (max_factor / grid_step) steps must stay countable
 MAX_FACTOR = 1e4
 N_HAT_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
-OBJECTIVES = ("perplexity", "tail", "needle")
 
 
 class JobConfigError(ValueError):
@@ -181,6 +181,11 @@ class SearchConfig(Strict):
             raise ValueError("space: 'longrope2' needs optimizer 'dim_mono' (CMA-ES searches every pair)")
         if self.factor == "short" and not self.long_factors:
             raise ValueError("long_factors: factor 'short' needs the long factors it keeps (a factors file or run)")
+        if self.factor == "short" and self.attention_factor.mode == "searched":
+            raise ValueError(
+                "attention_factor.mode: a short-factor search keeps the long factors' attention factor (transformers "
+                "applies it in both regimes); use 'longrope'"
+            )
         if self.factor == "short" and self.space == "longrope2":
             raise ValueError("space: a short-factor search needs 'longrope' (longrope2's bounds start at the scale)")
         if self.factor == "short" and self.stages:
@@ -262,6 +267,11 @@ class JobConfig(Strict):
             raise ValueError(
                 f"search.n_hat.choices: every choice must be < target_length ({self.target_length}), "
                 f"got {max(n_hat.choices)}"
+            )
+        if self.search.factor == "short" and "tail" in self.data.objective_weights():
+            raise ValueError(
+                "data.objective: 'tail' counts positions past original_length, and a short-factor search reads "
+                "windows of original_length tokens"
             )
         stages = self.search.stages
         if stages and (stages[-1] >= self.target_length or stages[0] <= (self.original_length or 0)):

@@ -22,13 +22,15 @@ from longrope.encodings import (
 from longrope.search.factors_file import FactorsFile
 from longrope.search.genome import SearchSpace, Seed, resolve_space
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
+from longrope.search.job_record import JOB_FILE, read_job_record
 from longrope.search.run_store import RunDir
+from longrope.search.stages import last_stage
 from longrope.workers.documents import read_source
 from longrope.workers.models import check_model, model_rope, read_model_config
 from longrope.workers.pool import ModelSpec, PoolSpec
 from longrope.workers.reference_model import reference_model_dir
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
-from longrope.workers.windows import Windows, concat_windows, load_windows
+from longrope.workers.windows import Windows, interleave_windows, load_windows
 
 REFERENCE = "reference"
 
@@ -108,12 +110,15 @@ class JobContext:
             return self.longrope(factors, attention_factor=attention_factor, n_hat=n_hat)
         return self.longrope(kept.factors, attention_factor=kept.attention_factor, n_hat=n_hat, short_factor=factors)
 
-    def windows(self, source: str, length: int, count: int, objective: str = "perplexity") -> Windows:
+    def windows(
+        self, source: str, length: int, count: int, objective: str = "perplexity", *, cached: bool = True
+    ) -> Windows:
         """`count` windows of `length` tokens read at `length` positions (so length + 1 tokens each), with the
-        loss mask of `objective` (a tail starts at original_length)."""
+        loss mask of `objective` (a tail starts at original_length); `cached=False` writes no cache (a check)."""
         data = self.config.data
         documents = read_source(source, text_field=data.text_field)
         cache = Path(data.cache_dir) if data.cache_dir else Path(self.config.output_dir) / "windows-cache"
+        cache = cache if cached else None
         return load_windows(
             documents,
             self.tokenizer,
@@ -125,11 +130,12 @@ class JobContext:
             original_length=self.original_length,
         )
 
-    def objective_windows(self, source: str, length: int, count: int) -> Windows:
+    def objective_windows(self, source: str, length: int, count: int, *, cached: bool = True) -> Windows:
         """The job's windows for its objective mix: `count` per objective, in the order of `ObjectiveMix.of`.
         Perplexity and tail in one mix read the same documents twice."""
         weights = self.config.data.objective_weights()
-        return concat_windows([self.windows(source, length, count, objective) for objective in weights])
+        parts = [self.windows(source, length, count, objective, cached=cached) for objective in weights]
+        return interleave_windows(parts)
 
     def longrope(
         self, factors, *, attention_factor: float | None = None, n_hat: int = 0, short_factor=None
@@ -202,7 +208,7 @@ class JobContext:
         if space.kind != "longrope2":
             return []
         step, searched = self.config.search.grid_step, self.pairs - space.critical_dim
-        top = space.low + min(space.high - space.low, (searched - 1) * space.cap) if space.cap else space.high
+        top = space.low + min(space.high - space.low, (searched - 1) * space.cap)  # each rise within the cap
         ramp = np.linspace(space.low, top, searched) * step
         critical = ramp[0]
         below = critical ** (np.arange(space.critical_dim) / max(space.critical_dim, 1))
@@ -224,8 +230,7 @@ class JobContext:
     def seed_from_file(self, path: str, field: str = "search.seed_files") -> Seed:
         """A factors JSON (what `longrope export` writes), or another run's directory (its best candidate)."""
         if Path(path).is_dir():
-            best = RunDir(path).best_record()
-            factors, attention = np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]
+            factors, attention = _run_long_factors(RunDir(path))
             where = f"{field}: {path}: best candidate's factors"
         else:
             block = read_factors_file(path).rope_parameters
@@ -283,6 +288,18 @@ class JobContext:
 def _run_target_length(path: str) -> int | None:
     """The target length of a run directory (None for a factors file)."""
     return RunDir(path).read_config().target_length if Path(path).is_dir() else None
+
+
+def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
+    """A run's long factors and attention factor: its best candidate's; a progressive job's last stage's; a
+    short-factor run's kept long factors (its candidates are short factors)."""
+    if run_dir.read_config().search.stages:
+        run_dir = last_stage(run_dir)
+    job = read_job_record(run_dir) if run_dir.file(JOB_FILE).is_file() else None
+    if job is not None and job.factor == "short":
+        return np.asarray(job.long_factor, dtype=np.float64), job.attention_factor
+    best = run_dir.best_record()
+    return np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]
 
 
 def read_factors_file(path: str | Path) -> FactorsFile:

@@ -23,7 +23,9 @@ PINNED_FIELDS = (
     "head_dim",
     "rope_theta",
     "partial_rotary_factor",
+    "factor",
     "long_factor",
+    "attention_factor",
 )
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from longrope.search.coordinator import Coordinator, SearchProblem
 from longrope.search.genome import Seed
-from longrope.search.job_config import JobConfig
+from longrope.search.job_config import JobConfig, JobConfigError
 from longrope.search.job_context import JobContext
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.objective import ObjectiveMix
@@ -24,6 +24,7 @@ from longrope.search.optimizers import make_optimizer
 from longrope.search.run_store import CONFIG, RunDir, final_count, write_json_atomic
 from longrope.search.stages import is_staged, stage_configs
 from longrope.workers.corpus import corpus_provenance
+from longrope.workers.errors import DataError
 from longrope.workers.pool import WorkerPool, ensure_ray
 from longrope.workers.windows import Windows
 
@@ -88,20 +89,18 @@ def _resume(
 def _run_stages(
     config: JobConfig | None, resume_dir: str | Path | None, console: Console, show_progress: bool
 ) -> dict[str, Any]:
-    """A progressive job (`stages.py`): every stage's config is checked first (the first stage's model, data and
-    seeds fully), then the stages run in order, each started or resumed in its own directory."""
+    """A progressive job (`stages.py`): every stage is checked before anything is written, then the stages run
+    in order, each started in its own directory or resumed there from its stored config (on the workers given
+    now: `--resume JOB --set workers.X=...` moves every stage)."""
     job_dir = RunDir(resume_dir or config.output_dir)
     if resume_dir:
         stored = job_dir.read_config()
         if config is not None:
             job_dir.check_matches(config)
-        config = stored
+        config = config or stored
     else:
         job_dir.check_new(config)
-    stages = stage_configs(config, job_dir.path)
-    _checked_context(stages[0])
-    for stage in stages[1:]:
-        JobContext.resolve(stage)
+    stages = _checked_stages(config, job_dir)
     with job_dir.lock():
         if not resume_dir:
             job_dir.check_new(config)
@@ -111,13 +110,28 @@ def _run_stages(
             folder = RunDir(stage.output_dir)
             console.print(f"search {config.name}: stage {index + 1}/{len(stages)} at {stage.target_length} tokens")
             started = folder.file(CONFIG).is_file()
+            if started:
+                stage = folder.read_config().model_copy(update={"workers": config.workers})
             best = run_search(
-                None if started else stage,
-                resume_dir=folder.path if started else None,
-                show_progress=show_progress,
-                console=console,
+                stage, resume_dir=folder.path if started else None, show_progress=show_progress, console=console
             )
         return best
+
+
+def _checked_stages(config: JobConfig, job_dir: RunDir) -> list[JobConfig]:
+    """Every stage's config, model, search space and windows checked (the first stage's seeds too; a later
+    stage's seeds are the stage before it), writing nothing: one error naming the stage."""
+    stages = stage_configs(config, job_dir.path)
+    for index, stage in enumerate(stages):
+        try:
+            context = _checked_context(stage) if index == 0 else JobContext.resolve(stage)
+            context.space()
+            context.objective_windows(
+                stage.data.search_source, context.search_length, stage.data.search_windows, cached=False
+            )
+        except (JobConfigError, DataError) as exc:
+            raise JobConfigError(f"search.stages: stage {index + 1} at {stage.target_length} tokens: {exc}") from None
+    return stages
 
 
 def _checked_context(config: JobConfig) -> JobContext:

@@ -4,8 +4,7 @@ Each test needle window hides a 7-digit number at a depth (`workers/needles.py`)
 the answer tokens whose argmax is not the target. Greedy decoding returns the number exactly when that count is
 0 (given the true prefix the first token is the argmax; by induction so is every next one), so accuracy needs no
 generation, just the forward pass perplexity already pays for. Accuracy intervals are Wilson score intervals
-(Wilson 1927; the interval `statsmodels.stats.proportion.proportion_confint(method="wilson")` gives), which stay
-inside [0, 1] and are honest at 0 or 1 hits; answer NLL intervals are normal intervals over windows.
+(`intervals.wilson_interval`); answer NLL intervals are normal intervals over windows.
 """
 
 from __future__ import annotations
@@ -16,20 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from longrope.search.intervals import interval, wilson_interval
 from longrope.workers.needles import depth_spread
 
-Z95 = 1.959963984540054
 DEPTH_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the heat-map's rows: each window goes to the nearest
-
-
-def wilson_interval(hits: int, count: int, z: float = Z95) -> tuple[float, float, float]:
-    """(share, low, high): p~ = (h + z^2/2) / (n + z^2), half = z sqrt(h(n-h)/n + z^2/4) / (n + z^2)."""
-    if count == 0:
-        return math.nan, math.nan, math.nan
-    share = hits / count
-    centre = (hits + z * z / 2) / (count + z * z)
-    half = z * math.sqrt(hits * (count - hits) / count + z * z / 4) / (count + z * z)
-    return share, max(0.0, centre - half), min(1.0, centre + half)
 
 
 def depth_bin(depth: float) -> float:
@@ -41,16 +30,14 @@ def needle_cell(misses: list[int], nll: list[float], tokens: list[int]) -> dict[
     depths = depth_spread(len(misses))
     hits = [m == 0 for m in misses]
     per_token = np.asarray(nll, dtype=np.float64) / np.asarray(tokens, dtype=np.float64)
-    half = Z95 * float(per_token.std(ddof=1)) / math.sqrt(len(per_token)) if len(per_token) > 1 else math.inf
     by_depth = {}
     for edge in DEPTH_BINS:
         rows = [k for k, depth in enumerate(depths) if depth_bin(depth) == edge]
         if rows:
             by_depth[f"{edge:g}"] = list(wilson_interval(sum(hits[k] for k in rows), len(rows)))
-    mean = float(per_token.mean())
     return {
         "accuracy": list(wilson_interval(sum(hits), len(hits))),
-        "answer_nll": [mean, mean - half, mean + half],
+        "answer_nll": list(interval(per_token)),
         "accuracy_by_depth": by_depth,
         "windows": len(hits),
     }

@@ -26,8 +26,19 @@ class ObjectiveMix:
 
     @classmethod
     def of(cls, weights: dict[str, float], count: int) -> ObjectiveMix:
-        """`count` windows per objective, objectives in the order of `weights` (DataConfig.objective_weights)."""
-        return cls(tuple(name for name in weights for _ in range(count)), tuple(weights.items()))
+        """`count` windows per objective, interleaved (window k of each objective in the order of `weights`, then
+        window k + 1, ...), so racing's first windows already hold every objective."""
+        return cls(tuple(name for _ in range(count) for name in weights), tuple(weights.items()))
+
+    def racing_weights(self) -> list[float]:
+        """Per-window multipliers m_j = (w_o / sum w) * N / n_o for racing's paired differences: the mean of
+        m_j d_j over all N windows is then the mix's weighted difference of per-window means, so a child that
+        is worse on one objective but better on the mix is not stopped. 1 for every window of one objective."""
+        total = sum(weight for _, weight in self.weights)
+        weight = dict(self.weights)
+        counts = {name: self.objectives.count(name) for name in weight}
+        windows = len(self.objectives)
+        return [weight[kind] / total * windows / counts[kind] for kind in self.objectives]
 
     def mean_nll(self, nll: Sequence[float], tokens: Sequence[int]) -> float:
         """The weighted mean of the objectives' mean NLL per token (NaN/inf pass through, to be ranked last)."""

@@ -37,12 +37,15 @@ def clearly_worse(
     threshold_nll: Sequence[float],
     threshold_tokens: Sequence[int],
     racing: RacingConfig,
+    window_weights: Sequence[float] | None = None,
 ) -> bool:
-    """Is the candidate (per-window summed NLL on its first len(nll) windows) clearly worse than the threshold?"""
+    """Is the candidate (per-window summed NLL on its first len(nll) windows) clearly worse than the threshold?
+    `window_weights` scale each window's difference (an objective mix: `ObjectiveMix.racing_weights`)."""
     k = len(nll)
     if k < racing.min_windows:
         return False
-    diffs = [nll[j] / tokens[j] - threshold_nll[j] / threshold_tokens[j] for j in range(k)]
+    scale = window_weights or [1.0] * k
+    diffs = [scale[j] * (nll[j] / tokens[j] - threshold_nll[j] / threshold_tokens[j]) for j in range(k)]
     if not all(math.isfinite(d) for d in diffs):
         return True  # NaN/inf on a window: its mean would be too, and it would rank last
     mean = sum(diffs) / k

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from longrope.search.job_config import JobConfig
+from pydantic import ValidationError
+
+from longrope.search.job_config import JobConfig, JobConfigError, describe_errors
 from longrope.search.run_store import CONFIG, RunDir
 
 STAGE_PREFIX = "stage-"
@@ -30,7 +32,7 @@ def stage_dir(output_dir: str | Path, index: int, length: int) -> Path:
 
 def stage_configs(config: JobConfig, output_dir: str | Path | None = None) -> list[JobConfig]:
     """One ordinary job config per stage, each writing to its stage directory and seeded by the one before."""
-    root = output_dir or config.output_dir
+    root = Path(output_dir or config.output_dir).resolve()  # a stage's seed path must not depend on the cwd
     configs: list[JobConfig] = []
     previous: Path | None = None
     for index, length in enumerate(stage_lengths(config)):
@@ -38,7 +40,11 @@ def stage_configs(config: JobConfig, output_dir: str | Path | None = None) -> li
         raw["search"]["stages"] = []
         raw["search"]["seed_files"] = [*config.search.seed_files, *([str(previous)] if previous else [])]
         previous = stage_dir(root, index, length)
-        configs.append(JobConfig.model_validate({**raw, "target_length": length, "output_dir": str(previous)}))
+        try:
+            configs.append(JobConfig.model_validate({**raw, "target_length": length, "output_dir": str(previous)}))
+        except ValidationError as exc:
+            message = describe_errors(exc, f"search.stages: stage {index + 1} at {length} tokens")
+            raise JobConfigError(message) from None
     return configs
 
 

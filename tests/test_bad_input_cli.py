@@ -608,6 +608,39 @@ CASES = [
         id="stage-at-target",
     ),
     pytest.param(
+        lambda t: search(t, base(t, search={"space": "longrope2", "length_scale": 6, "stages": [512]})),
+        "search.stages: stage 2 at 1024 tokens: search.length_scale: must be >= target/original (8), got 6",
+        id="stage-space-fails-only-at-the-last-stage",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"stages": [100]})),
+        "search.stages: stage 1 at 100 tokens: target_length: must be greater than original_length (128), got 100",
+        id="stage-below-original-length",
+    ),
+    pytest.param(
+        lambda t: search(t, base(t, search={"stages": [256], "n_hat": {"enabled": True, "choices": [0, 512]}})),
+        "search.stages: stage 1 at 256 tokens: search.n_hat.choices: every choice must be < target_length (256)",
+        id="stage-shorter-than-n-hat",
+    ),
+    pytest.param(
+        lambda t: search(
+            t, base(t, data={"objective": "tail"}, search={"factor": "short", "long_factors": str(t / "f.json")})
+        ),
+        "data.objective: 'tail' counts positions past original_length",
+        id="short-factor-with-tail",
+    ),
+    pytest.param(
+        lambda t: search(
+            t,
+            base(
+                t,
+                search={"factor": "short", "long_factors": "f.json", "attention_factor": {"mode": "searched"}},
+            ),
+        ),
+        "search.attention_factor.mode: a short-factor search keeps the long factors' attention factor",
+        id="short-factor-with-searched-attention",
+    ),
+    pytest.param(
         lambda t: search(t, base(t, search={"factor": "short"})),
         "search.long_factors: factor 'short' needs the long factors it keeps",
         id="short-without-long-factors",

@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 from transformers import AutoModelForCausalLM
 
-from longrope.search.export import factors_file_of_run
+from longrope.search.export import ExportError, factors_file_of_run, write_export
 from longrope.search.job_config import load_job_config
 from longrope.search.job_context import JobContext
 from longrope.search.jobs import run_search
@@ -66,6 +66,9 @@ def test_progressive_stages_seed_each_stage_from_the_last_and_resume_at_any_stag
             seeds[f"{name}@{length}"]["factors"], np.minimum(moved, 1.25 * length / 128), atol=0.005 + 1e-9
         )
     assert factors_file_of_run(RunDir(out)) == factors_file_of_run(RunDir(folders[-1]))
+    # the job directory as another search's seed: its last stage's best
+    seed = JobContext.resolve(config).seed_from_file(str(out))
+    assert seed.factors.tolist() == stage_best[-1]["factors"]
     # a lost last stage is searched again from the stage before it, to the same result
     shutil.rmtree(folders[-1])
     assert run_search(None, resume_dir=out, show_progress=False, console=Console(quiet=True)) == best
@@ -97,6 +100,12 @@ def test_short_factor_search_keeps_the_long_factors_and_matches_transformers_sho
     assert exported.long_factor == kept["long_factor"]
     assert exported.attention_factor == pytest.approx(kept["attention_factor"])
     np.testing.assert_allclose(exported.short_factor, best["factors"])
+    # as another search's seed, a short-factor run gives the long factors it kept, not its short ones
+    seed = JobContext.resolve(config).seed_from_file(str(short_run))
+    assert seed.factors.tolist() == kept["long_factor"]
+    if exported.short_factor != [1.0] * len(exported.short_factor):
+        with pytest.raises(ExportError, match="--format csv"):
+            write_export(factors_file_of_run(RunDir(short_run)), tmp_path / "f.csv", "csv")
     history = RunDir(short_run).read_history().values()
     ones = next(r for r in history if r.get("seed") == "ones")
     assert best["mean_nll"] <= ones["mean_nll"]
@@ -128,5 +137,6 @@ def test_search_scores_each_candidate_by_its_objective(objective, tokens, tmp_pa
         if tokens is not None:
             assert record["tokens"] == tokens
         else:
-            assert record["tokens"][:3] == [1024] * 3 and record["tokens"][3:] == [7] * 3
+            # interleaved: perplexity, needle, perplexity, ...; a needle counts " " + 7 digits
+            assert record["tokens"][::2] == [1024] * 3 and record["tokens"][1::2] == [8] * 3
         assert record["mean_nll"] == pytest.approx(mix.mean_nll(record["nll"], record["tokens"]))

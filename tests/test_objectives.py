@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from longrope.encodings import RopeMethod
-from longrope.search.needle_report import wilson_interval
+from longrope.search.intervals import wilson_interval
 from longrope.search.objective import ObjectiveMix
 from longrope.workers.corpus import corpus_documents
 from longrope.workers.documents import read_source
@@ -20,7 +20,7 @@ from longrope.workers.needles import KEY_SENTENCE, depth_spread, make_needle, ne
 from longrope.workers.reference_model import reference_model_dir
 from longrope.workers.scorer import Scorer
 from longrope.workers.tokenization import TextTokenizer
-from longrope.workers.windows import concat_windows, load_windows
+from longrope.workers.windows import interleave_windows, load_windows
 
 BYTES = TextTokenizer("bytes")
 IGNORE = -100  # transformers' ignore_index for labels
@@ -65,7 +65,11 @@ def test_needle_window_is_exact_length_ends_in_the_answer_and_hides_the_number_a
     assert len({n.number for n in needles}) == 5
     for needle in needles:
         assert needle.tokens.shape == (400,)
-        assert tokenizer.decode(needle.tokens[needle.answer_start :]) == needle.number
+        # the answer's tokens are the number's tokens inside the key sentence (a BPE splits both alike)
+        answer = needle.tokens[needle.answer_start :].tolist()
+        key_tokens = needle.tokens[needle.key_start : needle.answer_start].tolist()
+        assert any(key_tokens[i : i + len(answer)] == answer for i in range(len(key_tokens)))
+        assert tokenizer.decode(needle.tokens[needle.answer_start :]) == " " + needle.number
         assert len(needle.number) == 7
         text = tokenizer.decode(needle.tokens)
         assert text.count(needle.number) == 2  # once hidden, once as the answer
@@ -84,7 +88,7 @@ def test_needle_goes_to_the_break_nearest_its_depth():
         len(BYTES.encode(piece))
         for piece in ("A number is hidden in this text.\n", KEY_SENTENCE.format(number="1234567"))
     )
-    length += len(BYTES.encode("\nWhat is the number? The number is ")) + 7
+    length += len(BYTES.encode("\nWhat is the number? The number is 1234567"))
     needle = make_needle(haystack, BYTES, length=length, depth=0.35, number="1234567")
     preamble = len(BYTES.encode("A number is hidden in this text.\n"))
     assert needle.key_start == preamble + 30
@@ -152,8 +156,8 @@ def test_zero_misses_is_exactly_greedy_decoding_returning_the_number(reference, 
     for needle, missed in zip(needles, score.misses, strict=True):
         prompt = torch.from_numpy(needle.tokens[: needle.answer_start])[None]
         with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=7, do_sample=False, pad_token_id=0)
-        retrieved = BYTES.decode(out[0, prompt.shape[1] :].numpy()) == needle.number
+            out = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        retrieved = BYTES.decode(out[0, prompt.shape[1] :].numpy()) == " " + needle.number
         assert retrieved == (missed == 0)
 
 
@@ -176,15 +180,16 @@ def test_windows_cache_keeps_masks_and_keys_each_objective_apart(tmp_path):
         assert again.content_hash == windows.content_hash
     np.testing.assert_array_equal(made["tail"].tokens, made["perplexity"].tokens)
     assert made["tail"].content_hash != made["perplexity"].content_hash
-    mixed = concat_windows([made["perplexity"], made["needle"]])
-    assert mixed.window_objectives == ("perplexity", "perplexity", "needle", "needle")
-    assert mixed.loss_mask[:2].all() and mixed.loss_mask[2:].sum() == made["needle"].loss_mask.sum()
+    mixed = interleave_windows([made["perplexity"], made["needle"]])
+    assert mixed.window_objectives == ("perplexity", "needle", "perplexity", "needle")
+    np.testing.assert_array_equal(mixed.tokens[1::2], made["needle"].tokens)
+    assert mixed.loss_mask[::2].all() and mixed.loss_mask[1::2].sum() == made["needle"].loss_mask.sum()
 
 
 def test_objective_mix_weighs_each_objective_by_its_weight_not_its_tokens():
     mix = ObjectiveMix.of({"perplexity": 3.0, "needle": 1.0}, 2)
-    assert mix.objectives == ("perplexity", "perplexity", "needle", "needle")
-    nll, tokens = [100.0, 300.0, 14.0, 7.0], [100, 100, 7, 7]
+    assert mix.objectives == ("perplexity", "needle", "perplexity", "needle")
+    nll, tokens = [100.0, 14.0, 300.0, 7.0], [100, 7, 100, 7]
     perplexity_mean, needle_mean = 400.0 / 200, 21.0 / 14
     assert mix.mean_nll(nll, tokens) == pytest.approx((3 * perplexity_mean + 1 * needle_mean) / 4)
     assert ObjectiveMix.single(4).mean_nll(nll, tokens) == pytest.approx(sum(nll) / sum(tokens))
@@ -200,3 +205,20 @@ def test_wilson_interval_by_hand():
     half = z * math.sqrt(2.5 + z * z / 4) / (10 + z * z)
     assert (share, low, high) == (0.5, pytest.approx(0.5 - half), pytest.approx(0.5 + half))
     assert wilson_interval(10, 10)[2] == 1.0
+
+
+def test_racing_a_mix_weighs_each_window_by_its_objective():
+    """Worse by 0.02 nats on perplexity windows, better by 1.0 on needle windows, weights 1:1: the mix says
+    better (-0.49), so racing must not stop it; unweighted perplexity-first racing did (seen in review)."""
+    from longrope.search.job_config import RacingConfig
+    from longrope.search.racing import clearly_worse
+
+    mix = ObjectiveMix.of({"perplexity": 1.0, "needle": 1.0}, 4)
+    assert mix.racing_weights() == [1.0] * 8
+    parent = [3.0, 2.5, 3.1, 2.4, 2.9, 2.6, 3.0, 2.5]
+    child = [v + (0.02 if kind == "perplexity" else -1.0) for v, kind in zip(parent, mix.objectives, strict=True)]
+    racing = RacingConfig(enabled=True, z=2.0, min_windows=3)
+    ones = [1] * 8
+    assert not clearly_worse(child[:4], ones[:4], parent, ones, racing, mix.racing_weights())
+    heavy = ObjectiveMix.of({"perplexity": 9.0, "needle": 1.0}, 4)
+    assert heavy.racing_weights()[:2] == [pytest.approx(1.8), pytest.approx(0.2)]

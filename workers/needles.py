@@ -7,7 +7,9 @@ nearest a depth, a preamble saying a number is hidden, and at the end a question
 number. Every label but the answer number's tokens is ignored, so the loss is the NLL of the retrieval.
 
 The pieces are tokenized one by one and concatenated, so the answer's tokens are known exactly with any
-tokenizer (bytes or a model's own); a window is exactly `length` tokens, the answer its last tokens.
+tokenizer (bytes or a model's own); a window is exactly `length` tokens, the answer its last tokens. The
+answer is " " + number (the question ends before the space), which a BPE tokenizer splits as it splits the
+number inside the key sentence (" 2", "5", ...), so the needle holds the very tokens the answer must copy.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from longrope.workers.tokenization import TextTokenizer
 # Short on purpose: at the reference model's 128 bytes the haystack must still hold text.
 PREAMBLE = "A number is hidden in this text.\n"
 KEY_SENTENCE = "\nThe number is {number}.\n"
-QUESTION = "\nWhat is the number? The number is "
+QUESTION = "\nWhat is the number? The number is"
+ANSWER = " {number}"
 NUMBER_LOW, NUMBER_HIGH = 1_000_000, 10_000_000  # 7 digits
 NUMBER_SLACK = 8  # document tokens kept beyond the room of the longest number
 
@@ -46,7 +49,7 @@ def depth_spread(count: int) -> list[float]:
 def needle_overhead(tokenizer: TextTokenizer) -> int:
     """Tokens a needle window spends on anything but the document (the longest number's tokens included)."""
     number = "9" * len(str(NUMBER_HIGH - 1))
-    pieces = (PREAMBLE, KEY_SENTENCE.format(number=number), QUESTION, number)
+    pieces = (PREAMBLE, KEY_SENTENCE.format(number=number), QUESTION, ANSWER.format(number=number))
     return sum(len(tokenizer.encode(piece)) for piece in pieces)
 
 
@@ -54,7 +57,7 @@ def make_needle(haystack: np.ndarray, tokenizer: TextTokenizer, *, length: int, 
     """A window of `length` tokens: preamble, the start of `haystack` with the key sentence inserted after the
     break nearest `depth` of it, the question, the answer. `haystack` must hold enough tokens."""
     pre, key = tokenizer.encode(PREAMBLE), tokenizer.encode(KEY_SENTENCE.format(number=number))
-    question, answer = tokenizer.encode(QUESTION), tokenizer.encode(number)
+    question, answer = tokenizer.encode(QUESTION), tokenizer.encode(ANSWER.format(number=number))
     room = length - len(pre) - len(key) - len(question) - len(answer)
     if room < 1:
         raise DataError(
@@ -70,12 +73,19 @@ def make_needle(haystack: np.ndarray, tokenizer: TextTokenizer, *, length: int, 
 
 
 def _break_nearest(text: np.ndarray, tokenizer: TextTokenizer, depth: float) -> int:
-    """The index just after the newline token nearest `depth` of `text` (the depth itself when none)."""
+    """The index just after the newline token nearest `depth` of `text` (the depth itself when none). Depth 0
+    lands after the first line break, not before the text: the shipped reference model was trained so, and
+    its recipe must reproduce it."""
     target = round(depth * len(text))
     breaks = np.flatnonzero(tokenizer.newline_mask(text)) + 1
     if len(breaks) == 0:
         return target
     return int(breaks[np.argmin(np.abs(breaks - target))])
+
+
+def needle_format() -> str:
+    """The templates' identity, part of the windows cache key: changed templates never reuse old windows."""
+    return "|".join((PREAMBLE, KEY_SENTENCE, QUESTION, ANSWER))
 
 
 def needle_windows(

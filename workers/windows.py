@@ -21,10 +21,10 @@ import numpy as np
 from longrope.workers.atomic_files import atomic_file
 from longrope.workers.documents import TextDocument
 from longrope.workers.errors import DataError
-from longrope.workers.needles import needle_windows
+from longrope.workers.needles import needle_format, needle_windows
 from longrope.workers.tokenization import TextTokenizer
 
-OBJECTIVE_KINDS = ("perplexity", "tail", "needle")
+OBJECTIVES = ("perplexity", "tail", "needle")
 
 
 @dataclass(frozen=True)
@@ -55,16 +55,18 @@ class Windows:
         return np.ones((self.tokens.shape[0], self.tokens.shape[1] - 1), dtype=bool)
 
 
-def concat_windows(parts: list[Windows]) -> Windows:
-    """One set of windows from several (an objective mix): tokens stacked, masks and objectives kept."""
+def interleave_windows(parts: list[Windows]) -> Windows:
+    """One set of windows from several of equal count (an objective mix), interleaved: window k of each part in
+    order, then window k + 1 (the order `search.objective.ObjectiveMix.of` states); masks and objectives kept."""
     if len(parts) == 1:
         return parts[0]
+    order = [(p, k) for k in range(len(parts[0].tokens)) for p in range(len(parts))]
     return Windows(
-        tokens=np.concatenate([part.tokens for part in parts]),
-        names=tuple(name for part in parts for name in part.names),
-        offsets=tuple(offset for part in parts for offset in part.offsets),
-        loss_mask=np.concatenate([part.mask_or_all() for part in parts]),
-        objectives=tuple(kind for part in parts for kind in part.window_objectives),
+        tokens=np.stack([parts[p].tokens[k] for p, k in order]),
+        names=tuple(parts[p].names[k] for p, k in order),
+        offsets=tuple(parts[p].offsets[k] for p, k in order),
+        loss_mask=np.stack([parts[p].mask_or_all()[k] for p, k in order]),
+        objectives=tuple(parts[p].window_objectives[k] for p, k in order),
     )
 
 
@@ -103,8 +105,10 @@ def windows_key(
 ) -> str:
     """Plain perplexity windows keep the key they always had (existing caches stay valid)."""
     head = f"{tokenizer.identity}|{length}|{count}|{seed}"
-    if objective != "perplexity":
-        head += f"|{objective}|{original_length if objective == 'tail' else ''}"
+    if objective == "tail":
+        head += f"|tail|{original_length}"
+    elif objective == "needle":
+        head += f"|needle|{needle_format()}"
     digest = hashlib.sha256(head.encode())
     for doc in documents:
         digest.update(doc.name.encode() + b"\0" + doc.text.encode("utf-8", errors="surrogatepass") + b"\0")
@@ -124,8 +128,8 @@ def load_windows(
 ) -> Windows:
     """Windows for a job and one objective (`original_length` is where a tail starts), from the cache when the
     same inputs were tokenized before."""
-    if objective not in OBJECTIVE_KINDS:
-        raise DataError(f"data.objective: unknown objective {objective!r}; expected one of {OBJECTIVE_KINDS}")
+    if objective not in OBJECTIVES:
+        raise DataError(f"data.objective: unknown objective {objective!r}; expected one of {OBJECTIVES}")
     key = windows_key(
         documents,
         tokenizer,
