@@ -107,13 +107,14 @@ def check_output_path(out: Path, flag: str = "-o") -> None:
 
 def write_export(factors: FactorsFile, out: Path, fmt: str) -> None:
     check_output_path(out)
-    if fmt == "csv" and factors.rope_parameters.short_factor != [1.0] * len(factors.rope_parameters.short_factor):
-        raise ExportError(
-            "--format csv: the LongRoPE release's CSV holds one list of factors (the long ones), and these "
-            "factors have searched short factors too; export JSON instead"
-        )
+    block = factors.rope_parameters
     if fmt == "csv":
-        write_text_atomic(out, "\n".join(repr(float(v)) for v in factors.rope_parameters.long_factor) + "\n")
+        if any(v != 1.0 for v in block.short_factor):
+            raise ExportError(
+                "--format csv: the LongRoPE release's CSV holds one list of factors (the long ones), and these "
+                "factors have searched short factors too; export JSON instead"
+            )
+        write_text_atomic(out, "\n".join(repr(float(v)) for v in block.long_factor) + "\n")
     else:
         write_json_atomic(out, factors.model_dump(mode="json", exclude_none=True))
 

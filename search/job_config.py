@@ -67,9 +67,12 @@ class DataConfig(Strict):
             raise ValueError("must be an objective name or a mapping of objective names to weights")
         return value
 
+    def _given_weights(self) -> dict[str, float]:
+        return self.objective if isinstance(self.objective, dict) else {self.objective: 1.0}
+
     @model_validator(mode="after")
     def _objective(self) -> DataConfig:
-        weights = self.objective if isinstance(self.objective, dict) else {self.objective: 1.0}
+        weights = self._given_weights()
         unknown = [name for name in weights if name not in OBJECTIVES]
         if unknown:
             raise ValueError(f"objective: unknown objective {unknown[0]!r} (expected one of {', '.join(OBJECTIVES)})")
@@ -82,7 +85,7 @@ class DataConfig(Strict):
 
     def objective_weights(self) -> dict[str, float]:
         """The objectives with a positive weight, in a fixed order (perplexity, tail, needle)."""
-        weights = self.objective if isinstance(self.objective, dict) else {self.objective: 1.0}
+        weights = self._given_weights()
         return {name: float(weights[name]) for name in OBJECTIVES if weights.get(name, 0) > 0}
 
 

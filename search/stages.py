@@ -53,13 +53,16 @@ def is_staged(run_dir: RunDir) -> bool:
     return run_dir.file(CONFIG).is_file() and bool(run_dir.read_config().search.stages)
 
 
+def stage_run_dirs(run_dir: RunDir) -> list[RunDir]:
+    """A staged job's stage directories, in order, started or not."""
+    lengths = stage_lengths(run_dir.read_config())
+    return [RunDir(stage_dir(run_dir.path, k, n)) for k, n in enumerate(lengths)]
+
+
 def last_stage(run_dir: RunDir) -> RunDir:
     """The run directory export and compare read for a staged job: the last stage, once it has started."""
-    lengths = stage_lengths(run_dir.read_config())
-    return RunDir(stage_dir(run_dir.path, len(lengths) - 1, lengths[-1]))
+    return stage_run_dirs(run_dir)[-1]
 
 
 def started_stages(run_dir: RunDir) -> list[RunDir]:
-    config = run_dir.read_config()
-    folders = [RunDir(stage_dir(run_dir.path, k, n)) for k, n in enumerate(stage_lengths(config))]
-    return [folder for folder in folders if folder.file(CONFIG).is_file()]
+    return [folder for folder in stage_run_dirs(run_dir) if folder.file(CONFIG).is_file()]

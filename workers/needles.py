@@ -83,6 +83,15 @@ def _break_nearest(text: np.ndarray, tokenizer: TextTokenizer, depth: float) -> 
     return int(breaks[np.argmin(np.abs(breaks - target))])
 
 
+def answer_mask(needles: list[Needle]) -> np.ndarray:
+    """[count, length - 1] bool: the predictions of each needle's answer tokens (position t predicts token t + 1),
+    the loss mask of a needle window."""
+    mask = np.zeros((len(needles), len(needles[0].tokens) - 1), dtype=bool)
+    for row, needle in enumerate(needles):
+        mask[row, needle.answer_start - 1 :] = True
+    return mask
+
+
 def needle_format() -> str:
     """The templates' identity, part of the windows cache key: changed templates never reuse old windows."""
     return "|".join((PREAMBLE, KEY_SENTENCE, QUESTION, ANSWER))

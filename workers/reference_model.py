@@ -21,7 +21,8 @@ import torch
 
 from longrope.workers.byte_tokenizer import BYTE_VOCAB_SIZE, encode_bytes
 from longrope.workers.corpus import Split, corpus_documents, corpus_provenance
-from longrope.workers.needles import NUMBER_HIGH, NUMBER_LOW, make_needle, needle_windows
+from longrope.workers.needles import NUMBER_HIGH, NUMBER_LOW, answer_mask, make_needle, needle_windows
+from longrope.workers.scorer import chunked_loss
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 
 REFERENCE_MODEL_DIR = Path(__file__).resolve().parent / "reference_model"
@@ -92,18 +93,15 @@ def _batch(stream: np.ndarray, rng: np.random.Generator, recipe: TrainingRecipe)
 
 @torch.no_grad()
 def needle_retrieval(model, documents: list[np.ndarray], length: int, count: int = 64) -> dict[str, float]:
-    """Exact-match accuracy and mean answer NLL of `count` held-out needle windows of `length` tokens. Greedy
-    decoding returns the number exactly when every answer token is the argmax given the true prefix (induction
-    on the answer's tokens), so one teacher-forced forward decides it."""
+    """Exact-match accuracy and mean answer NLL of `count` held-out needle windows of `length` tokens, by the
+    scorer's own rule (`scorer.chunked_loss`): a needle is retrieved when none of its answer tokens misses the
+    argmax given the true prefix, which is exactly when greedy decoding returns the number."""
     needles, _, _ = needle_windows(documents, BYTES, length=length, count=count, seed=0)
-    hits, nll = 0, []
-    for needle in needles:
-        tokens = torch.from_numpy(needle.tokens)[None]
-        logits = model(input_ids=tokens).logits[0, needle.answer_start - 1 : -1].float()
-        answer = tokens[0, needle.answer_start :]
-        hits += bool((logits.argmax(-1) == answer).all())
-        nll.append(float(torch.nn.functional.cross_entropy(logits, answer)))
-    return {"accuracy": hits / len(needles), "answer_nll": float(np.mean(nll))}
+    tokens = torch.from_numpy(np.stack([needle.tokens for needle in needles]))
+    mask = torch.from_numpy(answer_mask(needles))
+    hidden = model.model(input_ids=tokens[:, :-1]).last_hidden_state
+    nll, misses = chunked_loss(hidden, tokens[:, 1:], model.lm_head, chunk_tokens=8192, loss_mask=mask)
+    return {"accuracy": float((misses == 0).double().mean()), "answer_nll": float((nll / mask.sum(dim=1)).mean())}
 
 
 def _learning_rate(recipe: TrainingRecipe, step: int) -> float:

@@ -21,7 +21,7 @@ import numpy as np
 from longrope.workers.atomic_files import atomic_file
 from longrope.workers.documents import TextDocument
 from longrope.workers.errors import DataError
-from longrope.workers.needles import needle_format, needle_windows
+from longrope.workers.needles import answer_mask, needle_format, needle_windows
 from longrope.workers.tokenization import TextTokenizer
 
 OBJECTIVES = ("perplexity", "tail", "needle")
@@ -163,14 +163,11 @@ def _needle_windows(
     token_docs: list[np.ndarray], names: list[str], tokenizer: TextTokenizer, *, length: int, count: int, seed: int
 ) -> Windows:
     needles, chosen, offsets = needle_windows(token_docs, tokenizer, length=length, count=count, seed=seed)
-    mask = np.zeros((count, length - 1), dtype=bool)
-    for row, needle in enumerate(needles):
-        mask[row, needle.answer_start - 1 :] = True  # position t predicts token t + 1
     return Windows(
         tokens=np.stack([needle.tokens for needle in needles]),
         names=tuple(names[i] for i in chosen),
         offsets=tuple(offsets),
-        loss_mask=mask,
+        loss_mask=answer_mask(needles),
         objectives=("needle",) * count,
     )
 
