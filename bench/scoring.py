@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 from longrope.encodings import LongRope
 from longrope.workers.models import load_model
-from longrope.workers.reference_model import reference_model_dir
+from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from longrope.encodings.interface import EncodingKind
+# how an encoding enters a decoder block: added to embeddings, rotating q/k, biasing the logits, or not at all
+EncodingKind = Literal["additive", "rotary", "bias", "none"]
 
 
 @dataclass(frozen=True)

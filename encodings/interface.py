@@ -11,15 +11,14 @@ Tensors: embeddings `x` are [B, T, d_model]; queries and keys are [B, H, T, head
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from longrope.encodings.catalog import EncodingKind
 from longrope.encodings.rope_methods import RopeMethod
 from longrope.encodings.rotary import Layout, apply_rotary
-
-EncodingKind = Literal["additive", "rotary", "bias", "none"]
 
 
 class PositionalEncoding(nn.Module):

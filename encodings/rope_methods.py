@@ -13,10 +13,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from longrope.encodings.errors import EncodingConfigError
+from longrope.encodings.lazy_import import torch
 from longrope.encodings.rotary import Layout, default_inv_freq, rotary_cos_sin, rotary_dim_for
 
 # Fields that describe the model the encoding is attached to, not the `rope_parameters` block.
@@ -261,6 +261,14 @@ class LongRope(RopeMethod):
     `s = factor` (or max_position_embeddings / L0 when `factor` is absent, the Phi-3 convention). `n_hat` is
     this project's extension from the paper: the first `n_hat` positions keep the original frequencies;
     transformers and vLLM do not know it and ignore it.
+
+    The two runtimes read different keys for the cos/sin scale (transformers 5.x
+    `_compute_longrope_parameters`; vLLM 0.33 `Phi3LongRoPEScaledRotaryEmbedding`):
+    - transformers: `attention_factor` (default above), the same in both regimes; it ignores the mscales.
+    - vLLM: `short_mscale` / `long_mscale`, each defaulting to `sqrt(1 + ln(P / L0) / ln L0)` with
+      P = max_position_embeddings (1 when P <= L0); it ignores `attention_factor` and `factor`.
+    This class computes what transformers applies (`attention_factor`, used by the scorer) and what vLLM applies
+    (`vllm_mscale`); `for_both_runtimes` states one scale in every key, so both apply the same cos/sin.
     """
 
     rope_type: ClassVar[str] = "longrope"
@@ -270,12 +278,16 @@ class LongRope(RopeMethod):
         "original_max_position_embeddings",
         "factor",
         "attention_factor",
+        "short_mscale",
+        "long_mscale",
     )
     short_factor: list[float]
     long_factor: list[float]
     original_max_position_embeddings: int = Field(gt=0)
     factor: float | None = Field(default=None, gt=0.0)
     attention_factor_override: float | None = Field(default=None, gt=0.0, alias="attention_factor")
+    short_mscale: float | None = Field(default=None, gt=0.0)  # vLLM's cos/sin scale, short regime
+    long_mscale: float | None = Field(default=None, gt=0.0)  # vLLM's cos/sin scale, long regime
     n_hat_positions: int = Field(default=0, ge=0, alias="n_hat")
 
     @model_validator(mode="after")
@@ -339,6 +351,47 @@ class LongRope(RopeMethod):
         if self.scale <= 1.0:
             return 1.0
         return math.sqrt(1 + math.log(self.scale) / math.log(self.original_max_position_embeddings))
+
+    def vllm_mscale(self, *, long: bool) -> float:
+        """The cos/sin scale vLLM applies in one regime: the block's `long_mscale` / `short_mscale`, else
+        `sqrt(1 + ln(P / L0) / ln L0)` with P = max_position_embeddings (1 when P <= L0); vLLM never reads
+        `attention_factor` or `factor`."""
+        given = self.long_mscale if long else self.short_mscale
+        if given is not None:
+            return given
+        ratio = self.max_position_embeddings / self.original_max_position_embeddings
+        if ratio <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(ratio) / math.log(self.original_max_position_embeddings))
+
+    def for_both_runtimes(self) -> LongRope:
+        """The same encoding with its scale in every key both runtimes read: `factor`, `attention_factor`, and
+        `short_mscale` = `long_mscale` = the attention factor transformers applies (in both regimes). vLLM then
+        scales cos/sin exactly as transformers does, searched or non-default attention factors included."""
+        scale = self.attention_factor
+        return self.model_copy(
+            update={
+                "factor": self.scale,
+                "attention_factor_override": scale,
+                "short_mscale": scale,
+                "long_mscale": scale,
+            }
+        )
+
+    def vllm_regime(self) -> LongRope:
+        """What a vLLM engine with `max_model_len > original_max_position_embeddings` applies at every length:
+        the long factors and `long_mscale`, for short prompts too (vLLM fixes the regime once per engine, to
+        keep its KV cache valid; transformers switches per forward). vLLM ignores `n_hat`."""
+        long_scale = self.vllm_mscale(long=True)
+        return self.model_copy(
+            update={
+                "short_factor": list(self.long_factor),
+                "attention_factor_override": long_scale,
+                "short_mscale": long_scale,
+                "long_mscale": long_scale,
+                "n_hat_positions": 0,
+            }
+        )
 
     @property
     def n_hat(self) -> int:

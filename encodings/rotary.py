@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
-
 from longrope.encodings.errors import EncodingConfigError
+from longrope.encodings.lazy_import import torch
 
 Layout = Literal["rotate_half", "interleaved"]
 LAYOUTS: tuple[Layout, ...] = ("rotate_half", "interleaved")

@@ -8,12 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from longrope.search.compare import default_lengths, markdown_table, run_compare
 from longrope.search.export import factors_file_of_run, write_export, write_into_model
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
-from longrope.search.job_context import JobContext
-from longrope.search.jobs import run_search
-from longrope.search.needle_report import needle_table
 from longrope.search.run_store import CONFIG, RunDir
 from longrope.search.status import format_status, run_status
 
@@ -57,6 +53,8 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    from longrope.search.job_context import JobContext  # the model check needs torch (meta device), not Ray
+
     config = load_job_config(args.config, args.set)
     context = JobContext.resolve(config)
     context.seeds()
@@ -74,6 +72,8 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_search_command(args: argparse.Namespace) -> int:
+    from longrope.search.jobs import run_search  # Ray and the scorer: only for the commands that score
+
     if not args.config and not args.resume:
         raise JobConfigError("search: give a CONFIG, or --resume RUN_DIR")
     config = load_job_config(args.config, args.set) if args.config else _resume_overrides(args.resume, args.set)
@@ -127,6 +127,10 @@ def run_export_command(args: argparse.Namespace) -> int:
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
+    from longrope.search.compare import default_lengths, markdown_table, run_compare
+    from longrope.search.job_context import JobContext
+    from longrope.search.needle_report import needle_table
+
     config = load_job_config(args.config, args.set)
     context = JobContext.resolve(config)
     lengths = _parse_lengths(args.lengths) or default_lengths(context.original_length, context.target_length)

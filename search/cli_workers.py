@@ -7,7 +7,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from longrope.workers.reference_model import TrainingRecipe, train_reference
+from longrope.workers.reference_recipe import TrainingRecipe
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train_reference(args: argparse.Namespace) -> int:
+    from longrope.workers.reference_model import train_reference  # torch: only when training
+
     recipe = TrainingRecipe(**{field.name: getattr(args, field.name) for field in fields(TrainingRecipe)})
     summary = train_reference(args.out, recipe, log=lambda line: print(line, flush=True))
     print(json.dumps(summary["metrics"], indent=2))

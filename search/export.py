@@ -8,9 +8,8 @@ import shutil
 import time
 from pathlib import Path
 
-from longrope.encodings import LongRope
 from longrope.search.factors_file import FactorsFile, LongRopeParameters, Provenance
-from longrope.search.job_record import JobRecord, read_job_record
+from longrope.search.job_record import read_job_record
 from longrope.search.run_store import (
     CONFIG,
     RunDir,
@@ -30,23 +29,6 @@ class ExportError(ValueError):
     """The run cannot be exported as asked."""
 
 
-def best_as_longrope(best: dict, job: JobRecord) -> LongRope:
-    """A history record as a LongRoPE encoding, with the model shape recorded in the run's job.json; a
-    short-factor run's record holds the short factors, beside the long ones job.json kept."""
-    short = job.factor == "short"
-    return LongRope.from_factors(
-        job.long_factor if short else best["factors"],
-        short_factor=best["factors"] if short else None,
-        head_dim=job.head_dim,
-        original_length=job.original_length,
-        target_length=job.target_length,
-        rope_theta=job.rope_theta,
-        partial_rotary_factor=job.partial_rotary_factor,
-        attention_factor=best["attention_factor"],
-        n_hat=best["n_hat"],
-    )
-
-
 def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> FactorsFile:
     """The run's best candidate (the lowest mean NLL in history.jsonl, the rule status uses too) as a factors file;
     for a progressive job, the last stage's."""
@@ -61,14 +43,14 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
     best = best_of(history)
     if best is None:
         raise ExportError(f"{run_dir.path}: no candidate has a finite score yet; nothing to export")
-    method = best_as_longrope(best, job)
+    method = job.candidate(best)
     if method.n_hat and not allow_n_hat:
         raise ExportError(
             f"best candidate has n_hat = {method.n_hat}, which transformers and vLLM cannot express; "
             "pass --allow-n-hat to export it anyway (they will ignore n_hat)"
         )
     state = run_dir.read_state() or {}
-    block = method.to_hf()
+    block = method.for_both_runtimes().to_hf()
     block.pop("n_hat", None)
     return FactorsFile(
         rope_parameters=LongRopeParameters.model_validate(block),

@@ -22,7 +22,12 @@ def package_version() -> str:
 
 
 class LongRopeParameters(BaseModel):
-    """The transformers / vLLM `rope_parameters` block for searched (or closed-form) per-pair factors."""
+    """The transformers / vLLM `rope_parameters` block for searched (or closed-form) per-pair factors.
+
+    The cos/sin scale is written for both runtimes: transformers reads `attention_factor` (else derives it from
+    `factor`), vLLM 0.33 reads `short_mscale` / `long_mscale` and ignores the other two. Our exports write all
+    four with one value (`LongRope.for_both_runtimes`); files without the mscales (older exports, Phi-3 configs)
+    are still read."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -33,6 +38,8 @@ class LongRopeParameters(BaseModel):
     original_max_position_embeddings: int = Field(gt=0)
     factor: float = Field(gt=0.0)
     attention_factor: float = Field(gt=0.0)
+    short_mscale: float | None = Field(default=None, gt=0.0)
+    long_mscale: float | None = Field(default=None, gt=0.0)
     partial_rotary_factor: float | None = Field(default=None, gt=0.0, le=1.0)
 
 
@@ -68,7 +75,7 @@ def factors_file_for(
         rope_theta=method.rope_theta,
         partial_rotary_factor=method.partial_rotary_factor,
         attention_factor=method.attention_factor,
-    )
+    ).for_both_runtimes()
     return FactorsFile(
         rope_parameters=LongRopeParameters.model_validate(longrope.to_hf()),
         max_position_embeddings=target_length,

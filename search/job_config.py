@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from longrope.search.config_yaml import ConfigYamlError, parse_yaml, read_yaml
-from longrope.workers.windows import OBJECTIVES
+from longrope.workers.objective_names import OBJECTIVES
 
 SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
 MAX_LENGTH = 1 << 26  # 67M tokens: past every published context window, far below int32/int64 trouble

@@ -22,13 +22,13 @@ from longrope.encodings import (
 from longrope.search.factors_file import FactorsFile
 from longrope.search.genome import SearchSpace, Seed, resolve_space
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
-from longrope.search.job_record import JOB_FILE, read_job_record
+from longrope.search.job_record import JOB_FILE, RopeShape, read_job_record
 from longrope.search.run_store import RunDir
 from longrope.search.stages import last_stage
 from longrope.workers.documents import read_source
 from longrope.workers.models import check_model, model_rope, read_model_config
 from longrope.workers.pool import ModelSpec, PoolSpec
-from longrope.workers.reference_model import reference_model_dir
+from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 from longrope.workers.windows import Windows, interleave_windows, load_windows
 
@@ -137,20 +137,21 @@ class JobContext:
         parts = [self.windows(source, length, count, objective, cached=cached) for objective in weights]
         return interleave_windows(parts)
 
-    def longrope(
-        self, factors, *, attention_factor: float | None = None, n_hat: int = 0, short_factor=None
-    ) -> LongRope:
-        return LongRope.from_factors(
-            factors,
-            short_factor=short_factor,
-            head_dim=self.method.head_dim,
+    @property
+    def shape(self) -> RopeShape:
+        """The model's RoPE shape and the job's lengths, as job.json records them."""
+        return RopeShape(
             original_length=self.original_length,
             target_length=self.target_length,
             rope_theta=self.method.rope_theta,
+            head_dim=self.method.head_dim,
             partial_rotary_factor=self.method.partial_rotary_factor,
-            attention_factor=attention_factor,
-            n_hat=n_hat,
         )
+
+    def longrope(
+        self, factors, *, attention_factor: float | None = None, n_hat: int = 0, short_factor=None
+    ) -> LongRope:
+        return self.shape.longrope(factors, short_factor=short_factor, attention_factor=attention_factor, n_hat=n_hat)
 
     def baselines(self) -> dict[str, RopeMethod]:
         """The closed-form methods at their nominal settings for this job's scale."""

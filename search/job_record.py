@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from longrope.encodings import LongRope
 from longrope.encodings.rotary import rotary_dim_for
 from longrope.search.run_store import RunDir, RunStoreError, first_error
 
@@ -36,15 +37,42 @@ class WindowsShape(BaseModel):
     tokens: int  # tokens per window: target_length + 1 (n + 1 tokens are read at n positions)
 
 
-class JobRecord(BaseModel):
+class RopeShape(BaseModel):
+    """The model's RoPE shape and the run's lengths: everything a LongRoPE encoding needs besides its factors.
+
+    The one place that turns factors into a `LongRope` for a run (search candidates, export, seeds from runs,
+    compare), so no caller copies the model's shape field by field."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model_dir: str
     original_length: int
     target_length: int
     rope_theta: float
     head_dim: int
     partial_rotary_factor: float
+
+    def longrope(
+        self, factors, *, short_factor=None, attention_factor: float | None = None, n_hat: int = 0
+    ) -> LongRope:
+        """LongRoPE with these long factors at the target length (`factor = target / original`), short factors
+        all ones unless given."""
+        return LongRope.from_factors(
+            factors,
+            short_factor=short_factor,
+            head_dim=self.head_dim,
+            original_length=self.original_length,
+            target_length=self.target_length,
+            rope_theta=self.rope_theta,
+            partial_rotary_factor=self.partial_rotary_factor,
+            attention_factor=attention_factor,
+            n_hat=n_hat,
+        )
+
+
+class JobRecord(RopeShape):
+    """job.json, beside config.json in the run directory: the run as resolved when it started."""
+
+    model_dir: str
     search_windows_hash: str
     search_windows: WindowsShape
     corpus: dict[str, str] | None = None
@@ -53,6 +81,17 @@ class JobRecord(BaseModel):
     factor: Literal["long", "short"] = "long"
     long_factor: list[float] | None = None
     attention_factor: float | None = None
+
+    def candidate(self, record: dict) -> LongRope:
+        """A history record (a candidate of this run) as the encoding it was scored with: a short-factor run's
+        records hold short factors, beside the long factors and attention factor job.json kept."""
+        short = self.factor == "short"
+        return self.longrope(
+            self.long_factor if short else record["factors"],
+            short_factor=record["factors"] if short else None,
+            attention_factor=record["attention_factor"],
+            n_hat=record["n_hat"],
+        )
 
     @property
     def pairs(self) -> int:

@@ -21,7 +21,7 @@ from longrope.search.jobs import run_search
 from longrope.search.objective import ObjectiveMix
 from longrope.search.run_store import RunDir
 from longrope.search.stages import stage_dir
-from longrope.workers.reference_model import reference_model_dir
+from longrope.workers.reference_recipe import reference_model_dir
 
 pytestmark = pytest.mark.slow
 

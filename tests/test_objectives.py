@@ -17,7 +17,7 @@ from longrope.workers.documents import read_source
 from longrope.workers.errors import DataError
 from longrope.workers.models import load_model
 from longrope.workers.needles import KEY_SENTENCE, depth_spread, make_needle, needle_windows
-from longrope.workers.reference_model import reference_model_dir
+from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
 from longrope.workers.tokenization import TextTokenizer
 from longrope.workers.windows import interleave_windows, load_windows

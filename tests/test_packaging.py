@@ -51,7 +51,7 @@ def test_normal_install_works_from_any_directory(wheel, tmp_path):
     )
     probe = (
         "import encodings, json, longrope.encodings as e, longrope.search.cli as cli;"
-        "from longrope.workers.reference_model import reference_model_dir as d;"
+        "from longrope.workers.reference_recipe import reference_model_dir as d;"
         "assert (d() / 'model.safetensors').is_file(), d();"
         "print(json.dumps([encodings.__file__, e.__file__, cli.__file__]))"
     )

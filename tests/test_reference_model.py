@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from longrope.encodings import RopeMethod
 from longrope.workers.documents import read_source
 from longrope.workers.models import load_model
-from longrope.workers.reference_model import TrainingRecipe, reference_model_dir, train_reference
+from longrope.workers.reference_model import train_reference
+from longrope.workers.reference_recipe import TrainingRecipe, reference_model_dir
 from longrope.workers.scorer import Scorer
 from longrope.workers.tokenization import TextTokenizer
 from longrope.workers.windows import load_windows

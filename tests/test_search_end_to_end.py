@@ -24,7 +24,7 @@ from longrope.search.jobs import run_search
 from longrope.search.run_store import RunDir
 from longrope.workers.models import load_model
 from longrope.workers.pool import WorkerPool
-from longrope.workers.reference_model import reference_model_dir
+from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
 
 pytestmark = pytest.mark.slow

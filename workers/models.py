@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from longrope.encodings import EncodingConfigError, RopeMethod, from_hf_config
+from longrope.encodings.lazy_import import torch
 from longrope.workers.errors import ModelLoadError, one_line
 
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")

@@ -74,19 +74,23 @@ class PoolSpec:
 class ScoringWorker:
     """The Ray actor: loads the model once, receives the windows once, then scores batches.
 
+    `windows` is one [count, length] array, or a list of them (window sets of different lengths, e.g. compare's
+    lengths and objectives) with one loss mask each: the sets share one model copy, so a worker loads the model
+    once for all of them. Windows are numbered across the sets in order, and a task's range lies in one set.
+
     A load that fails is kept as `load_error` instead of killing the actor: Ray would restart it into the same
     failure and the caller would only learn that the actor died. Every call then raises it, so the pool
     reports the real cause at once."""
 
-    def __init__(self, spec: ModelSpec, windows: np.ndarray, loss_mask: np.ndarray | None = None):
+    def __init__(self, spec: ModelSpec, windows, loss_mask=None):
         self.load_error: str | None = None
         self.device = "none"
         try:
-            self._load(spec, windows, loss_mask)
+            self._load(spec, *as_window_sets(windows, loss_mask))
         except Exception as exc:  # reported by every call, see the class docstring
             self.load_error = f"{type(exc).__name__}: {one_line(exc)}"
 
-    def _load(self, spec: ModelSpec, windows: np.ndarray, loss_mask: np.ndarray | None) -> None:
+    def _load(self, spec: ModelSpec, windows: list[np.ndarray], loss_masks: list[np.ndarray | None]) -> None:
         import torch
 
         from longrope.workers.models import load_model
@@ -102,16 +106,21 @@ class ScoringWorker:
             trust_remote_code=spec.trust_remote_code,
             config_overrides=spec.config_overrides,
         )
-        self.scorer = Scorer(
-            model,
-            torch.from_numpy(np.asarray(windows)),
-            rope.method.original_inv_freq(),
-            candidates_per_forward=spec.candidates_per_forward,
-            tokens_per_forward=spec.tokens_per_forward,
-            loss_chunk_tokens=spec.loss_chunk_tokens,
-            loss_mask=None if loss_mask is None else torch.from_numpy(np.asarray(loss_mask, dtype=bool)),
-        )
-        self.device = str(self.scorer.device)
+        self.scorers: list[tuple[int, Scorer]] = []  # (first window number, scorer of that set)
+        first = 0
+        for tokens, mask in zip(windows, loss_masks, strict=True):
+            scorer = Scorer(
+                model,
+                torch.from_numpy(np.asarray(tokens)),
+                rope.method.original_inv_freq(),
+                candidates_per_forward=spec.candidates_per_forward,
+                tokens_per_forward=spec.tokens_per_forward,
+                loss_chunk_tokens=spec.loss_chunk_tokens,
+                loss_mask=None if mask is None else torch.from_numpy(np.asarray(mask, dtype=bool)),
+            )
+            self.scorers.append((first, scorer))
+            first += len(tokens)
+        self.device = str(self.scorers[0][1].device)
 
     def ready(self) -> dict:
         self._check_loaded()
@@ -124,13 +133,48 @@ class ScoringWorker:
         ranges = {windows for _, _, windows in batch}
         for windows in sorted(ranges, key=lambda r: (-1, -1) if r is None else r):
             indices = [i for i, task in enumerate(batch) if task[2] == windows]
-            scores = self.scorer.score([batch[i][1] for i in indices], windows=windows)
+            scorer, local = self._scorer_for(windows)
+            scores = scorer.score([batch[i][1] for i in indices], windows=local)
             results.update(zip(indices, scores, strict=True))
         return [(task[0], results[i]) for i, task in enumerate(batch)]
+
+    def _scorer_for(self, windows: WindowRange | None):
+        """The scorer of the set that holds the range, and the range within that set."""
+        if windows is None:
+            if len(self.scorers) != 1:
+                raise ValueError(f"a task without a window range, but the worker holds {len(self.scorers)} sets")
+            return self.scorers[0][1], None
+        start, stop = windows
+        for first, scorer in reversed(self.scorers):
+            if start >= first:
+                if stop > first + scorer.windows.shape[0]:
+                    raise ValueError(f"window range {windows} crosses the end of a window set")
+                return scorer, (start - first, stop - first)
+        raise ValueError(f"window range {windows} starts before the first window")
 
     def _check_loaded(self) -> None:
         if self.load_error is not None:
             raise ModelLoadError(f"worker on {os.uname().nodename} could not load the model: {self.load_error}")
+
+
+def as_window_sets(windows, loss_mask=None) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+    """One window array with its mask, or lists of them, as two lists of equal length."""
+    if isinstance(windows, np.ndarray):
+        return [windows], [loss_mask]
+    windows = list(windows)
+    masks = [None] * len(windows) if loss_mask is None else list(loss_mask)
+    if not windows or len(masks) != len(windows):
+        raise ValueError(f"{len(windows)} window sets and {len(masks)} loss masks")
+    return windows, masks
+
+
+def window_spans(window_sets: Sequence[np.ndarray]) -> list[WindowRange]:
+    """The [start, stop) range of each set in the pool's numbering (sets follow each other in order)."""
+    spans, first = [], 0
+    for tokens in window_sets:
+        spans.append((first, first + len(tokens)))
+        first += len(tokens)
+    return spans
 
 
 CONNECT_TIMEOUT_S = 10.0
@@ -314,13 +358,15 @@ class WorkerPool:
     def __init__(
         self,
         model: ModelSpec,
-        windows: np.ndarray,
+        windows: np.ndarray | Sequence[np.ndarray],
         spec: PoolSpec = PoolSpec(),
         *,
-        loss_mask: np.ndarray | None = None,
+        loss_mask: np.ndarray | Sequence[np.ndarray | None] | None = None,
         worker_class=None,
     ):
-        """`loss_mask` [count, length - 1]: which predictions of each window count (None: all).
+        """`windows` [count, length], or a list of such window sets (each worker loads the model once for all of
+        them; `self.spans` gives each set's range for `submit`). `loss_mask` [count, length - 1], or one per set:
+        which predictions of each window count (None: all).
         `worker_class`: the actor class (ScoringWorker; bench/search_cost.py passes a synthetic one with the
         same constructor and `ready`/`score` methods to measure scheduling without a model)."""
         if spec.num_workers < 1:
@@ -329,8 +375,10 @@ class WorkerPool:
         self.spec = spec
         num_cpus, num_gpus = actor_resources(spec, ray.cluster_resources())
         # Held for the pool's lifetime: a restarted actor is built again from these constructor arguments.
-        self.windows_ref = ray.put(np.ascontiguousarray(windows, dtype=np.int64))
-        self.loss_mask_ref = None if loss_mask is None else ray.put(np.ascontiguousarray(loss_mask, dtype=bool))
+        window_sets, loss_masks = as_window_sets(windows, loss_mask)
+        self.spans = window_spans(window_sets)
+        self.windows_ref = ray.put([np.ascontiguousarray(w, dtype=np.int64) for w in window_sets])
+        self.loss_mask_ref = ray.put([None if m is None else np.ascontiguousarray(m, dtype=bool) for m in loss_masks])
         actor_class = ray.remote(worker_class or ScoringWorker).options(
             num_gpus=num_gpus,
             num_cpus=num_cpus,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -22,34 +22,11 @@ import torch
 from longrope.workers.byte_tokenizer import BYTE_VOCAB_SIZE, encode_bytes
 from longrope.workers.corpus import Split, corpus_documents, corpus_provenance
 from longrope.workers.needles import NUMBER_HIGH, NUMBER_LOW, answer_mask, make_needle, needle_windows
+from longrope.workers.reference_recipe import TrainingRecipe
 from longrope.workers.scorer import chunked_loss
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 
-REFERENCE_MODEL_DIR = Path(__file__).resolve().parent / "reference_model"
 BYTES = TextTokenizer(BYTE_TOKENIZER)
-
-
-@dataclass(frozen=True)
-class TrainingRecipe:
-    seed: int = 0
-    steps: int = 4000
-    batch_size: int = 32
-    train_length: int = 128
-    learning_rate: float = 3e-3
-    warmup_steps: int = 200
-    weight_decay: float = 0.1
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    head_dim: int = 32
-    intermediate_size: int = 384
-    rope_theta: float = 10000.0
-    needle_share: float = 0.3  # share of training windows that carry a needle (0: the first release's recipe)
-
-
-def reference_model_dir() -> Path:
-    """Where the shipped checkpoint lives (inside the installed package)."""
-    return REFERENCE_MODEL_DIR
 
 
 def reference_config(recipe: TrainingRecipe):

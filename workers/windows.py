@@ -22,9 +22,8 @@ from longrope.workers.atomic_files import atomic_file
 from longrope.workers.documents import TextDocument
 from longrope.workers.errors import DataError
 from longrope.workers.needles import answer_mask, needle_format, needle_windows
+from longrope.workers.objective_names import OBJECTIVES
 from longrope.workers.tokenization import TextTokenizer
-
-OBJECTIVES = ("perplexity", "tail", "needle")
 
 
 @dataclass(frozen=True)
