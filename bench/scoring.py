@@ -219,7 +219,8 @@ def bench_memory(tmp: Path) -> None:
 def bench_pool(repeats: int) -> None:
     import ray
 
-    from longrope.workers.pool import ModelSpec, PoolSpec, WorkerPool
+    from longrope.workers.pool import WorkerPool
+    from longrope.workers.specs import ModelSpec, PoolSpec
 
     print("\n## 3. Ray pool (1 worker, 2 CPUs) vs the scorer called directly (reference model, 1024 tokens)")
     model, rope = load_model(reference_model_dir(), device="cpu")

@@ -44,8 +44,9 @@ from longrope.search.job_context import JobContext
 from longrope.search.jobs import run_search
 from longrope.search.optimizers import make_optimizer
 from longrope.search.run_store import RunDir
-from longrope.workers.pool import ModelSpec, PoolSpec, WorkerPool
+from longrope.workers.pool import WorkerPool
 from longrope.workers.scorer import CandidateScore
+from longrope.workers.specs import ModelSpec, PoolSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 GA = ["search.optimizer=dim_mono", "search.schedule=generational"]

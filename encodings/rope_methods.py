@@ -253,6 +253,11 @@ class YarnRope(RopeMethod):
         return interpolation * (1 - keep) + extrapolation * keep
 
 
+def float_list(values) -> list[float]:
+    """A sequence, numpy array or tensor of factors as Python floats (exact; no torch needed for lists)."""
+    return [float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+
+
 class LongRope(RopeMethod):
     """LongRoPE (`longrope`, legacy `su`): each pair divided by its own factor.
 
@@ -321,10 +326,8 @@ class LongRope(RopeMethod):
     ) -> LongRope:
         """A LongRoPE encoding for searched factors, `factor = target / original`; short factors all ones unless
         given (a short-factor search, the Phi-3 recipe)."""
-        values = [float(v) for v in torch.as_tensor(long_factor, dtype=torch.float64).tolist()]
-        short = [1.0] * len(values)
-        if short_factor is not None:
-            short = [float(v) for v in torch.as_tensor(short_factor, dtype=torch.float64).tolist()]
+        values = float_list(long_factor)
+        short = [1.0] * len(values) if short_factor is None else float_list(short_factor)
         return cls(
             head_dim=head_dim,
             max_position_embeddings=target_length,

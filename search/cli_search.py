@@ -39,6 +39,15 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--allow-n-hat", action="store_true", help="export an n_hat > 0 candidate anyway")
     export.set_defaults(handler=run_export_command)
 
+    verify = subparsers.add_parser(
+        "verify", help="check that transformers and vLLM apply a factors file exactly as the scorer did"
+    )
+    verify.add_argument("factors", help="a factors JSON (longrope export)")
+    verify.add_argument("--model", required=True, type=Path, metavar="DIR", help="the model directory")
+    verify.add_argument("--no-logits", action="store_true", help="compare cos/sin only (no weights loaded)")
+    verify.add_argument("--json", action="store_true")
+    verify.set_defaults(handler=run_verify_command)
+
     compare = subparsers.add_parser("compare", help="rerun the baselines (and given factors) on the test split")
     _config_arguments(compare)
     compare.add_argument("--factors", action="append", default=[], metavar="FILE", help="a factors JSON (repeat)")
@@ -124,6 +133,20 @@ def run_export_command(args: argparse.Namespace) -> int:
         backup = write_into_model(factors, args.into)
         console.print(f"export: wrote rope_parameters into {args.into / 'config.json'} (backup {backup.name})")
     return 0
+
+
+def run_verify_command(args: argparse.Namespace) -> int:
+    """One line per runtime; exit 1 when either applies the block differently from the scorer."""
+    from longrope.search.factors_file import read_factors_file
+    from longrope.search.verify import verify
+
+    report = verify(read_factors_file(args.factors), args.factors, args.model, logits=not args.no_logits)
+    if args.json:
+        print(json.dumps({**report.model_dump(mode="json"), "ok": report.ok}, indent=2))
+    else:
+        for check in report.checks:
+            print(check.line())
+    return 0 if report.ok else 1
 
 
 def run_compare_command(args: argparse.Namespace) -> int:

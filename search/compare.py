@@ -17,18 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from longrope.encodings import NtkRope, RopeMethod, from_hf
+from longrope.encodings import LongRope, NtkRope, RopeMethod, from_hf
+from longrope.search.export import factors_file_of_run
+from longrope.search.factors_file import read_factors_file
 from longrope.search.intervals import interval, paired_difference
 from longrope.search.job_config import JobConfigError
-from longrope.search.job_context import JobContext, read_factors_file
+from longrope.search.job_context import JobContext
 from longrope.search.needle_report import needle_cell, needle_table, plot_needle_heatmap
-from longrope.search.run_store import write_json_atomic
+from longrope.search.run_store import RunDir, write_json_atomic
 from longrope.workers.errors import DataError
 from longrope.workers.pool import WorkerPool
+from longrope.workers.windows import Windows
 
 BASELINES = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned")
 NTK_SCALE_MULTIPLIERS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 NTK_ATTENTION_FACTORS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3)
+VLLM_SUFFIX = "(vLLM)"  # a row as a vLLM engine with max_model_len = the target applies the method
 
 
 def default_lengths(original: int, target: int) -> list[int]:
@@ -51,6 +55,7 @@ def score_all(
     count: int,
     objective: str = "perplexity",
 ) -> dict:
+    """Every method on one window set, with a pool of its own (benches that score one set)."""
     windows = context.windows(source, length, count, objective)
     pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
     try:
@@ -59,19 +64,53 @@ def score_all(
         pool.shutdown()
 
 
-def needle_scores(context: JobContext, methods: dict[str, RopeMethod], length: int, log) -> dict[str, dict] | None:
-    """Each method's needle retrieval at `length` on the test split; None where a needle cannot fit."""
+def compare_window_sets(context: JobContext, lengths: list[int], log) -> dict[tuple[str, int], Windows]:
+    """Every window set compare scores, read before any worker starts (a bad source fails here): the search
+    split at the target length (to tune NTK), and per length the test split's perplexity and needle windows
+    (none where a needle cannot fit)."""
     data = context.config.data
-    try:
-        scores = score_all(context, methods, data.test_source, length, data.test_windows, "needle")
-    except DataError as exc:
-        log(f"compare: no needle retrieval at {length} tokens ({exc})")
-        return None
-    return {name: needle_cell(list(s.misses), list(s.nll), list(s.tokens)) for name, s in scores.items()}
+    sets = {
+        ("tuning", context.target_length): context.windows(
+            data.search_source, context.target_length, data.search_windows
+        )
+    }
+    for length in lengths:
+        sets[("perplexity", length)] = context.windows(data.test_source, length, data.test_windows)
+        try:
+            sets[("needle", length)] = context.windows(data.test_source, length, data.test_windows, "needle")
+        except DataError as exc:
+            log(f"compare: no needle retrieval at {length} tokens ({exc})")
+    return sets
 
 
-def tuned_ntk(context: JobContext) -> tuple[RopeMethod, dict[str, float]]:
-    """NTK's scale and attention factor picked on the search split at the target length."""
+class ComparePool:
+    """One worker pool for all of compare's window sets: each worker loads the model once, not once per length
+    and objective."""
+
+    def __init__(self, context: JobContext, sets: dict[tuple[str, int], Windows]):
+        self.pool = WorkerPool(
+            context.model_spec(),
+            [w.tokens for w in sets.values()],
+            context.pool_spec(),
+            loss_mask=[w.loss_mask for w in sets.values()],
+        )
+        self.spans = dict(zip(sets, self.pool.spans, strict=True))
+
+    def score(self, methods: dict, set_names: list[tuple[str, int]]) -> dict[tuple[str, int], dict]:
+        """Each method on each named set: {set: {method: CandidateScore}}, methods in the order given."""
+        for set_name in set_names:
+            self.pool.submit((((set_name, name), method) for name, method in methods.items()), self.spans[set_name])
+        scores: dict = {set_name: {} for set_name in set_names}
+        for (set_name, name), score in self.pool.as_completed():
+            scores[set_name][name] = score
+        return {set_name: {name: scores[set_name][name] for name in methods} for set_name in set_names}
+
+    def shutdown(self) -> None:
+        self.pool.shutdown()
+
+
+def ntk_grid(context: JobContext) -> dict[tuple[float, float], RopeMethod]:
+    """NTK at several scales and attention factors, each as LongRoPE factors at the target length."""
     shape = {
         "head_dim": context.method.head_dim,
         "rope_theta": context.method.rope_theta,
@@ -83,14 +122,22 @@ def tuned_ntk(context: JobContext) -> tuple[RopeMethod, dict[str, float]]:
         factors = NtkRope(factor=context.scale * multiplier, **shape).factors().double()
         for attention in NTK_ATTENTION_FACTORS:
             grid[(multiplier, attention)] = context.longrope(factors, attention_factor=attention)
-    data = context.config.data
-    scores = score_all(context, grid, data.search_source, context.target_length, data.search_windows)
-    (multiplier, attention), _ = min(scores.items(), key=lambda item: item[1].mean_nll)
-    return grid[(multiplier, attention)], {"ntk_factor": context.scale * multiplier, "attention_factor": attention}
+    return grid
+
+
+def tuned_ntk(context: JobContext, pool: ComparePool) -> tuple[RopeMethod, dict[str, float]]:
+    """NTK's scale and attention factor picked on the search split at the target length."""
+    grid = ntk_grid(context)
+    tuning = ("tuning", context.target_length)
+    scores = pool.score({str(key): method for key, method in grid.items()}, [tuning])[tuning]
+    best = min(grid, key=lambda key: scores[str(key)].mean_nll)
+    multiplier, attention = best
+    return grid[best], {"ntk_factor": context.scale * multiplier, "attention_factor": attention}
 
 
 def factors_method(context: JobContext, path: str) -> RopeMethod:
-    factors = read_factors_file(path)
+    """A factors file, or a run directory (its best candidate, as `longrope export` writes it)."""
+    factors = factors_file_of_run(RunDir(path)) if Path(path).is_dir() else read_factors_file(path)
     pairs = len(factors.rope_parameters.long_factor)
     if pairs != context.pairs:
         raise JobConfigError(f"--factors {path}: {pairs} factors, but this model has {context.pairs} rotary pairs")
@@ -101,32 +148,54 @@ def factors_method(context: JobContext, path: str) -> RopeMethod:
     )
 
 
+def needle_cell_of(score) -> dict[str, Any]:
+    return needle_cell(list(score.misses), list(score.nll), list(score.tokens))
+
+
+def factors_label(path: str) -> str:
+    return f"run:{Path(path).name}" if Path(path).is_dir() else f"file:{Path(path).name}"
+
+
+def with_vllm_rows(methods: dict[str, RopeMethod]) -> dict[str, RopeMethod]:
+    """Each LongRoPE method (searched factors, tuned NTK) once more as a vLLM engine with max_model_len = the
+    target applies it: long factors and long_mscale at every length. The other methods have no regimes and
+    apply the same in both runtimes."""
+    rows = dict(methods)
+    for name, method in methods.items():
+        if isinstance(method, LongRope):
+            rows[f"{name} {VLLM_SUFFIX}"] = method.vllm_regime()
+    return rows
+
+
 def run_compare(
     context: JobContext, *, factors_files: list[str], lengths: list[int], out_dir: Path, log=print
 ) -> dict[str, Any]:
-    for path in factors_files:
-        factors_method(context, path)  # bad files stop here, before any scoring
     bad = [n for n in lengths if n < 2]
     if bad:
         raise JobConfigError(f"--lengths: every length must be >= 2, got {bad[0]}")
-    methods: dict[str, RopeMethod] = dict(context.baselines())
-    log("compare: tuning NTK's scale and attention factor on the search split ...")
-    methods["ntk_tuned"], tuned = tuned_ntk(context)
-    for path in factors_files:
-        methods[f"file:{Path(path).name}"] = factors_method(context, path)
-    data = context.config.data
-    per_window: dict[str, dict[int, list[float]]] = {name: {} for name in methods}
-    needles: dict[str, dict[str, dict]] = {name: {} for name in methods}
-    for length in lengths:
-        log(f"compare: scoring {len(methods)} methods on {data.test_windows} test windows of {length} tokens ...")
-        for name, score in score_all(context, methods, data.test_source, length, data.test_windows).items():
-            per_window[name][length] = window_means(score).tolist()
-        log(f"compare: needle retrieval on {data.test_windows} test needles of {length} tokens ...")
-        for name, cell in (needle_scores(context, methods, length, log) or {}).items():
-            needles[name][str(length)] = cell
+    files = {factors_label(path): factors_method(context, path) for path in factors_files}  # bad files stop here
+    sets = compare_window_sets(context, lengths, log)
+    pool = ComparePool(context, sets)
+    try:
+        methods: dict[str, RopeMethod] = dict(context.baselines())
+        log("compare: tuning NTK's scale and attention factor on the search split ...")
+        methods["ntk_tuned"], tuned = tuned_ntk(context, pool)
+        methods = with_vllm_rows({**methods, **files})
+        scored = [name for name in sets if name[0] != "tuning"]
+        log(
+            f"compare: scoring {len(methods)} methods at {', '.join(map(str, lengths))} tokens "
+            "(perplexity and needles, one worker pool) ..."
+        )
+        scores = pool.score(methods, scored)
+    finally:
+        pool.shutdown()
+    per_window = {
+        name: {n: window_means(scores[("perplexity", n)][name]).tolist() for n in lengths} for name in methods
+    }
     result = summarize(context, methods, per_window, lengths, tuned)
+    needle_lengths = [n for kind, n in scores if kind == "needle"]
     for name, row in result["methods"].items():
-        row["needle"] = needles[name]
+        row["needle"] = {str(n): needle_cell_of(scores[("needle", n)][name]) for n in needle_lengths}
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / "compare.json", result)
     (out_dir / "compare.md").write_text(markdown_table(result) + "\n\n" + needle_table(result) + "\n")
@@ -145,6 +214,7 @@ def summarize(context, methods, per_window, lengths, tuned) -> dict[str, Any]:
     rows = {}
     for name, method in methods.items():
         row: dict[str, Any] = {
+            "runtime": "vllm" if name.endswith(VLLM_SUFFIX) else "transformers",
             "perplexity": {},
             "factors": method.factors(target).tolist(),
             "attention_factor": method.attention_factor,
@@ -180,6 +250,13 @@ def markdown_table(result: dict[str, Any]) -> str:
         diff = row.get("paired_difference_to_best_baseline")
         cells.append(f"{diff[0]:+.4f} [{diff[1]:+.4f}, {diff[2]:+.4f}]" if diff else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    if any(row.get("runtime") == "vllm" for row in result["methods"].values()):
+        lines += [
+            "",
+            f"Rows marked {VLLM_SUFFIX}: the method as a vLLM engine with max_model_len = {target} applies it, "
+            "long factors and long_mscale at every length (vLLM fixes the regime per engine; transformers switches "
+            "to the long factors only past the original length). The other methods apply the same in both.",
+        ]
     return "\n".join(lines)
 
 
@@ -193,7 +270,9 @@ def plot_perplexity(result: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, row in result["methods"].items():
         ppl = [row["perplexity"][str(n)][0] for n in result["lengths"]]
-        ax.plot(result["lengths"], ppl, marker="o", label=name, linewidth=2.5 if name.startswith("file:") else 1.2)
+        style = "--" if row.get("runtime") == "vllm" else "-"
+        width = 2.5 if name.startswith(("file:", "run:")) else 1.2
+        ax.plot(result["lengths"], ppl, marker="o", label=name, linewidth=width, linestyle=style)
     ax.set(
         xscale="log",
         yscale="log",
@@ -219,7 +298,7 @@ def plot_factors(result: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, row in result["methods"].items():
-        if name in ("none", "dynamic"):
+        if name in ("none", "dynamic") or row.get("runtime") == "vllm":  # a vLLM row has its method's factors
             continue
         ax.plot(row["factors"], label=name, linewidth=2.5 if name.startswith("file:") else 1.2)
     ax.set(

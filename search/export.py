@@ -112,12 +112,8 @@ def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
         rope = model_rope(config)
     except ModelLoadError as exc:
         raise ExportError(f"--into {str(model_dir)!r}: {exc}") from None
-    _check_same_shape(factors, rope, model_dir)
-    config.pop("rope_scaling", None)  # transformers would take a legacy rope_scaling over rope_parameters
-    config["rope_parameters"] = factors.rope_parameters.model_dump(exclude_none=True)
-    config["max_position_embeddings"] = factors.max_position_embeddings
-    if "original_max_position_embeddings" in config:  # Phi-3 style: the top-level key wins in transformers
-        config["original_max_position_embeddings"] = factors.rope_parameters.original_max_position_embeddings
+    check_same_shape(factors, rope, f"--into {str(model_dir)!r}")
+    config = config_with_block(config, factors)
     backup = None
     try:
         backup = new_backup(config_path)
@@ -129,6 +125,20 @@ def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
         message = str(exc) if isinstance(exc, RunStoreError) else f"cannot write a backup ({exc.strerror or exc})"
         raise ExportError(f"--into {str(model_dir)!r}: {message}") from None
     return backup
+
+
+def config_with_block(config: dict, factors: FactorsFile) -> dict:
+    """A model's config.json dict with the factors' block in force, as transformers reads it: the block as
+    `rope_parameters`, no legacy `rope_scaling` (transformers would take it over rope_parameters), the factors'
+    `max_position_embeddings`, and a Phi-3-style top-level `original_max_position_embeddings` (which wins in
+    transformers) set to the block's."""
+    config = dict(config)
+    config.pop("rope_scaling", None)
+    config["rope_parameters"] = factors.rope_parameters.model_dump(exclude_none=True)
+    config["max_position_embeddings"] = factors.max_position_embeddings
+    if "original_max_position_embeddings" in config:
+        config["original_max_position_embeddings"] = factors.rope_parameters.original_max_position_embeddings
+    return config
 
 
 def new_backup(config_path: Path) -> Path:
@@ -152,16 +162,17 @@ def new_backup(config_path: Path) -> Path:
     raise OSError(f"no free backup name for {config_path}")
 
 
-def _check_same_shape(factors: FactorsFile, rope: ModelRope, model_dir: Path) -> None:
+def check_same_shape(factors: FactorsFile, rope: ModelRope, where: str) -> None:
+    """Refuse factors made for another model shape: rotary pairs and original length must match the model's."""
     block = factors.rope_parameters
     pairs = rope.rotary_dim // 2
     if pairs != len(block.long_factor):
         raise ExportError(
-            f"--into {str(model_dir)!r}: the model has {pairs} rotary pairs (head_dim {rope.head_dim}), the run's "
-            f"factors are for {len(block.long_factor)}; export into a model of the run's shape"
+            f"{where}: the model has {pairs} rotary pairs (head_dim {rope.head_dim}), the factors are for "
+            f"{len(block.long_factor)}; use a model of the factors' shape"
         )
     if rope.original_length != block.original_max_position_embeddings:
         raise ExportError(
-            f"--into {str(model_dir)!r}: the model's original length is {rope.original_length}, the run's is "
-            f"{block.original_max_position_embeddings}; export into a model of the run's shape"
+            f"{where}: the model's original length is {rope.original_length}, the factors' is "
+            f"{block.original_max_position_embeddings}; use a model of the factors' shape"
         )

@@ -6,12 +6,15 @@ Its `rope_parameters` block is a transformers `rope_type: "longrope"` block that
 
 from __future__ import annotations
 
+import json
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longrope.encodings import LongRope, RopeMethod
+from longrope.search.job_config import JobConfigError
 
 
 def package_version() -> str:
@@ -86,3 +89,17 @@ def factors_file_for(
             seq_len=target_length,
         ),
     )
+
+
+def read_factors_file(path: str | Path) -> FactorsFile:
+    file = Path(path)
+    if not file.is_file():
+        raise JobConfigError(f"factors file {str(path)!r}: no such file")
+    try:
+        return FactorsFile.model_validate(json.loads(file.read_text()))
+    except json.JSONDecodeError as exc:
+        raise JobConfigError(f"factors file {str(path)!r}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise JobConfigError(f"factors file {str(path)!r}: {field}: {first['msg']}") from None

@@ -3,12 +3,10 @@ the baseline methods and the search seeds. Every check that can fail on bad inpu
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from pydantic import ValidationError
 
 from longrope.encodings import (
     DynamicNtkRope,
@@ -19,7 +17,7 @@ from longrope.encodings import (
     RopeMethod,
     YarnRope,
 )
-from longrope.search.factors_file import FactorsFile
+from longrope.search.factors_file import read_factors_file
 from longrope.search.genome import SearchSpace, Seed, resolve_space
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
 from longrope.search.job_record import JOB_FILE, RopeShape, read_job_record
@@ -27,8 +25,8 @@ from longrope.search.run_store import RunDir
 from longrope.search.stages import last_stage
 from longrope.workers.documents import read_source
 from longrope.workers.models import check_model, model_rope, read_model_config
-from longrope.workers.pool import ModelSpec, PoolSpec
 from longrope.workers.reference_recipe import reference_model_dir
+from longrope.workers.specs import ModelSpec, PoolSpec
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 from longrope.workers.windows import Windows, interleave_windows, load_windows
 
@@ -301,17 +299,3 @@ def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
         return np.asarray(job.long_factor, dtype=np.float64), job.attention_factor
     best = run_dir.best_record()
     return np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]
-
-
-def read_factors_file(path: str | Path) -> FactorsFile:
-    file = Path(path)
-    if not file.is_file():
-        raise JobConfigError(f"factors file {str(path)!r}: no such file")
-    try:
-        return FactorsFile.model_validate(json.loads(file.read_text()))
-    except json.JSONDecodeError as exc:
-        raise JobConfigError(f"factors file {str(path)!r}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise JobConfigError(f"factors file {str(path)!r}: {field}: {first['msg']}") from None

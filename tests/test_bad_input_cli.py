@@ -402,12 +402,12 @@ CASES = [
     ),
     pytest.param(
         lambda t: ["export", str(exportable_run(t)), "--into", str(model_dir(t, head_dim=64, hidden_size=256))],
-        "the model has 32 rotary pairs (head_dim 64), the run's factors are for 16",
+        "the model has 32 rotary pairs (head_dim 64), the factors are for 16",
         id="export-into-other-head-dim",
     ),
     pytest.param(
         lambda t: ["export", str(exportable_run(t)), "--into", str(model_dir(t, max_position_embeddings=128))],
-        "the model's original length is 128, the run's is 64",
+        "the model's original length is 128, the factors' is 64",
         id="export-into-other-original-length",
     ),
     pytest.param(

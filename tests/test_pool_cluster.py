@@ -12,8 +12,9 @@ from ray.cluster_utils import Cluster
 
 from longrope.encodings import LongRope
 from longrope.workers.models import load_model
-from longrope.workers.pool import ModelSpec, PoolSpec, WorkerPool
+from longrope.workers.pool import WorkerPool
 from longrope.workers.scorer import Scorer
+from longrope.workers.specs import ModelSpec, PoolSpec
 
 pytestmark = pytest.mark.slow
 FAST_FAILURE_DETECTION = {

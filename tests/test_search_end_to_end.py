@@ -14,6 +14,7 @@ from search_helpers import make_coordinator
 from transformers import AutoModelForCausalLM
 
 from longrope.encodings import from_hf
+from longrope.search import compare
 from longrope.search.compare import paired_difference, run_compare
 from longrope.search.coordinator import SearchProblem
 from longrope.search.export import factors_file_of_run, write_into_model
@@ -92,15 +93,29 @@ def test_export_validates_and_transformers_loads_it_with_equal_logits(finished_r
     assert candidate.attention_factor == pytest.approx(best["attention_factor"])
 
 
-def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path):
+def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path, monkeypatch):
     config, run_dir, _ = finished_run
     factors_path = tmp_path / "factors.json"
     factors_path.write_text(factors_file_of_run(run_dir).model_dump_json())
     context = JobContext.resolve(config)
+    pools = []
+
+    def counted_pool(*args, **kwargs):
+        pools.append(WorkerPool(*args, **kwargs))
+        return pools[-1]
+
+    monkeypatch.setattr(compare, "WorkerPool", counted_pool)
     result = run_compare(
-        context, factors_files=[str(factors_path)], lengths=[256, 1024], out_dir=tmp_path / "cmp", log=lambda line: None
+        context, factors_files=[str(factors_path)], lengths=[128, 1024], out_dir=tmp_path / "cmp", log=lambda line: None
     )
+    assert len(pools) == 1, "one worker pool (one model load per worker) for every length and objective"
     methods = result["methods"]
+    for name in ("file:factors.json", "ntk_tuned"):  # LongRoPE blocks: vLLM applies the long factors everywhere
+        transformers_row, vllm_row = methods[name], methods[f"{name} (vLLM)"]
+        assert vllm_row["runtime"] == "vllm" and transformers_row["runtime"] == "transformers"
+        assert vllm_row["nll_per_window"][1024] == transformers_row["nll_per_window"][1024]  # past L0: the same
+        assert vllm_row["nll_per_window"][128] != transformers_row["nll_per_window"][128]  # short: long factors
+    assert "yarn (vLLM)" not in methods, "methods without regimes apply the same in both runtimes"
     best, ntk = methods["file:factors.json"], methods["ntk"]
     mean, low, high = paired_difference(best["nll_per_window"][1024], ntk["nll_per_window"][1024])
     assert high < 0, (mean, low, high)
@@ -108,7 +123,7 @@ def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path):
         assert (tmp_path / "cmp" / name).stat().st_size > 0
     assert set(methods) >= {"none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned"}
     for row in methods.values():
-        for length in ("256", "1024"):
+        for length in ("128", "1024"):
             cell = row["needle"][length]
             share, low, high = cell["accuracy"]
             assert cell["windows"] == config.data.test_windows and 0 <= low <= share <= high <= 1

@@ -33,42 +33,11 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTa
 from longrope.encodings import RopeMethod
 from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError, one_line
 from longrope.workers.scorer import CandidateScore
+from longrope.workers.specs import ModelSpec, PoolSpec
 
 Key = Hashable
 WindowRange = tuple[int, int]  # [start, stop) of the job's windows
 Task = tuple[Key, RopeMethod, WindowRange | None]  # a candidate on some windows (None: all of them)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """How each worker loads its model copy and scores (everything a worker needs, nothing it doesn't)."""
-
-    model_dir: str
-    device: str = "auto"
-    dtype: str = "auto"
-    attn_implementation: str = "sdpa"
-    trust_remote_code: bool = False
-    config_overrides: dict = field(default_factory=dict)
-    candidates_per_forward: int = 4
-    tokens_per_forward: int | None = None  # None: the scorer's default for the device
-    loss_chunk_tokens: int = 1024
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    """Where the workers run and how big each is."""
-
-    num_workers: int = 1
-    num_gpus_per_worker: float = 0.0
-    num_cpus_per_worker: float = 1.0
-    address: str | None = None  # None: an embedded local Ray; "auto" or "ray://host:port": an existing cluster
-    batch_size: int = 4  # candidates per call
-    calls_per_worker: int = 2
-    max_restarts: int = 1
-    restart_timeout_s: float = 120.0
-    start_warning_s: float = 300.0  # warn once when no worker has answered by then (pending placement?)
-    local_num_cpus: int | None = None  # CPUs for the embedded Ray (default: all)
-    local_num_gpus: int | None = None
 
 
 class ScoringWorker:
@@ -359,7 +328,7 @@ class WorkerPool:
         self,
         model: ModelSpec,
         windows: np.ndarray | Sequence[np.ndarray],
-        spec: PoolSpec = PoolSpec(),
+        spec: PoolSpec | None = None,
         *,
         loss_mask: np.ndarray | Sequence[np.ndarray | None] | None = None,
         worker_class=None,
@@ -369,6 +338,7 @@ class WorkerPool:
         which predictions of each window count (None: all).
         `worker_class`: the actor class (ScoringWorker; bench/search_cost.py passes a synthetic one with the
         same constructor and `ready`/`score` methods to measure scheduling without a model)."""
+        spec = spec or PoolSpec()
         if spec.num_workers < 1:
             raise WorkerPoolError(f"workers.num_workers: must be at least 1, got {spec.num_workers}")
         ensure_ray(spec)

@@ -1,0 +1,38 @@
+"""How workers load their model and where they run: plain values, importable without Ray or torch (`validate`
+resolves them without starting anything)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How each worker loads its model copy and scores (everything a worker needs, nothing it doesn't)."""
+
+    model_dir: str
+    device: str = "auto"
+    dtype: str = "auto"
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+    config_overrides: dict = field(default_factory=dict)
+    candidates_per_forward: int = 4
+    tokens_per_forward: int | None = None  # None: the scorer's default for the device
+    loss_chunk_tokens: int = 1024
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """Where the workers run and how big each is."""
+
+    num_workers: int = 1
+    num_gpus_per_worker: float = 0.0
+    num_cpus_per_worker: float = 1.0
+    address: str | None = None  # None: an embedded local Ray; "auto" or "ray://host:port": an existing cluster
+    batch_size: int = 4  # candidates per call
+    calls_per_worker: int = 2
+    max_restarts: int = 1
+    restart_timeout_s: float = 120.0
+    start_warning_s: float = 300.0  # warn once when no worker has answered by then (pending placement?)
+    local_num_cpus: int | None = None  # CPUs for the embedded Ray (default: all)
+    local_num_gpus: int | None = None
