@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from longrope.search.job_record import JOB_FILE, read_job_record
 from longrope.search.run_store import RunDir, RunStoreError, best_of, final_count, seed_perplexities
 from longrope.search.stages import stage_lengths, started_stages
 
@@ -41,7 +42,25 @@ def run_status(run_dir: RunDir) -> dict[str, Any]:
         "best_key": best["key"] if best else None,
         "seed_perplexities": seeds,
         "eta_seconds": eta,
+        **record_fields(run_dir, best),
     }
+
+
+def record_fields(run_dir: RunDir, best: dict | None) -> dict[str, Any]:
+    """What job.json says about the run: its model and lengths, and the best candidate as the encoding it was
+    scored with (its attention factor; a short-factor run's kept one). Empty before job.json is written."""
+    if not run_dir.file(JOB_FILE).is_file():
+        return {}
+    job = read_job_record(run_dir)
+    fields: dict[str, Any] = {
+        "model": job.model_dir,
+        "original_length": job.original_length,
+        "target_length": job.target_length,
+        "factor": job.factor,
+    }
+    if best:
+        fields["best_attention_factor"] = job.candidate(best).attention_factor
+    return fields
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -53,8 +72,15 @@ def format_status(status: dict[str, Any]) -> str:
         + ", "
         + ("finished" + (" (stopped early)" if status["stopped_early"] else "") if status["finished"] else "running"),
     ]
+    if "model" in status:
+        lines.append(
+            f"  {status['original_length']} -> {status['target_length']} tokens ({status['factor']} factors), "
+            f"model {status['model']}"
+        )
     if status["best_perplexity"] is not None:
-        lines.append(f"  best perplexity {status['best_perplexity']:.4f} (candidate {status['best_key']})")
+        attention = status.get("best_attention_factor")
+        scale = f", attention factor {attention:.4f}" if attention is not None else ""
+        lines.append(f"  best perplexity {status['best_perplexity']:.4f} (candidate {status['best_key']}{scale})")
     for name, ppl in sorted(status["seed_perplexities"].items(), key=lambda item: item[1] or float("inf")):
         gain = f"  best is {100 * (1 - status['best_perplexity'] / ppl):.1f}% lower" if ppl else ""
         lines.append(f"  seed {name:12s} perplexity {ppl:.4f}{gain}" if ppl else f"  seed {name:12s} diverged")

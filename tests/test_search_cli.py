@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from search_helpers import JOB_RECORD
 from search_helpers import finished_run as make_finished_run
 
 from longrope.search.job_config import load_job_config
@@ -197,6 +198,22 @@ def test_status_and_export_of_a_finished_run(finished_run, tmp_path):
     # the cheap-objective run has no job.json (no model): export says so in one line
     result = run_cli("export", str(finished_run), "-o", str(tmp_path / "f.json"), cwd=tmp_path)
     assert result.returncode == 2 and "job.json: missing" in result.stderr
+
+
+def test_status_reads_the_run_record(finished_run, tmp_path):
+    """With job.json, status names the model and lengths, and the best candidate's attention factor as the
+    encoding it was scored with (the one in its history record)."""
+    (finished_run / "job.json").write_text(json.dumps(JOB_RECORD))
+    summary = json.loads(run_cli("status", str(finished_run), "--json", cwd=tmp_path).stdout)
+    history = [json.loads(line) for line in (finished_run / "history.jsonl").read_text().splitlines()]
+    best = min((r for r in history if r.get("status", "scored") == "scored"), key=lambda r: r["perplexity"])
+    assert (summary["model"], summary["original_length"], summary["target_length"]) == ("m", 64, 256)
+    assert summary["best_attention_factor"] == pytest.approx(best["attention_factor"])
+    short = {**JOB_RECORD, "factor": "short", "long_factor": [2.0] * 16, "attention_factor": 1.25}
+    (finished_run / "job.json").write_text(json.dumps(short))
+    summary = json.loads(run_cli("status", str(finished_run), "--json", cwd=tmp_path).stdout)
+    assert summary["factor"] == "short" and summary["best_attention_factor"] == pytest.approx(best["attention_factor"])
+    assert "64 -> 256 tokens (short factors), model m" in run_cli("status", str(finished_run), cwd=tmp_path).stdout
 
 
 @pytest.mark.parametrize("name", ["demo", "llama2-7b-32k", "llama3-8b-64k", "mistral-7b-32k", "phi3-mini-128k"])
