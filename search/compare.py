@@ -25,6 +25,7 @@ from longrope.search.job_config import JobConfigError
 from longrope.search.job_context import JobContext
 from longrope.search.needle_report import needle_cell, needle_table, plot_needle_heatmap
 from longrope.search.run_store import RunDir, write_json_atomic
+from longrope.workers.documents import read_source
 from longrope.workers.errors import DataError
 from longrope.workers.pool import WorkerPool
 from longrope.workers.windows import Windows
@@ -69,6 +70,8 @@ def compare_window_sets(context: JobContext, lengths: list[int], log) -> dict[tu
     split at the target length (to tune NTK), and per length the test split's perplexity and needle windows
     (none where a needle cannot fit)."""
     data = context.config.data
+    for source in (data.search_source, data.test_source):  # a bad source stops here, before any cache is written
+        read_source(source, text_field=data.text_field)
     sets = {
         ("tuning", context.target_length): context.windows(
             data.search_source, context.target_length, data.search_windows

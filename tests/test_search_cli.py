@@ -156,6 +156,10 @@ CASES = {
         lambda t: ["compare", str(write(t / "c.yaml", base(t))), "--factors", str(t / "none.json")],
         "none.json': no such file",
     ),
+    "compare with a missing test source": (
+        lambda t: ["compare", str(write(t / "c.yaml", base(t))), "--set", f"data.test_source={t / 'none.jsonl'}"],
+        "none.jsonl' does not exist",
+    ),
     "compare with bad lengths": (
         lambda t: ["compare", str(write(t / "c.yaml", base(t))), "--lengths", "1k,2k"],
         "--lengths: expected comma-separated integers",
