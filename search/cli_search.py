@@ -45,6 +45,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("factors", help="a factors JSON (longrope export)")
     verify.add_argument("--model", required=True, type=Path, metavar="DIR", help="the model directory")
     verify.add_argument("--no-logits", action="store_true", help="compare cos/sin only (no weights loaded)")
+    verify.add_argument("--device", default="cpu", help="where the logits check runs (cpu, cuda, auto); float32")
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(handler=run_verify_command)
 
@@ -140,7 +141,8 @@ def run_verify_command(args: argparse.Namespace) -> int:
     from longrope.search.factors_file import read_factors_file
     from longrope.search.verify import verify
 
-    report = verify(read_factors_file(args.factors), args.factors, args.model, logits=not args.no_logits)
+    factors = read_factors_file(args.factors)
+    report = verify(factors, args.factors, args.model, logits=not args.no_logits, device=args.device)
     if args.json:
         print(json.dumps({**report.model_dump(mode="json"), "ok": report.ok}, indent=2))
     else:

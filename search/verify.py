@@ -68,7 +68,9 @@ class VerifyReport(BaseModel):
         return all(check.ok for check in self.checks)
 
 
-def verify(factors: FactorsFile, factors_path: str, model_dir: Path, *, logits: bool = True) -> VerifyReport:
+def verify(
+    factors: FactorsFile, factors_path: str, model_dir: Path, *, logits: bool = True, device: str = "cpu"
+) -> VerifyReport:
     config = read_model_config(model_dir)
     check_same_shape(factors, model_rope(config), f"--model {str(model_dir)!r}")
     hf_config = transformers_config(config_with_block(config, factors))
@@ -79,7 +81,7 @@ def verify(factors: FactorsFile, factors_path: str, model_dir: Path, *, logits: 
     theirs = {regime: module_cos_sin(their_rotary, length) for regime, length in regimes.items()}
     transformers_check = compare_cos_sin("transformers", transformers_source(), mine, theirs)
     if logits:
-        transformers_check = with_logits(transformers_check, model_dir, ours, their_rotary, regimes["long"])
+        transformers_check = with_logits(transformers_check, model_dir, ours, their_rotary, regimes["long"], device)
     vllm_tables, source = vllm_cos_sin(factors, ours)
     vllm_check = compare_cos_sin("vllm", source, {r: half(mine[r]) for r in regimes}, vllm_tables)
     return VerifyReport(
@@ -172,15 +174,18 @@ def compare_cos_sin(runtime: str, source: str, mine: dict, theirs: dict) -> Runt
     )
 
 
-def with_logits(check: RuntimeCheck, model_dir: Path, ours: LongRope, their_rotary, length: int) -> RuntimeCheck:
+def with_logits(
+    check: RuntimeCheck, model_dir: Path, ours: LongRope, their_rotary, length: int, device: str
+) -> RuntimeCheck:
     """The model's logits on one window of random ids at `length`, with transformers' rotary module for the
-    block and with the scorer's, on the same weights (loaded once, float32)."""
+    block and with the scorer's, on the same weights (loaded once, float32, on `device`)."""
     from longrope.workers.models import load_model
     from longrope.workers.rope_patch import patched_rotary
 
-    model, rope = load_model(model_dir, device="cpu", dtype="float32")
+    model, rope = load_model(model_dir, device=device, dtype="float32")
     generator = torch.Generator().manual_seed(LOGITS_SEED)
-    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=generator)
+    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=generator).to(model.device)
+    their_rotary = their_rotary.to(model.device)
     with torch.no_grad(), patched_rotary(model, rope.method.original_inv_freq()) as patched:
         patched.set_candidates([ours], seq_len=length)
         mine = model(input_ids=ids).logits.float()

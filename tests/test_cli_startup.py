@@ -1,16 +1,18 @@
-"""The light commands import neither torch nor Ray: `longrope --help`, `status` and `export` answer at once, and
-`validate` checks a model on the meta device (torch) without starting Ray."""
+"""The light commands import neither torch nor Ray: `longrope --help`, `status`, `export` and `estimate` answer
+at once, and `validate` checks a model on the meta device (torch) without starting Ray."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from search_helpers import JOB_RECORD, finished_run
 
 HEAVY = ("torch", "ray", "transformers")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 # main(argv) in a fresh interpreter, then the heavy modules it loaded (SystemExit from --help included)
 PROBE = """
@@ -47,6 +49,7 @@ def run_dir(tmp_path_factory):
         pytest.param(lambda run, tmp: ["status", str(run), "--json"], id="status-json"),
         pytest.param(lambda run, tmp: ["export", str(run), "-o", str(tmp / "f.json")], id="export"),
         pytest.param(lambda run, tmp: ["export", str(run), "-o", str(tmp / "f.csv"), "--format", "csv"], id="csv"),
+        pytest.param(lambda run, tmp: ["estimate", str(CONFIGS / "llama3-8b-64k.yaml")], id="estimate"),
     ],
 )
 def test_light_commands_import_neither_torch_nor_ray(argv, run_dir, tmp_path):

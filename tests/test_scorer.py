@@ -194,3 +194,17 @@ def test_reference_like_checkpoint_round_trip(tmp_path):
 def test_config_overrides_change_the_loaded_model(tiny_llama_dir):
     model, _ = load_model(tiny_llama_dir, device="cpu", config_overrides={"rms_norm_eps": 0.25})
     assert model.config.rms_norm_eps == 0.25
+
+
+def test_scoring_keeps_no_key_value_cache(tiny_llama_dir, generator):
+    """A forward that fills a cache keeps every layer's keys and values alive to its end (the memory `longrope
+    estimate` would otherwise have to count L times); the scorer's forwards return none."""
+    model, rope = load_model(tiny_llama_dir, device="cpu")
+    caches = []
+    model.model.register_forward_hook(lambda module, args, output: caches.append(output.past_key_values))
+    windows = torch.randint(0, 96, (2, 33), generator=generator)
+    Scorer(model, windows, rope.method.original_inv_freq()).score([rope.method])
+    assert caches and all(cache is None for cache in caches)
+    with torch.no_grad():
+        model.model(input_ids=windows[:, :-1])  # the model's default: a cache (the hook sees what it returns)
+    assert caches[-1] is not None

@@ -48,6 +48,11 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
         raise ModelLoadError(f"model directory: {str(model_dir)!r} does not exist")
     if not path.is_file():
         raise ModelLoadError(f"model directory: {str(model_dir)!r} has no config.json")
+    return read_config_file(path)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A model's config.json (at any path) as a dict; one clear error for unreadable, invalid or non-object JSON."""
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:

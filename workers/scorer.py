@@ -171,7 +171,9 @@ class Scorer:
         ]
 
     def _batch_loss(self, batch: torch.Tensor, loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.model.model(input_ids=batch[:, :-1]).last_hidden_state
+        # use_cache=False: scoring never decodes on, and a DynamicCache would keep every layer's keys and values
+        # alive to the end of the forward (16 GiB for a 7B model at 32k tokens)
+        hidden = self.model.model(input_ids=batch[:, :-1], use_cache=False).last_hidden_state
         return chunked_loss(
             hidden,
             batch[:, 1:],

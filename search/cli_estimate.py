@@ -1,0 +1,202 @@
+"""`longrope estimate CONFIG`: what a search will cost (FLOPs, candidates, memory per worker, GPU-hours) before
+renting anything. Reads the job config and the model's config.json only: no weights, no torch (except
+`--gpu cpu`, which times this machine's CPU at the model's shapes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from longrope.search.estimate import (
+    DEFAULT_MFU,
+    KNOWN_MODELS,
+    Architecture,
+    JobEstimate,
+    Rates,
+    find_gpu,
+    forward_shape,
+    gpu_rates,
+    job_estimate,
+    known_model,
+    model_config_path,
+    read_config_json,
+    resolve_original_length,
+    search_budget,
+    worker_dtype,
+)
+from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
+from longrope.workers.reference_recipe import reference_model_dir
+
+DEFAULT_GPUS = ("H100-SXM", "A100")
+REFERENCE = "reference"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    estimate = subparsers.add_parser(
+        "estimate", help="parameters, FLOPs, candidates, memory per worker and GPU-hours of a job, before running it"
+    )
+    estimate.add_argument("config", help="job config YAML")
+    estimate.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field")
+    estimate.add_argument(
+        "--gpu",
+        action="append",
+        metavar="NAME",
+        help=f"a GPU to price (repeat; default {' and '.join(DEFAULT_GPUS)}), or 'cpu' to time this machine's CPU",
+    )
+    estimate.add_argument(
+        "--mfu", type=float, default=DEFAULT_MFU, help=f"model FLOPs utilisation on a GPU (default {DEFAULT_MFU})"
+    )
+    estimate.add_argument(
+        "--model-config",
+        metavar="PATH|NAME",
+        help="the model's config.json (or its directory), or a known model name, when model.path is not here",
+    )
+    estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    estimate.set_defaults(handler=run_estimate_command)
+
+
+def resolve_architecture(config: JobConfig, model_config: str | None) -> tuple[Architecture, str]:
+    """--model-config (a file, a directory or a known name), else model.path's config.json, else the known
+    table by model.path's last part: a user pricing a 7B run on a laptop has the config, not the weights."""
+    overrides = config.model.config_overrides
+    if model_config:
+        path = model_config_path(model_config)
+        if path.is_file():
+            return Architecture.from_hf_config(read_config_json(path, overrides), name=path.parent.name), str(path)
+        return _known(model_config, overrides, f"--model-config {model_config!r}: no such file")
+    directory = reference_model_dir() if config.model.path == REFERENCE else Path(config.model.path)
+    path = directory / "config.json"
+    if path.is_file():
+        name = "reference model" if config.model.path == REFERENCE else directory.name
+        return Architecture.from_hf_config(read_config_json(path, overrides), name=name), str(path)
+    return _known(config.model.path, overrides, f"model.path: no config.json at {str(directory)!r}")
+
+
+def _known(name: str, overrides: dict, problem: str) -> tuple[Architecture, str]:
+    key = known_model(name)
+    if key is None:
+        raise JobConfigError(
+            f"{problem}, and it is not a known model ({', '.join(KNOWN_MODELS)}); give --model-config PATH "
+            "(the model's config.json)"
+        )
+    architecture = Architecture.from_hf_config({**KNOWN_MODELS[key], **overrides}, name=key)
+    return architecture, f"the known architecture of {key} (public config.json numbers; no file read)"
+
+
+def device_rates(
+    config: JobConfig, arch: Architecture, names: list[str], mfu: float
+) -> list[tuple[str, Rates, float | None]]:
+    """(name, rates, memory GiB) per --gpu: a GPU's datasheet peak x MFU, or this CPU measured at the shapes of
+    the job's longest forward."""
+    if not 0 < mfu <= 1:
+        raise JobConfigError(f"--mfu = {mfu}: must be in (0, 1]")
+    devices = []
+    for name in names:
+        if name.lower() == "cpu":
+            devices.append(("cpu", _cpu_rates(config, arch), _ram_gib()))
+        else:
+            gpu = find_gpu(name)
+            devices.append((gpu.name, gpu_rates(gpu, mfu), gpu.memory_gib))
+    return devices
+
+
+def _cpu_rates(config: JobConfig, arch: Architecture) -> Rates:
+    from longrope.search.estimate_cpu import measure_cpu_rates
+
+    stage = max(search_budget(config, resolve_original_length(config, arch)).stages, key=lambda s: s.length)
+    shape = forward_shape(config, stage.length, stage.windows, "cpu")
+    return measure_cpu_rates(arch, shape, worker_dtype(config, "cpu"), config.model.attn_implementation)
+
+
+def _ram_gib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def run_estimate_command(args: argparse.Namespace) -> int:
+    config = load_job_config(args.config, args.set)
+    arch, source = resolve_architecture(config, args.model_config)
+    estimate = job_estimate(config, arch, source, device_rates(config, arch, args.gpu or list(DEFAULT_GPUS), args.mfu))
+    print(json.dumps(estimate.model_dump(mode="json"), indent=2) if args.json else format_estimate(estimate, config))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- text
+
+
+def _count(value: float) -> str:
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.3g} GiB"
+
+
+def _hours(value: float) -> str:
+    return f"{value * 60:.3g} min" if value < 1 else f"{value:.3g} h"
+
+
+def format_estimate(estimate: JobEstimate, config: JobConfig) -> str:
+    """Plain lines: the model, FLOPs per candidate per stage, the candidate budget, then one block per device."""
+    search = config.search
+    lines = [
+        f"model          {estimate.model}: {_count(estimate.parameters)} parameters, from {estimate.model_source}",
+        f"lengths        original {estimate.original_length} -> target {config.target_length}",
+    ]
+    for stage in estimate.stages:
+        flops = stage.flops_per_candidate
+        lines.append(
+            f"FLOPs/cand.    {flops.total:.3g} at {stage.length} tokens x {stage.windows} windows (linear "
+            f"{flops.linear / flops.total:.0%}, attention {flops.attention / flops.total:.0%} "
+            f"[{config.model.attn_implementation}], lm_head {flops.lm_head / flops.total:.0%})"
+        )
+    per_search = f"{search.population} + {search.generations} generations x {search.mutations + search.crossovers}"
+    stages = f" x {len(estimate.stages)} stages" if len(estimate.stages) > 1 else ""
+    lines.append(
+        f"candidates     {estimate.candidates} ({per_search}{stages}; early stop ignored: an upper bound), "
+        f"{estimate.window_evaluations:.0f} window evaluations"
+    )
+    if estimate.racing_child_fraction is not None:
+        mean, low, high = estimate.racing_child_fraction
+        lines.append(
+            f"racing         a child scores {mean:.2f} ({low:.2f}-{high:.2f}) of its windows (measured at 8 windows, "
+            f"README 'Search cost'): {estimate.window_evaluations_racing:.0f} window evaluations expected"
+        )
+    total = sum(stage.flops_per_candidate.total * stage.candidates for stage in estimate.stages)
+    lines.append(f"total FLOPs    {total:.3g} (upper bound)")
+    for device in estimate.devices:
+        memory = device.memory
+        fits = "" if device.fits is None else (" fits" if device.fits else " DOES NOT FIT")
+        capacity = "" if device.memory_capacity_gib is None else f" of {device.memory_capacity_gib:.0f} GiB:{fits}"
+        attention = f", attention matrix {_gib(memory.attention_matrix)}" if memory.attention_matrix else ""
+        lines += [
+            f"\n{device.device}: {device.rates.source}",
+            f"  memory/worker  {_gib(memory.peak)}{capacity} ({device.dtype} weights {_gib(memory.weights)} + the "
+            f"larger of the forward {_gib(memory.forward_peak)} [keys/values {_gib(memory.keys_values)}, layer "
+            f"{_gib(memory.layer_activations)}{attention}] and the loss {_gib(memory.loss_chunk)}; "
+            f"{device.rows_per_forward} sequence(s) a forward)",
+            f"  time           {device.seconds_per_candidate:.3g} s per candidate; {_hours(device.hours)} device time "
+            "for the whole search" + (f" ({_hours(device.hours_racing)} with racing)" if device.hours_racing else ""),
+        ]
+        if device.devices_in_parallel:
+            lines.append(
+                f"  wall           {_hours(device.hours / device.devices_in_parallel)} on the config's "
+                f"{device.devices_in_parallel:g} GPUs"
+            )
+        rates = device.rates
+        if rates.square_matmul:
+            square = rates.square_matmul
+            lines.append(
+                f"  rates          linear {rates.linear / 1e9:.1f}, attention {rates.attention / 1e9:.1f}, "
+                f"lm_head+loss {rates.lm_head / 1e9:.1f} GFLOP/s ({rates.linear / square:.2f}, "
+                f"{rates.attention / square:.2f}, {rates.lm_head / square:.2f} of a 2048^2 matmul's "
+                f"{square / 1e9:.1f}); elementwise {rates.memory / 1e9:.1f} GB/s"
+            )
+    return "\n".join(lines)
