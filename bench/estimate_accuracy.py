@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scoring import candidate_set  # bench/scoring.py: the same candidates the scoring bench times
 
-from longrope.encodings import LongRope
 from longrope.search.estimate import (
     Architecture,
     forward_shape,
@@ -61,19 +61,6 @@ def random_llama(out: Path) -> Path:
     return out
 
 
-def candidates(rope, count: int, target: int) -> list[LongRope]:
-    pairs = rope.rotary_dim // 2
-    return [
-        LongRope.from_factors(
-            torch.linspace(1.0, 1.0 + 0.5 * (i + 1), pairs),
-            head_dim=rope.head_dim,
-            original_length=rope.original_length,
-            target_length=target,
-        )
-        for i in range(count)
-    ]
-
-
 class Case:
     """One model and job config: estimate with freshly measured rates, then score for real."""
 
@@ -93,7 +80,7 @@ class Case:
             rope.method.original_inv_freq(),
             candidates_per_forward=config.workers.candidates_per_forward,
         )
-        self.batch = candidates(rope, config.workers.batch_size, stage.length)
+        self.batch = candidate_set(config.workers.batch_size, rope, stage.length)
         self.last_rates = None
 
     def estimated(self) -> float:

@@ -28,19 +28,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from longrope.encodings import LongRope
+from longrope.search.estimate_cpu import median_seconds
 from longrope.workers.models import load_model
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
-
-
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def candidate_set(count: int, rope, target: int) -> list[LongRope]:
@@ -266,7 +257,7 @@ def forward_flops(config, tokens: int, batch: int) -> float:
 def bench_flops(repeats: int, tmp: Path) -> None:
     print("\n## 4. achieved FLOP/s of the scoring forward vs a 2048x2048 float32 matmul")
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    matmul = 2 * 2048**3 / median_time(lambda: a @ b, repeats * 3)
+    matmul = 2 * 2048**3 / median_seconds(lambda: a @ b, repeats * 3)
     print(f"matmul 2048x2048: {matmul / 1e9:.1f} GFLOP/s")
     models = {
         "reference (d 128)": reference_model_dir(),
@@ -280,7 +271,7 @@ def bench_flops(repeats: int, tmp: Path) -> None:
             windows = torch.from_numpy(np.random.default_rng(0).integers(0, model.config.vocab_size, (1, tokens + 1)))
             scorer = Scorer(model, windows, rope.method.original_inv_freq(), candidates_per_forward=batch)
             candidates = candidate_set(batch, rope, tokens)
-            seconds = median_time(lambda s=scorer, c=candidates: s.score(c), repeats)
+            seconds = median_seconds(lambda s=scorer, c=candidates: s.score(c), repeats)
             achieved = forward_flops(model.config, tokens, batch) / seconds
             print(
                 f"{name:42s} T={tokens:5d} B={batch}: {achieved / 1e9:6.1f} GFLOP/s = "
