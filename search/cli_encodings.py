@@ -9,13 +9,13 @@ import math
 from typing import Any
 
 import yaml
-from rich.console import Console
 from rich.table import Table
 
 from longrope.encodings import ROPE_METHODS, from_hf
 from longrope.encodings.catalog import METHODS
 from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.encodings.errors import EncodingConfigError
+from longrope.search.cli_console import cli_console
 from longrope.search.factors_file import factors_file_for
 from longrope.search.job_config import MAX_FACTOR, MAX_LENGTH
 
@@ -86,7 +86,7 @@ def run_list(args: argparse.Namespace) -> int:
         table.add_column(column)
     for m in METHODS:
         table.add_row(m.name, m.kind, m.hf_rope_type or "-", m.summary, m.where)
-    Console(width=160).print(table)
+    cli_console(stderr=False, width=160).print(table)
     return 0
 
 

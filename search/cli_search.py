@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from rich.console import Console
-
+from longrope.search.cli_console import cli_console
 from longrope.search.export import factors_file_of_run, write_export, write_into_model
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.search.run_store import CONFIG, RunDir
@@ -17,6 +17,9 @@ from longrope.search.status import format_status, run_status
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     validate = subparsers.add_parser("validate", help="print the resolved job config, or every error in it")
     _config_arguments(validate)
+    validate.add_argument(
+        "--offline", action="store_true", help="check the config only: the model and data may be on the cluster"
+    )
     validate.set_defaults(handler=run_validate)
 
     search = subparsers.add_parser("search", help="start a search job, or continue one with --resume RUN_DIR")
@@ -51,9 +54,31 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     compare = subparsers.add_parser("compare", help="rerun the baselines (and given factors) on the test split")
     _config_arguments(compare)
-    compare.add_argument("--factors", action="append", default=[], metavar="FILE", help="a factors JSON (repeat)")
+    compare.add_argument(
+        "--factors",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a factors JSON or a run directory (repeat); its row is file:NAME or run:NAME, with as many parent "
+        "folders as tell it apart from the other paths given (file:a/factors.json, file:b/factors.json)",
+    )
+    compare.add_argument(
+        "--label",
+        action="append",
+        dest="factors",
+        type=lambda text: tuple(text.split("=", 1)),  # checked with the other rows: one line, exit 2
+        metavar="NAME=PATH",
+        help="a factors JSON or a run directory whose row is labelled NAME (repeat)",
+    )
     compare.add_argument("--lengths", help="comma-separated lengths (default: original x 2^k up to the target)")
-    compare.add_argument("-o", "--out-dir", type=Path, help="default: OUTPUT_DIR/compare")
+    compare.add_argument(
+        "-o",
+        "--out-dir",
+        type=Path,
+        help="where the results go; refused when it holds files, unless --overwrite (default: a new directory "
+        "per run, OUTPUT_DIR/compare-YYYYmmdd-HHMMSS of its start, with -2, -3... when that name is taken)",
+    )
+    compare.add_argument("--overwrite", action="store_true", help="write into a non-empty --out-dir")
     compare.set_defaults(handler=run_compare_command)
 
 
@@ -63,39 +88,54 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from longrope.search.job_context import JobContext  # the model check needs torch (meta device), not Ray
-
+    """The resolved config as JSON on stdout, with a "checks" list of what was checked and what was skipped;
+    `--offline` (no torch, no Ray) skips what needs the model or the cluster's files and says so on stderr."""
     config = load_job_config(args.config, args.set)
-    context = JobContext.resolve(config)
-    context.seeds()
-    print(
-        json.dumps(
-            {
-                "config_hash": config.hash(),
-                "original_length": context.original_length,
-                "config": config.model_dump(mode="json"),
-            },
-            indent=2,
-        )
-    )
+    if args.offline:
+        from longrope.search.job_context import offline_checks
+
+        original, checks = config.original_length, offline_checks(config)
+        skipped = ", ".join(check["what"] for check in checks if check["result"] == "skipped")
+        print(f"validate: --offline: not checked: {skipped}", file=sys.stderr)
+    else:
+        from longrope.search.job_context import JobContext  # the seeds need torch, not Ray
+
+        context = JobContext.resolve(config)
+        original, checks = context.original_length, context.validation_checks()
+    document = {"config_hash": config.hash(), "original_length": original, "checks": checks}
+    print(json.dumps({**document, "config": config.model_dump(mode="json")}, indent=2))
     return 0
 
 
 def run_search_command(args: argparse.Namespace) -> int:
-    from longrope.search.jobs import run_search  # Ray and the scorer: only for the commands that score
+    """A worker's error (CUDA OOM, a crash) ends as one `longrope: error:` line with the resume command, and as
+    the stop reason in heartbeat.json; Ctrl-C and SIGTERM likewise (the entry point's flag tells them apart)."""
+    from longrope.search import cli
+    from longrope.search.jobs import run_search  # the scorer (Ray only once a run scores)
+    from longrope.workers.errors import WorkerPoolError
 
     if not args.config and not args.resume:
         raise JobConfigError("search: give a CONFIG, or --resume RUN_DIR")
     config = load_job_config(args.config, args.set) if args.config else _resume_overrides(args.resume, args.set)
     run_dir = RunDir(args.resume or config.output_dir)
+    resume = f"longrope search --resume {run_dir.path}"
     try:
-        best = run_search(config, resume_dir=args.resume, show_progress=not args.no_progress)
+        best = run_search(
+            config,
+            resume_dir=args.resume,
+            show_progress=not args.no_progress,
+            sigterm_seen=lambda: cli._SigtermSeen.received,
+        )
     except KeyboardInterrupt as exc:
         exc.hint = (
-            f"; every scored candidate is on disk, continue with: longrope search --resume {run_dir.path}"
+            f"; every scored candidate is on disk, continue with: {resume}"
             if run_dir.file(CONFIG).exists()
             else "; no run was started"
         )
+        raise
+    except WorkerPoolError as exc:
+        if run_dir.file(CONFIG).exists():
+            exc.args = (f"{exc}; every scored candidate is on disk: fix the cause, then continue with: {resume}",)
         raise
     print(json.dumps({"best_perplexity": best["perplexity"], "key": best["key"]}))
     return 0
@@ -124,12 +164,14 @@ def run_export_command(args: argparse.Namespace) -> int:
     if not args.output and not args.into:
         raise JobConfigError("export: give -o FILE and/or --into MODEL_DIR")
     factors = factors_file_of_run(RunDir(args.run_dir), allow_n_hat=args.allow_n_hat)
-    console = Console(stderr=True)
+    console = cli_console()
     if factors.provenance.model_extra.get("n_hat"):
         console.print("export: n_hat is not part of transformers' longrope; transformers and vLLM will ignore it")
     if args.output:
-        write_export(factors, args.output, args.format)
+        written = write_export(factors, args.output, args.format)
         console.print(f"export: wrote {args.output}")
+        for sidecar in written[1:]:
+            console.print(f"export: wrote {sidecar} (the full factors file: attention factor, mscales, provenance)")
     if args.into:
         backup = write_into_model(factors, args.into)
         console.print(f"export: wrote rope_parameters into {args.into / 'config.json'} (backup {backup.name})")
@@ -152,24 +194,26 @@ def run_verify_command(args: argparse.Namespace) -> int:
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
-    from longrope.search.compare import default_lengths, markdown_table, run_compare
+    from longrope.search.compare import OUTPUT_FILES, CompareOut, default_lengths, markdown_table, run_compare
     from longrope.search.job_context import JobContext
     from longrope.search.needle_report import needle_table
 
     config = load_job_config(args.config, args.set)
     context = JobContext.resolve(config)
     lengths = _parse_lengths(args.lengths) or default_lengths(context.original_length, context.target_length)
-    out_dir = args.out_dir or Path(config.output_dir) / "compare"
-    console = Console(stderr=True)
+    out = (
+        CompareOut(args.out_dir, overwrite=args.overwrite)
+        if args.out_dir
+        else CompareOut(parent=Path(config.output_dir))
+    )
+    console = cli_console()
     result = run_compare(
-        context, factors_files=args.factors, lengths=lengths, out_dir=out_dir, log=lambda line: console.print(line)
+        context, factors_files=args.factors, lengths=lengths, out_dir=out, log=lambda line: console.print(line)
     )
     print(markdown_table(result))
     print()
     print(needle_table(result))
-    console.print(
-        f"compare: wrote {out_dir}/compare.json, compare.md, perplexity_vs_length.png, factors.png, needle_heatmap.png"
-    )
+    console.print(f"compare: wrote {out.path}/ ({', '.join(OUTPUT_FILES)})", markup=False)
     return 0
 
 

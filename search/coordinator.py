@@ -19,6 +19,12 @@ Schedules (`search.schedule`):
 
 On resume, the optimizer is restored from state.json (or, without one, started afresh from the same seed, which
 asks for the candidates already recorded), and a candidate with a "partial" record continues from its next window.
+
+Progress: generations are numbered from 0, the initial population (seeds and their mutations), to
+`total_generations - 1`; one plain line per generation (best search-split perplexity, "new best", the early-stop
+countdown) goes to the console, with a live bar (with an ETA) above it only on a terminal: piped output (nohup,
+`ray job logs`) gets the lines alone, as they happen. While it runs the coordinator keeps heartbeat.json
+(`heartbeat.py`) for `status`; nothing it writes there feeds back into the search.
 """
 
 from __future__ import annotations
@@ -31,10 +37,19 @@ from typing import Any, Protocol
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from longrope.encodings import RopeMethod
+from longrope.search.cli_console import cli_console
 from longrope.search.genome import Genome, Seed
+from longrope.search.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.job_config import SearchConfig
 from longrope.search.objective import ObjectiveMix
 from longrope.search.optimizers import Optimizer
@@ -100,10 +115,12 @@ class Coordinator:
         *,
         console: Console | None = None,
         show_progress: bool = True,
+        heartbeat: HeartbeatWriter | None = None,
     ):
         self.settings, self.problem, self.run_dir, self.evaluator = settings, problem, run_dir, evaluator
         self.optimizer = optimizer
-        self.console = console or Console(stderr=True)
+        self.heartbeat = heartbeat or HeartbeatWriter(run_dir.file(HEARTBEAT))
+        self.console = console or cli_console()
         self.show_progress = show_progress
         self.groups = window_groups(problem.windows, settings.racing)
         self.history: dict[str, dict[str, Any]] = {}
@@ -143,22 +160,20 @@ class Coordinator:
                 raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc})") from None
             self.stopped_early = bool(state.get("stopped_early", False))
             self.exhausted = bool(state.get("exhausted", False))
-            lost = [key for key in self.optimizer.scores if history.records.get(key, {}).get("status") == "partial"]
-            lost += [key for key in self.optimizer.scores if key not in history.records]
-            if lost:
-                raise RunStoreError(
-                    f"{self.run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(self.optimizer.scores)} candidates "
-                    f"that state.json counts as scored (first {lost[0]}, no final record); the run directory is damaged"
-                )
+            check_history_holds(self.run_dir, list(self.optimizer.scores), history.records)
         self.history = dict(history.records)
         return history
 
     def run(self) -> dict[str, Any]:
-        """Run until the optimizer stops (or early stopping); returns the best candidate's history record."""
-        with self._progress() as progress:
+        """Run until the optimizer stops (or early stopping); returns the best candidate's history record.
+        heartbeat.json says the run is alive meanwhile, and records how it ended (an exception: which one)."""
+        with self.heartbeat.held(), self._progress() as progress:
             done = final_count(self.history)
             self.task = progress.add_task("search", total=self._expected_evaluations(), completed=done)
             self.progress = progress
+            if progress.disable:  # no bar: say at once what is being scored, not only when generation 0 ends
+                generation = self._generation_label(self.optimizer.generation)
+                self._log(f"search: scoring {generation}, {done} evaluations done")
             if self.steady:
                 self._run_steady()
             else:
@@ -190,7 +205,7 @@ class Coordinator:
     def _exhausted(self) -> None:
         """No new candidate can be made: the run is finished (recorded, so a resume does not try again)."""
         self.exhausted = True
-        self.console.print("search: no new candidate can be made around the population; stopping")
+        self._log("search: no new candidate can be made around the population; stopping")
         self._write_state()
 
     def _score_all(self, genomes: list[Genome]) -> dict[str, float]:
@@ -294,6 +309,7 @@ class Coordinator:
             return None
         del self.races[key]
         self.progress.update(self.task, advance=1, best=self._best_perplexity_text())
+        self.heartbeat.result()
         return _score_of(record)
 
     def _status(self, race: _Race) -> str:
@@ -323,7 +339,7 @@ class Coordinator:
         mean_nll = self.problem.mix.mean_nll(race.nll, race.tokens) if status == "scored" else None
         finite = mean_nll is not None and math.isfinite(mean_nll)
         if status == "scored" and not finite:
-            self.console.print(f"search: candidate {candidate.genome.key} scored {mean_nll}; ranked last")
+            self._log(f"search: candidate {candidate.genome.key} scored {mean_nll}; ranked last")
         return {
             "key": candidate.genome.key,
             "status": status,
@@ -349,15 +365,53 @@ class Coordinator:
             gain = self.best_by_generation[-patience - 1] - best_nll
             # sticky: in steady mode candidates still out are told after the stop and may cross a boundary
             self.stopped_early = self.stopped_early or gain < self.settings.early_stop.min_improvement
-        done = self.optimizer.generation
+        self._log(self._generation_line(seconds))
+        self.heartbeat.beat()
+
+    def _generation_line(self, seconds: float) -> str:
+        """One plain line for the generation just ended (numbered from 0, the initial population): evaluations
+        so far, the best perplexity on the search split, whether it is new, the early-stop countdown."""
+        generation = self.optimizer.generation - 1
+        best_nll = self.best_by_generation[-1]
         stopped = sum(1 for r in self.history.values() if r.get("status") == "stopped")
-        self.console.print(
-            f"generation {done}/{self.total_generations}  evaluations {final_count(self.history)}"
+        improved = len(self.best_by_generation) > 1 and best_nll < self.best_by_generation[-2]
+        return (
+            f"{self._generation_label(generation)}  evaluations {final_count(self.history)}"
             + (f" ({stopped} stopped by racing)" if self.settings.racing.enabled else "")
-            + f"  best ppl {math.exp(best_nll):.4f}  ({seconds:.1f}s, "
-            f"{self._fresh_in_generation(done - 1) / max(seconds, 1e-9):.2f} eval/s)"
-            + ("  early stop: no improvement" if self.stopped_early else "")
+            + f"  best search ppl {math.exp(best_nll):.4f}"
+            + ("  * new best" if improved else "")
+            + self._countdown_text()
+            + f"  ({seconds:.1f}s, {self._fresh_in_generation(generation) / max(seconds, 1e-9):.2f} eval/s)"
         )
+
+    def _generation_label(self, generation: int) -> str:
+        last = max(self.total_generations - 1, generation)
+        return f"generation {generation}/{last}" + (" (initial population)" if generation == 0 else "")
+
+    def _countdown_text(self) -> str:
+        """How close early stopping is: "no gain >= 0.001 for k/P generations", k being how many generations back
+        the best has gained less than `min_improvement` (the rule `_end_generation` stops on at k = P). A new
+        best smaller than that gain does not reset it, hence "gain", not "new best"."""
+        patience, stale = self.settings.early_stop.patience, self._generations_without_gain()
+        if not patience or (not stale and not self.stopped_early):
+            return ""
+        minimum = self.settings.early_stop.min_improvement
+        what = f"no gain >= {minimum:g}" if minimum > 0 else "no improvement"
+        stop = ": early stop" if self.stopped_early else ""
+        return f"  {what} for {min(stale, patience)}/{patience} generations{stop}"
+
+    def _generations_without_gain(self) -> int:
+        best, minimum = self.best_by_generation, self.settings.early_stop.min_improvement
+        stale = 0
+        for back in range(1, min(len(best) - 1, self.settings.early_stop.patience or 0) + 1):
+            if best[-1 - back] - best[-1] >= minimum:
+                break
+            stale = back
+        return stale
+
+    def _log(self, line: str) -> None:
+        """One console line as it is: never wrapped (a pipe's console is 80 columns), no markup read in it."""
+        self.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
     def _write_state(self) -> None:
         self.run_dir.write_state(
@@ -384,21 +438,29 @@ class Coordinator:
         return self.settings.population + per_generation * self.settings.generations
 
     def _progress(self) -> Progress:
-        return SearchProgress(self.console, disable=not self.show_progress)
+        """The live bar only on a terminal: elsewhere rich would print it once, at the end."""
+        return SearchProgress(self.console, disable=not self.show_progress or not self.console.is_terminal)
 
 
 class SearchProgress(Progress):
-    """The search progress bar: evaluations done / expected, best perplexity so far, evaluations per second."""
+    """The search progress bar: evaluations done / expected (the initial population included), best perplexity on
+    the search split so far, evaluations per second, time elapsed and an ETA (rich's, from the rate over the last
+    ETA_WINDOW_S: a generation's results arrive in bursts, so a short window would swing)."""
+
+    ETA_WINDOW_S = 600.0
 
     def __init__(self, console: Console, *, disable: bool):
         super().__init__(
             TextColumn("[bold]search"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("evaluations  best ppl {task.fields[best]}  {task.fields[rate]} eval/s"),
+            TextColumn("evaluations  best search ppl {task.fields[best]}  {task.fields[rate]} eval/s"),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=console,
             disable=disable,
+            speed_estimate_period=self.ETA_WINDOW_S,
         )
         self.started = time.monotonic()
         self.counted = 0
@@ -412,6 +474,18 @@ class SearchProgress(Progress):
         self.counted += int(kwargs.get("advance", 0))
         kwargs["rate"] = f"{self.counted / max(time.monotonic() - self.started, 1e-9):.2f}"
         super().update(task_id, **kwargs)
+
+
+def check_history_holds(run_dir: RunDir, scored: list[str], records: dict[str, dict[str, Any]]) -> None:
+    """Every candidate state.json counts as scored has a final record in history.jsonl (the one source of truth
+    for scores and the best); otherwise the run directory is damaged, and a resume says so rather than go on."""
+    lost = [key for key in scored if records.get(key, {}).get("status") == "partial"]
+    lost += [key for key in scored if key not in records]
+    if lost:
+        raise RunStoreError(
+            f"{run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(scored)} candidates "
+            f"that state.json counts as scored (first {lost[0]}, no final record); the run directory is damaged"
+        )
 
 
 def _score_of(record: dict[str, Any]) -> float:

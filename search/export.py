@@ -87,18 +87,38 @@ def check_output_path(out: Path, flag: str = "-o") -> None:
         raise ExportError(f"{flag} {str(out)!r}: {str(parent)!r} is not a directory")
 
 
-def write_export(factors: FactorsFile, out: Path, fmt: str) -> None:
+def write_export(factors: FactorsFile, out: Path, fmt: str) -> list[Path]:
+    """Write the export; returns the files written (a CSV comes with its sidecar, see `write_csv_export`)."""
     check_output_path(out)
-    block = factors.rope_parameters
     if fmt == "csv":
-        if any(v != 1.0 for v in block.short_factor):
-            raise ExportError(
-                "--format csv: the LongRoPE release's CSV holds one list of factors (the long ones), and these "
-                "factors have searched short factors too; export JSON instead"
-            )
-        write_text_atomic(out, "\n".join(repr(float(v)) for v in block.long_factor) + "\n")
-    else:
-        write_json_atomic(out, factors.model_dump(mode="json", exclude_none=True))
+        return write_csv_export(factors, out)
+    write_json_atomic(out, factors.model_dump(mode="json", exclude_none=True))
+    return [out]
+
+
+def csv_sidecar(out: Path) -> Path:
+    """Where a CSV export's full factors file goes: beside it, `factors.csv` -> `factors.csv.json`."""
+    return out.with_name(out.name + ".json")
+
+
+def write_csv_export(factors: FactorsFile, out: Path) -> list[Path]:
+    """The LongRoPE release's CSV: the long factors, one per line, nothing else. Its loaders read the file with
+    `np.loadtxt(path, delimiter=',', skiprows=0)` and check the array's shape (microsoft/LongRoPE, evaluation/),
+    so a header row would break them and the attention factor, mscales and provenance cannot go in. They go to a
+    sidecar instead, the same factors file the JSON export writes, so the CSV loses nothing; `longrope verify`
+    and `--seed-files` read it as they read any factors file. Both are written atomically, the sidecar first,
+    so a CSV is never there without it."""
+    block = factors.rope_parameters
+    if any(v != 1.0 for v in block.short_factor):
+        raise ExportError(
+            "--format csv: the LongRoPE release's CSV holds one list of factors (the long ones), and these "
+            "factors have searched short factors too; export JSON instead"
+        )
+    sidecar = csv_sidecar(out)
+    check_output_path(sidecar, flag="-o (its sidecar)")
+    write_json_atomic(sidecar, factors.model_dump(mode="json", exclude_none=True))
+    write_text_atomic(out, "\n".join(repr(float(v)) for v in block.long_factor) + "\n")
+    return [out, sidecar]
 
 
 def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:

@@ -46,7 +46,9 @@ class ModelConfig(Strict):
 class DataConfig(Strict):
     search_source: str = "corpus:search"  # corpus:<split>, a file, or a folder (txt / jsonl / parquet)
     test_source: str = "corpus:test"
-    tokenizer: Literal["model", "bytes"] = "model"  # "model": AutoTokenizer from the model directory
+    # "model": AutoTokenizer from the model directory; "bytes": one token per UTF-8 byte; any other value: a
+    # directory of its own that AutoTokenizer reads (only the driver, where `longrope search` runs, needs it)
+    tokenizer: str = Field(default="model", min_length=1)
     text_field: str = "text"
     search_windows: int = Field(default=8, ge=1, le=MAX_COUNT)
     test_windows: int = Field(default=32, ge=1, le=MAX_COUNT)

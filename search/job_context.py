@@ -23,7 +23,8 @@ from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_
 from longrope.search.job_record import JOB_FILE, RopeShape, read_job_record
 from longrope.search.run_store import RunDir
 from longrope.search.stages import last_stage
-from longrope.workers.documents import read_source
+from longrope.workers.documents import CORPUS_PREFIX, read_source
+from longrope.workers.errors import DataError
 from longrope.workers.models import check_model, model_rope, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.specs import ModelSpec, PoolSpec
@@ -53,9 +54,8 @@ class JobContext:
         original = config.original_length or rope.original_length
         if config.target_length <= original:
             raise JobConfigError(check_lengths_message(original, config.target_length))
-        use_bytes = config.data.tokenizer == "bytes" or config.model.path == REFERENCE
         tokenizer = TextTokenizer(
-            BYTE_TOKENIZER if use_bytes else model_dir, trust_remote_code=config.model.trust_remote_code
+            tokenizer_source(config, model_dir), trust_remote_code=config.model.trust_remote_code
         )
         return cls(config, model_dir, original, rope.method, tokenizer)
 
@@ -235,17 +235,27 @@ class JobContext:
             block = read_factors_file(path).rope_parameters
             factors, attention = np.asarray(block.long_factor, dtype=np.float64), block.attention_factor
             where = f"{field}: {path}: rope_parameters.long_factor"
-        if len(factors) != self.pairs:
-            raise JobConfigError(f"{where}: expected {self.pairs} factors (rotary_dim / 2), got {len(factors)}")
-        if factors.min() < 1.0:
-            raise JobConfigError(f"{where}: factors must be >= 1, got {factors.min()} at pair {int(factors.argmin())}")
-        decreasing = np.flatnonzero(np.diff(factors) < 0)
-        if len(decreasing):
-            i = int(decreasing[0])
-            raise JobConfigError(
-                f"{where}: factors must be non-decreasing, got {factors[i]} then {factors[i + 1]} at pair {i + 1}"
-            )
+        check_seed_factors(where, factors, self.pairs)
         return Seed(f"file:{Path(path).name}", factors, attention)
+
+    def validation_checks(self) -> list[dict]:
+        """`validate`: what resolving the job checked (model, lengths, seeds), then the data sources, read."""
+        seeds = self.seeds()
+        self.check_model()  # what `search` checks before any worker starts: validate promises no later surprise
+        return [
+            validation_check("config", None, "ok", "fields, types, ranges and cross-field rules"),
+            validation_check(
+                "model.path",
+                self.config.model.path,
+                "ok",
+                "config.json read (RoPE), tokenizer loaded, model built on the meta device (no weights read)",
+            ),
+            validation_check(
+                "lengths", self.target_length, "ok", f"target_length > original_length ({self.original_length})"
+            ),
+            validation_check("search.seeds", [seed.name for seed in seeds], "ok", "seeds and seed files resolved"),
+            *data_source_checks(self.config),
+        ]
 
     def check_model(self) -> None:
         """Load-check the model in the driver (meta device, no weights read) before any worker starts; the
@@ -282,6 +292,98 @@ class JobContext:
             batch_size=workers.batch_size,
             local_num_cpus=workers.local_num_cpus,
         )
+
+
+def check_seed_factors(where: str, factors: np.ndarray, pairs: int | None) -> None:
+    """A seed's long factors: one per rotary pair (when the model's pair count is known), >= 1, non-decreasing."""
+    if pairs is not None and len(factors) != pairs:
+        raise JobConfigError(f"{where}: expected {pairs} factors (rotary_dim / 2), got {len(factors)}")
+    if factors.min() < 1.0:
+        raise JobConfigError(f"{where}: factors must be >= 1, got {factors.min()} at pair {int(factors.argmin())}")
+    decreasing = np.flatnonzero(np.diff(factors) < 0)
+    if len(decreasing):
+        i = int(decreasing[0])
+        raise JobConfigError(
+            f"{where}: factors must be non-decreasing, got {factors[i]} then {factors[i + 1]} at pair {i + 1}"
+        )
+
+
+def check_source(field: str, source: str, text_field: str) -> int:
+    """A data source read as the search reads it (`read_source`: it exists and holds readable documents; every
+    file parsed), but not tokenized: the windows are cut by the search. Returns the number of documents. The
+    error names the field and the value, as a bad model.path does: "data.test_source: '/d' does not exist"."""
+    try:
+        return len(read_source(source, text_field=text_field))
+    except DataError as exc:
+        raise DataError(f"{field}: {str(exc).removeprefix('data source: ')}") from None
+
+
+def data_source_checks(config: JobConfig, *, offline: bool = False) -> list[dict]:
+    """The data sources' entries of `validate`'s checks. `--offline` skips the ones on disk (they may be on the
+    cluster only); `corpus:` sources ship with the package and are checked either way."""
+    checks = []
+    for name in ("search_source", "test_source"):
+        source = getattr(config.data, name)
+        if offline and not source.startswith(CORPUS_PREFIX):
+            checks.append(validation_check(f"data.{name}", source, "skipped", "--offline: not read"))
+            continue
+        count = check_source(f"data.{name}", source, config.data.text_field)
+        checks.append(validation_check(f"data.{name}", source, "ok", f"{count} documents read (not tokenized)"))
+    return checks
+
+
+def offline_checks(config: JobConfig) -> list[dict]:
+    """`validate --offline`: a cluster's config on a machine without its model or data. The config itself is
+    checked (it is loaded before this runs), and every factors file present here; what needs the model or the
+    cluster's files is listed as skipped. Imports neither torch nor Ray."""
+    original = config.original_length
+    lengths = (
+        validation_check("lengths", config.target_length, "ok", f"target_length > original_length ({original})")
+        if original
+        else validation_check("lengths", config.target_length, "skipped", "original_length comes from the model")
+    )
+    return [
+        validation_check("config", None, "ok", "fields, types, ranges and cross-field rules"),
+        validation_check("model.path", config.model.path, "skipped", "--offline: not read (config.json, tokenizer)"),
+        lengths,
+        validation_check("search.seeds", list(config.search.seeds), "skipped", "computed from the model's RoPE"),
+        *[_offline_factors_check(field, path) for field, path in _factors_paths(config)],
+        *data_source_checks(config, offline=True),
+    ]
+
+
+def _factors_paths(config: JobConfig) -> list[tuple[str, str]]:
+    search = config.search
+    paths = [("search.seed_files", path) for path in search.seed_files]
+    return paths + ([("search.long_factors", search.long_factors)] if search.long_factors else [])
+
+
+def _offline_factors_check(field: str, path: str) -> dict:
+    """A factors file present here is read and its long factors checked (>= 1, non-decreasing; their count
+    needs the model); a run directory or a path that exists only on the cluster is skipped."""
+    if not Path(path).is_file():
+        return validation_check(field, path, "skipped", "--offline: not a factors file on this machine")
+    block = read_factors_file(path).rope_parameters
+    check_seed_factors(f"{field}: {path}: rope_parameters.long_factor", np.asarray(block.long_factor), None)
+    return validation_check(field, path, "ok", "long factors >= 1 and non-decreasing (their count needs the model)")
+
+
+def tokenizer_source(config: JobConfig, model_dir: Path) -> str | Path:
+    """Where the job's tokenizer comes from: `data.tokenizer` "bytes" (and always for the byte-level reference
+    model), "model" (the model directory), or a directory of its own."""
+    choice = config.data.tokenizer
+    if choice == BYTE_TOKENIZER or config.model.path == REFERENCE:
+        return BYTE_TOKENIZER
+    if choice == "model":
+        return model_dir
+    if not Path(choice).is_dir():
+        raise DataError(f"data.tokenizer: {choice!r} is neither 'model', 'bytes' nor a tokenizer directory")
+    return Path(choice)
+
+
+def validation_check(what: str, value, result: str, detail: str) -> dict:
+    """One entry of `validate`'s "checks" list: what was looked at, its value, "ok" or "skipped", and how."""
+    return {"what": what, "value": value, "result": result, "detail": detail}
 
 
 def _run_target_length(path: str) -> int | None:

@@ -2,30 +2,35 @@
 
 Every check that can fail on bad input (config, model, data, seeds, a damaged run directory) runs before
 anything is written. A new run writes config.json and job.json before the first candidate is scored, so the
-directory can be resumed from the moment it exists.
+directory can be resumed from the moment it exists. Resuming a finished run reads its state and best and stops
+there: no model, no windows, no Ray (not even imported: the pool is imported only where a run scores).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from longrope.search.coordinator import Coordinator, SearchProblem
+from longrope.search.cli_console import cli_console
+from longrope.search.coordinator import Coordinator, SearchProblem, check_history_holds
+from longrope.search.evolution import told_from_json
 from longrope.search.genome import Seed
+from longrope.search.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.job_config import JobConfig, JobConfigError
 from longrope.search.job_context import JobContext
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.objective import ObjectiveMix
 from longrope.search.optimizers import make_optimizer
-from longrope.search.run_store import CONFIG, RunDir, final_count, write_json_atomic
-from longrope.search.stages import is_staged, stage_configs
+from longrope.search.run_store import CONFIG, STATE, RunDir, RunStoreError, final_count, write_json_atomic
+from longrope.search.stages import is_staged, stage_configs, stage_run_dirs
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.errors import DataError
-from longrope.workers.pool import WorkerPool, ensure_ray
 from longrope.workers.windows import Windows
 
 
@@ -35,16 +40,22 @@ def run_search(
     resume_dir: str | Path | None = None,
     show_progress: bool = True,
     console: Console | None = None,
+    sigterm_seen: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any]:
-    """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record."""
-    console = console or Console(stderr=True)
+    """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record.
+    `sigterm_seen`: whether the process got SIGTERM (the CLI knows; Ray may report one as Ctrl-C), so that
+    heartbeat.json records the true cause of a stop."""
+    console = console or cli_console()
+    options = _Options(console, show_progress, sigterm_seen)
+    if resume_dir and (finished := _finished_already(RunDir(resume_dir), config, console)):
+        return finished
     if (resume_dir and is_staged(RunDir(resume_dir))) or (not resume_dir and config.search.stages):
-        return _run_stages(config, resume_dir, console, show_progress)
+        return _run_stages(config, resume_dir, options)
     if resume_dir:
         run_dir = RunDir(resume_dir)
         stored = run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
         with run_dir.lock():
-            return _resume(run_dir, stored, config, console, show_progress)
+            return _resume(run_dir, stored, config, options)
     run_dir = RunDir(config.output_dir)
     run_dir.check_new(config)
     context = _checked_context(config)
@@ -53,19 +64,62 @@ def run_search(
         run_dir.check_new(config)  # again under the lock: another start may have won the race
         run_dir.create(config)
         write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows).model_dump(mode="json"))
-        coordinator = _coordinator(config, context, run_dir, console, show_progress)
+        coordinator = _coordinator(config, context, run_dir, options)
         return _run(coordinator, context, windows, console)
 
 
-def _resume(
-    run_dir: RunDir, stored: JobConfig, config: JobConfig | None, console: Console, show_progress: bool
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Options:
+    """How a search reports: its console, whether it draws a bar, and the CLI's SIGTERM flag."""
+
+    console: Console
+    show_progress: bool
+    sigterm_seen: Callable[[], bool]
+
+
+def _finished_already(run_dir: RunDir, config: JobConfig | None, console: Console) -> dict[str, Any] | None:
+    """A finished run (every stage of a staged job): its best, said in one line, before any model, window or
+    worker is touched; None when there is something left to do (or the folder is no run: the caller says so)."""
+    if not run_dir.file(CONFIG).is_file():
+        return None
+    stored = run_dir.read_config()
+    if config is not None:
+        run_dir.check_matches(config)
+    folders = stage_run_dirs(run_dir) if stored.search.stages else [run_dir]
+    if not all(_is_finished(folder) for folder in folders):
+        return None
+    best = folders[-1].best_record()
+    console.print(
+        f"search {stored.name}: finished already, run dir {run_dir.path} (best search ppl {best['perplexity']:.4f}); "
+        f"see `longrope status {run_dir.path}`",
+        soft_wrap=True,
+        markup=False,
+    )
+    return best
+
+
+def _is_finished(folder: RunDir) -> bool:
+    """Whether a run directory holds a finished run, checked as a resume checks it (a damaged one is an error,
+    not "finished": its history must hold every candidate its state counts as scored)."""
+    state = folder.read_state() if folder.file(CONFIG).is_file() else None
+    if not state or not state.get("finished"):
+        return False
+    try:
+        _, scores = told_from_json(state["evolution"]["told"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunStoreError(f"{folder.file(STATE)}: corrupted ({exc})") from None
+    check_history_holds(folder, list(scores), folder.read_history())
+    return True
+
+
+def _resume(run_dir: RunDir, stored: JobConfig, config: JobConfig | None, options: _Options) -> dict[str, Any]:
+    console = options.console
     if config is not None:
         run_dir.check_matches(config)  # equal but for where it is written and who scores it
     # the given workers section may move the run to another cluster; the windows cache follows the directory
     config = (config or stored).model_copy(update={"output_dir": str(run_dir.path)})
     context = _checked_context(config)
-    coordinator = _coordinator(config, context, run_dir, console, show_progress)
+    coordinator = _coordinator(config, context, run_dir, options)
     history = coordinator.resume()  # a damaged run directory stops here, before the windows cache is written
     windows = _search_windows(context)
     record = job_record(context, windows)
@@ -79,20 +133,21 @@ def _resume(
             f"search: warning: {run_dir.file('history.jsonl')} ended in a torn line ({len(history.torn_tail)} bytes "
             "of a write cut short); cut it, and that candidate is scored again"
         )
+    generation, last = coordinator.optimizer.generation, coordinator.total_generations - 1
     console.print(
-        f"search: resuming at generation {coordinator.optimizer.generation}/{coordinator.total_generations} "
-        f"with {final_count(coordinator.history)} candidates already scored"
+        f"search: resuming at generation {generation}/{last}{' (initial population)' if generation == 0 else ''} "
+        f"with {final_count(coordinator.history)} candidates already scored",
+        soft_wrap=True,
+        markup=False,
     )
     return _run(coordinator, context, windows, console)
 
 
-def _run_stages(
-    config: JobConfig | None, resume_dir: str | Path | None, console: Console, show_progress: bool
-) -> dict[str, Any]:
+def _run_stages(config: JobConfig | None, resume_dir: str | Path | None, options: _Options) -> dict[str, Any]:
     """A progressive job (`stages.py`): every stage is checked before anything is written, then the stages run
     in order, each started in its own directory or resumed there from its stored config (on the workers given
     now: `--resume JOB --set workers.X=...` moves every stage)."""
-    job_dir = RunDir(resume_dir or config.output_dir)
+    job_dir, console = RunDir(resume_dir or config.output_dir), options.console
     if resume_dir:
         stored = job_dir.read_config()
         if config is not None:
@@ -113,7 +168,11 @@ def _run_stages(
             if started:
                 stage = folder.read_config().model_copy(update={"workers": config.workers})
             best = run_search(
-                stage, resume_dir=folder.path if started else None, show_progress=show_progress, console=console
+                stage,
+                resume_dir=folder.path if started else None,
+                show_progress=options.show_progress,
+                console=console,
+                sigterm_seen=options.sigterm_seen,
             )
         return best
 
@@ -142,6 +201,8 @@ def _checked_context(config: JobConfig) -> JobContext:
     context.seeds()
     context.check_model()
     if config.workers.address:
+        from longrope.workers.pool import ensure_ray  # Ray: only for a run that scores
+
         ensure_ray(context.pool_spec())
     return context
 
@@ -152,9 +213,7 @@ def _search_windows(context: JobContext) -> Windows:
     return context.objective_windows(data.search_source, context.search_length, data.search_windows)
 
 
-def _coordinator(
-    config: JobConfig, context: JobContext, run_dir: RunDir, console: Console, show_progress: bool
-) -> Coordinator:
+def _coordinator(config: JobConfig, context: JobContext, run_dir: RunDir, options: _Options) -> Coordinator:
     seeds = context.seeds()
     mix = ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows)
     problem = SearchProblem(
@@ -168,10 +227,22 @@ def _coordinator(
     optimizer = make_optimizer(
         config.search, pairs=context.pairs, scale=context.scale, seeds=seeds, critical_dim=context.space().critical_dim
     )
-    return Coordinator(config.search, problem, run_dir, None, optimizer, console=console, show_progress=show_progress)
+    heartbeat = HeartbeatWriter(run_dir.file(HEARTBEAT), sigterm_seen=options.sigterm_seen)
+    return Coordinator(
+        config.search,
+        problem,
+        run_dir,
+        None,
+        optimizer,
+        console=options.console,
+        show_progress=options.show_progress,
+        heartbeat=heartbeat,
+    )
 
 
 def _run(coordinator: Coordinator, context: JobContext, windows: Windows, console: Console) -> dict[str, Any]:
+    """Start the workers and search. heartbeat.json covers the workers' start too (Ray, model loads: minutes on
+    a large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
     config = context.config
     if coordinator.finished:  # a resumed finished run: no worker needs to start
         console.print(f"search {config.name}: finished already, run dir {coordinator.run_dir.path}")
@@ -180,12 +251,15 @@ def _run(coordinator: Coordinator, context: JobContext, windows: Windows, consol
         f"search {config.name}: {context.original_length} -> {context.target_length} tokens "
         f"(scale {context.scale:g}), {context.pairs} pairs, run dir {coordinator.run_dir.path}"
     )
-    pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
-    coordinator.evaluator = pool
-    try:
-        return coordinator.run()
-    finally:
-        pool.shutdown()
+    from longrope.workers.pool import WorkerPool  # Ray: only for a run that scores
+
+    with coordinator.heartbeat.held():
+        pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
+        coordinator.evaluator = pool
+        try:
+            return coordinator.run()
+        finally:
+            pool.shutdown()
 
 
 def seeds_hash(seeds: list[Seed]) -> str:

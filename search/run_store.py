@@ -12,6 +12,9 @@
   Without it (a kill before the first generation ended) a resumed run starts the optimizer afresh from the same
   seed, which asks for exactly the candidates already in history.jsonl, so none of them is scored again.
 
+- heartbeat.json: who holds the run (pid, host), its last sign of life, and how it stopped (`heartbeat.py`);
+  read only by `status`, never by the search, so no time reaches the files above.
+
 A run directory has one writer at a time: `RunDir.lock()` takes an exclusive `flock` on the directory itself
 (nothing is written for it), held for the run's life and released by the kernel when the process dies.
 """
@@ -168,6 +171,24 @@ class RunDir:
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the lock, as the kernel does when the process dies
+
+    def lock_held(self) -> bool:
+        """Whether a `longrope search` holds this directory now: the liveness signal `status` trusts most, since
+        the kernel drops the lock however the writer dies. Probed with a shared lock dropped at once (a writer
+        starting in that instant would be refused once, as by any second writer); writes nothing."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:  # a filesystem without flock: no answer here (status falls back on the heartbeat)
+            return False
+        finally:
+            os.close(fd)
+        return False
 
     # ---- config ----
 

@@ -1,49 +1,130 @@
-"""`longrope status RUN_DIR`: where a running or finished search stands, best vs its seeds, and an ETA."""
+"""`longrope status RUN_DIR`: where a search stands (running, stopped and why, or finished), best vs its seeds,
+and an ETA while it runs.
+
+Whether it runs is not in state.json (which holds no times, so a killed run's reads like a live one's): it comes
+from the writer's lock and heartbeat.json (`heartbeat.py`). A run nobody holds any more is "stopped", with when
+and why, and the command that resumes it; it gets no ETA.
+"""
 
 from __future__ import annotations
 
+import shlex
 import statistics
+import time
+from datetime import datetime
 from typing import Any
 
+from longrope.search import heartbeat as heartbeats
+from longrope.search.job_config import JobConfig
 from longrope.search.job_record import JOB_FILE, read_job_record
-from longrope.search.run_store import RunDir, RunStoreError, best_of, final_count, seed_perplexities
+from longrope.search.run_store import (
+    CONFIG,
+    HISTORY,
+    STATE,
+    RunDir,
+    RunStoreError,
+    best_of,
+    final_count,
+    seed_perplexities,
+)
 from longrope.search.stages import stage_lengths, started_stages
 
+KILLED = "no clean stop was recorded: killed (SIGKILL, out of memory) or its machine went down"
 
-def run_status(run_dir: RunDir) -> dict[str, Any]:
-    """A run's status; a progressive job's is its latest started stage's, with the stage named."""
+
+def run_status(
+    run_dir: RunDir, *, now: float | None = None, host: str | None = None, stale_after_s: float | None = None
+) -> dict[str, Any]:
+    """A run's status; a progressive job's is its latest started stage's, with the stage named. `now`, `host`
+    and `stale_after_s` are the clock, this machine and the heartbeat age past which another host's run counts
+    as dead (defaults: the real ones, heartbeat.STALE_AFTER_S)."""
+    now = time.time() if now is None else now
+    host = heartbeats.this_host() if host is None else host
+    stale_after_s = heartbeats.STALE_AFTER_S if stale_after_s is None else stale_after_s
     config = run_dir.read_config()
     if config.search.stages:
-        started = started_stages(run_dir)
-        if not started:
-            raise RunStoreError(f"{run_dir.path}: no stage has started yet")
-        status = run_status(started[-1])
-        status["stage"] = f"{len(started)}/{len(stage_lengths(config))}"
-        return status
+        return _staged_status(run_dir, config, now=now, host=host, stale_after_s=stale_after_s)
     state = run_dir.read_state() or {"evolution": {"generation": 0}, "generation_seconds": []}
     history = run_dir.read_history()
     total = state.get("total_generations") or 1 + config.search.generations
     done = int(state["evolution"]["generation"])
     seconds = state["generation_seconds"]
     finished = bool(state.get("finished"))
-    eta = None if finished or not seconds else statistics.median(seconds[1:] or seconds) * (total - done)
+    life = liveness(run_dir, finished, now=now, host=host, stale_after_s=stale_after_s)
+    running = life["state"] == "running"
+    eta = statistics.median(seconds[1:] or seconds) * (total - done) if running and seconds else None
     best = best_of(history)
     seeds = seed_perplexities(history)
     return {
         "run_dir": str(run_dir.path),
+        "resume_dir": str(run_dir.path),
         "name": config.name,
-        "generation": done,
+        "generation": done,  # generations done, the initial population included (counted as generation 0)
         "generations": total,
         "evaluations": final_count(history),
         "stopped_by_racing": sum(1 for r in history.values() if r.get("status") == "stopped"),
         "finished": finished,
         "stopped_early": bool(state.get("stopped_early")),
+        **life,
         "best_perplexity": best["perplexity"] if best else None,
         "best_key": best["key"] if best else None,
         "seed_perplexities": seeds,
         "eta_seconds": eta,
         **record_fields(run_dir, best),
     }
+
+
+def _staged_status(
+    run_dir: RunDir, config: JobConfig, *, now: float, host: str, stale_after_s: float
+) -> dict[str, Any]:
+    """The latest started stage's status, named; between two stages the job's own lock says it still runs, and
+    only the last stage's end finishes the job. The resume command names the job directory."""
+    started = started_stages(run_dir)
+    if not started:
+        raise RunStoreError(f"{run_dir.path}: no stage has started yet")
+    stages = len(stage_lengths(config))
+    status = run_status(started[-1], now=now, host=host, stale_after_s=stale_after_s)
+    status["stage"] = f"{len(started)}/{stages}"
+    status["resume_dir"] = str(run_dir.path)
+    if status["state"] != "running" and run_dir.lock_held():
+        status.update(state="running", stopped_at=None, stop_reason=None)
+    elif status["state"] == "finished" and len(started) < stages:
+        ended = now - (status["last_update_seconds"] or 0.0)
+        status.update(state="stopped", stopped_at=_iso(ended), stop_reason=f"after stage {len(started)}")
+    return status
+
+
+def liveness(run_dir: RunDir, finished: bool, *, now: float, host: str, stale_after_s: float) -> dict[str, Any]:
+    """The run's state: finished, running (the lock is held, or the heartbeat says so credibly: see
+    `heartbeat.is_alive`) or stopped; with who wrote the heartbeat, how long ago, and for a stopped run when and
+    why it stopped."""
+    beat = heartbeats.read_heartbeat(run_dir.file(heartbeats.HEARTBEAT))
+    alive = heartbeats.is_alive(beat, run_dir.lock_held(), now=now, host=host, stale_after_s=stale_after_s)
+    state = "finished" if finished else "running" if alive else "stopped"
+    life: dict[str, Any] = {
+        "state": state,
+        "pid": beat.pid if beat else None,
+        "host": beat.host if beat else None,
+        "heartbeat": beat.state if beat else None,
+        "last_update_seconds": max(0.0, now - beat.updated_at) if beat else None,
+        "stopped_at": None,
+        "stop_reason": None,
+    }
+    if state == "stopped":
+        stopped_at = beat.updated_at if beat else _last_write(run_dir)
+        life["stopped_at"] = _iso(stopped_at)
+        life["stop_reason"] = (beat.stop_reason if beat.state == "stopped" else KILLED) if beat else None
+    return life
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
+
+
+def _last_write(run_dir: RunDir) -> float:
+    """When a run without a heartbeat (an older version's) last wrote anything: its stop time, as near as known."""
+    times = [run_dir.file(name).stat().st_mtime for name in (STATE, HISTORY, CONFIG) if run_dir.file(name).exists()]
+    return max(times)
 
 
 def record_fields(run_dir: RunDir, best: dict | None) -> dict[str, Any]:
@@ -67,10 +148,9 @@ def format_status(status: dict[str, Any]) -> str:
     stage = f" (stage {status['stage']})" if status.get("stage") else ""
     lines = [
         f"run {status['name']} in {status['run_dir']}{stage}",
-        f"  generation {status['generation']}/{status['generations']}, {status['evaluations']} evaluations"
-        + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else "")
-        + ", "
-        + ("finished" + (" (stopped early)" if status["stopped_early"] else "") if status["finished"] else "running"),
+        f"  {_generations_text(status)}, {status['evaluations']} evaluations"
+        + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else ""),
+        f"  {state_text(status)}",
     ]
     if "model" in status:
         lines.append(
@@ -84,6 +164,38 @@ def format_status(status: dict[str, Any]) -> str:
     for name, ppl in sorted(status["seed_perplexities"].items(), key=lambda item: item[1] or float("inf")):
         gain = f"  best is {100 * (1 - status['best_perplexity'] / ppl):.1f}% lower" if ppl else ""
         lines.append(f"  seed {name:12s} perplexity {ppl:.4f}{gain}" if ppl else f"  seed {name:12s} diverged")
-    if status["eta_seconds"] is not None:
-        lines.append(f"  ETA {status['eta_seconds'] / 60:.1f} min")
     return "\n".join(lines)
+
+
+def _generations_text(status: dict[str, Any]) -> str:
+    """Generations numbered as the search's log numbers them: 0 is the initial population."""
+    done, last = status["generation"], status["generations"] - 1
+    if done == 0:
+        return f"generation 0/{last} (initial population) not done yet"
+    return f"generation {done - 1}/{last} done (generation 0 is the initial population)"
+
+
+def state_text(status: dict[str, Any]) -> str:
+    """finished / running (who, how recently, ETA) / stopped (when, why, and how to go on)."""
+    if status["state"] == "finished":
+        return "finished" + (" (stopped early: no improvement)" if status["stopped_early"] else "")
+    if status["state"] == "running":
+        eta = f", ETA {status['eta_seconds'] / 60:.1f} min" if status["eta_seconds"] is not None else ""
+        if status["heartbeat"] != "running":  # the lock is held, the new holder has not written its heartbeat yet
+            return f"running (starting){eta}"
+        return (
+            f"running (pid {status['pid']} on {status['host']}, last update {_ago(status['last_update_seconds'])}){eta}"
+        )
+    reason = f" ({status['stop_reason']})" if status["stop_reason"] else ""
+    stopped_at = status["stopped_at"].replace("T", " ")
+    return (
+        f"stopped at {stopped_at}{reason}; resume with `longrope search --resume {shlex.quote(status['resume_dir'])}`"
+    )
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"

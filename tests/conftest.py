@@ -78,3 +78,25 @@ def save_tiny_llama(
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """An embedded Ray of its own for a test module (never a cluster that `ray start` left on this machine), with
+    two fake GPUs so GPU actors schedule while torch.cuda stays unavailable."""
+    import os
+
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        object_store_memory=100 * 1024 * 1024,
+    )
+    yield
+    ray.shutdown()

@@ -298,6 +298,57 @@ CASES = [
         "search.change_probability = -0.1: Input should be greater than 0",
         id="change-probability-negative",
     ),
+    # data sources: checked by `validate` as the model is, one line naming the field and the value
+    pytest.param(
+        lambda t: validate(t, base(t, data={"search_source": "none.jsonl"})),
+        "data.search_source: 'none.jsonl' does not exist",
+        id="validate-missing-search-source",
+    ),
+    pytest.param(
+        lambda t: (t / "empty").mkdir() or validate(t, base(t, data={"test_source": "empty"})),
+        "data.test_source: 'empty' holds no .txt/.md/.jsonl/.parquet documents",
+        id="validate-data-folder-without-documents",
+    ),
+    pytest.param(
+        lambda t: (
+            write(t / "d.jsonl", '{"text": "a"}\n{oops\n') and validate(t, base(t, data={"search_source": "d.jsonl"}))
+        ),
+        "data.search_source: data file: d.jsonl:2 is not valid JSON",
+        id="validate-data-file-not-jsonl",
+    ),
+    pytest.param(
+        lambda t: validate(t, base(t), "data.test_source=corpus:nope"),
+        "data.test_source: unknown corpus split 'nope'",
+        id="validate-unknown-corpus-split",
+    ),
+    pytest.param(
+        lambda t: (
+            write(
+                t / "s.json",
+                json.dumps(
+                    {
+                        "rope_parameters": {
+                            "rope_type": "longrope",
+                            "rope_theta": 10000.0,
+                            "long_factor": [1.0, 3.0, 2.0],
+                            "short_factor": [1.0] * 3,
+                            "original_max_position_embeddings": 128,
+                            "factor": 8.0,
+                            "attention_factor": 1.1,
+                        },
+                        "max_position_embeddings": 1024,
+                        "provenance": {"created_by": "test", "method": "x", "method_rope_parameters": {}},
+                    }
+                ),
+            )
+            and [
+                *validate(t, base(t, model={"path": "/cluster/model"}, search={"seed_files": ["s.json"]})),
+                "--offline",
+            ]
+        ),
+        "search.seed_files: s.json: rope_parameters.long_factor: factors must be non-decreasing, got 3.0 then 2.0",
+        id="validate-offline-still-reads-a-local-seed-file",
+    ),
     # 3. `longrope encodings factors`
     pytest.param(
         lambda t: factors("yarn", "--factor", "1e308", "--original-length", "128", "--head-dim", "32"),

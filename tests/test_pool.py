@@ -30,22 +30,6 @@ ORIGINAL, TARGET, PAIRS = 64, 128, 16
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(
-        address="local",  # its own instance, never a cluster that `ray start` left on this machine
-        num_cpus=2,
-        num_gpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level="ERROR",
-        object_store_memory=100 * 1024 * 1024,
-    )
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def windows():
     return np.random.default_rng(0).integers(0, 96, size=(2, TARGET + 1))
 

@@ -237,7 +237,8 @@ def test_search_export_compare_with_a_bpe_tokenizer(direction, bpe_model, data_f
     scaled_model = with_factors(model_dir, factors, tmp_path / "scaled_model")
     np.testing.assert_allclose(hf_window_nll(scaled_model, search_windows), best["nll"], rtol=1e-4)
 
-    code, out, err = longrope(capsys, "compare", config, *sets, "--factors", factors_path, *length_args)
+    out_args = ["--factors", factors_path, "-o", run / "compare", *length_args]
+    code, out, err = longrope(capsys, "compare", config, *sets, *out_args)
     assert code == 0, err
     assert "| file:factors.json |" in out
     result = json.loads((run / "compare" / "compare.json").read_text())
@@ -308,6 +309,30 @@ def test_data_without_the_text_field_is_one_line_exit_2(command, kind, bpe_model
     code, out, err = longrope(capsys, command, config, *extra, *sets, "--set", f"output_dir={run}")
     assert code == 2 and not out
     assert len(err.strip().splitlines()) == 1 and str(bad) in err and re.search(message, err), err
-    assert not (run / "history.jsonl").exists() and not (run / "compare").exists()
+    assert not (run / "history.jsonl").exists() and not list(run.glob("compare*"))
     if command == "search":
         assert not run.exists()
+
+
+def test_a_tokenizer_directory_of_its_own(bpe_model, data_files, tmp_path, capsys):
+    """`data.tokenizer: DIR`: a model directory without tokenizer files, the tokenizer elsewhere (a cluster keeps
+    one copy where the driver runs); the job's windows are that tokenizer's ids, and a missing DIR is one line."""
+    from longrope.search.job_config import load_job_config
+    from longrope.search.job_context import JobContext
+
+    model_dir, tokenizer = bpe_model
+    bare = tmp_path / "bare-model"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((model_dir / name).read_bytes())
+    separate = tmp_path / "tokenizer"
+    tokenizer.save_pretrained(separate)
+    config_path = write_config(tmp_path / "c.yaml", bare)
+    overrides = [f"data.tokenizer={separate}", f"data.search_source={data_files['jsonl']}", f"output_dir={tmp_path}"]
+    context = JobContext.resolve(load_job_config(config_path, overrides))
+    windows = context.windows(str(data_files["jsonl"]), TARGET, 2)
+    for row, name, offset in zip(windows.tokens, windows.names, windows.offsets, strict=True):
+        ids = tokenizer(data_files["text_of"](name), add_special_tokens=False)["input_ids"]
+        assert row.tolist() == ids[offset : offset + TARGET + 1]
+    code, _, err = longrope(capsys, "validate", config_path, "--set", f"data.tokenizer={tmp_path / 'none'}")
+    assert code == 2 and err.count("\n") == 1 and "data.tokenizer: " in err and "none'" in err

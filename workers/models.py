@@ -181,6 +181,22 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers draws a "Loading weights" bar per load: one per worker in a search, one in `verify`, each a
+    line of carriage returns in a log. A local load from disk is too short to follow, so the bar is switched off
+    for the load and restored after; transformers' warnings and errors are left as they are."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def check_rotary(model) -> None:
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is None or not isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
@@ -209,15 +225,16 @@ def load_model(
     check_weights(model_dir)
     torch_device = check_load_options(attn_implementation, device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir,
-            dtype=resolve_dtype(dtype, torch_device),
-            attn_implementation=attn_implementation,
-            trust_remote_code=trust_remote_code,
-            local_files_only=True,
-            use_safetensors=True,
-            **(config_overrides or {}),
-        )
+        with no_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(
+                model_dir,
+                dtype=resolve_dtype(dtype, torch_device),
+                attn_implementation=attn_implementation,
+                trust_remote_code=trust_remote_code,
+                local_files_only=True,
+                use_safetensors=True,
+                **(config_overrides or {}),
+            )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"model directory: cannot load {str(model_dir)!r}: {exc}") from None
     check_rotary(model)

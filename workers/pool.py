@@ -3,8 +3,8 @@
 Results come back as they finish (no barrier per batch), so a slow worker never idles the others; each
 worker keeps `calls_per_worker` batches queued so it never waits for the coordinator between batches. A
 worker that dies loses only its in-flight batches, which go back to the front of the queue for the others;
-Ray restarts the actor where it can (`max_restarts`), and the pool takes it back once it answers again. The
-caller gets every result exactly once.
+Ray restarts the actor where it can (`max_restarts`), and the pool sends it the windows again and takes it back
+once it answers. The caller gets every result exactly once.
 
 The pool fails fast, with the cause: a worker that cannot load its model reports that exception at once (it is
 not restarted into the same failure); a worker that has died more often than Ray restarts it is given up at
@@ -40,34 +40,56 @@ WindowRange = tuple[int, int]  # [start, stop) of the job's windows
 Task = tuple[Key, RopeMethod, WindowRange | None]  # a candidate on some windows (None: all of them)
 
 
+class WindowsMissing(RuntimeError):
+    """A worker was asked to score before it had its windows: a restarted actor (Ray rebuilt it from its
+    constructor arguments, which hold no windows) that the pool has not sent them to yet."""
+
+
 class ScoringWorker:
-    """The Ray actor: loads the model once, receives the windows once, then scores batches.
+    """The Ray actor: loads the model once, receives the windows once (`load`), then scores batches.
 
     `windows` is one [count, length] array, or a list of them (window sets of different lengths, e.g. compare's
     lengths and objectives) with one loss mask each: the sets share one model copy, so a worker loads the model
     once for all of them. Windows are numbered across the sets in order, and a task's range lies in one set.
 
+    The pool sends the windows by a `load` call after the actor starts, not as constructor arguments: Ray logs an
+    error for every actor built from object-store arguments with `max_restarts > 0` (ray-project/ray#53727, a
+    restart can fail if those arguments are lost). A restarted actor therefore comes back with its model but no
+    windows, says so (`WindowsMissing`), and the pool sends them again before it scores anything there.
+
     A load that fails is kept as `load_error` instead of killing the actor: Ray would restart it into the same
     failure and the caller would only learn that the actor died. Every call then raises it, so the pool
     reports the real cause at once."""
 
-    def __init__(self, spec: ModelSpec, windows, loss_mask=None):
-        self.load_error: str | None = None
-        self.device = "none"
+    def __init__(self, spec: ModelSpec, windows=None, loss_mask=None):
+        self.spec, self.load_error, self.device = spec, None, "none"
+        self.scorers: list | None = None  # (first window number, scorer of that set), once `load` has run
+        self.model = self.rope = None
         try:
-            self._load(spec, *as_window_sets(windows, loss_mask))
+            self.model, self.rope = self._load_model(spec)
         except Exception as exc:  # reported by every call, see the class docstring
             self.load_error = f"{type(exc).__name__}: {one_line(exc)}"
+        if windows is not None:  # built directly, outside a pool
+            self.load(windows, loss_mask)
 
-    def _load(self, spec: ModelSpec, windows: list[np.ndarray], loss_masks: list[np.ndarray | None]) -> None:
+    def load(self, windows, loss_mask=None) -> dict:
+        """Take the windows (once per actor life; a repeated call keeps the first ones); answers as `ready`."""
+        if self.scorers is None and self.load_error is None:
+            try:
+                self._load_windows(*as_window_sets(windows, loss_mask))
+            except Exception as exc:  # reported by every call, see the class docstring
+                self.load_error = f"{type(exc).__name__}: {one_line(exc)}"
+        return self.ready()
+
+    @staticmethod
+    def _load_model(spec: ModelSpec):
         import torch
 
         from longrope.workers.models import load_model
-        from longrope.workers.scorer import Scorer
 
         if spec.device in ("auto", "cpu") and not torch.cuda.is_available():
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        model, rope = load_model(
+        return load_model(
             spec.model_dir,
             device=spec.device,
             dtype=spec.dtype,
@@ -75,21 +97,27 @@ class ScoringWorker:
             trust_remote_code=spec.trust_remote_code,
             config_overrides=spec.config_overrides,
         )
-        self.scorers: list[tuple[int, Scorer]] = []  # (first window number, scorer of that set)
-        first = 0
+
+    def _load_windows(self, windows: list[np.ndarray], loss_masks: list[np.ndarray | None]) -> None:
+        import torch
+
+        from longrope.workers.scorer import Scorer
+
+        spec, scorers, first = self.spec, [], 0
         for tokens, mask in zip(windows, loss_masks, strict=True):
             scorer = Scorer(
-                model,
+                self.model,
                 torch.from_numpy(np.asarray(tokens)),
-                rope.method.original_inv_freq(),
+                self.rope.method.original_inv_freq(),
                 candidates_per_forward=spec.candidates_per_forward,
                 tokens_per_forward=spec.tokens_per_forward,
                 loss_chunk_tokens=spec.loss_chunk_tokens,
                 loss_mask=None if mask is None else torch.from_numpy(np.asarray(mask, dtype=bool)),
             )
-            self.scorers.append((first, scorer))
+            scorers.append((first, scorer))
             first += len(tokens)
-        self.device = str(self.scorers[0][1].device)
+        self.scorers = scorers
+        self.device = str(scorers[0][1].device)
 
     def ready(self) -> dict:
         self._check_loaded()
@@ -124,6 +152,8 @@ class ScoringWorker:
     def _check_loaded(self) -> None:
         if self.load_error is not None:
             raise ModelLoadError(f"worker on {os.uname().nodename} could not load the model: {self.load_error}")
+        if self.scorers is None:
+            raise WindowsMissing(f"worker on {os.uname().nodename} (pid {os.getpid()}) has no windows yet")
 
 
 def as_window_sets(windows, loss_mask=None) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
@@ -319,6 +349,7 @@ class _Call:
     worker: _Worker
     batch: list[Task] = field(default_factory=list)
     probe: bool = False
+    load: bool = False  # a `load` call (the windows), answered with the worker's ready() info
 
 
 class WorkerPool:
@@ -337,14 +368,15 @@ class WorkerPool:
         them; `self.spans` gives each set's range for `submit`). `loss_mask` [count, length - 1], or one per set:
         which predictions of each window count (None: all).
         `worker_class`: the actor class (ScoringWorker; bench/search_cost.py passes a synthetic one with the
-        same constructor and `ready`/`score` methods to measure scheduling without a model)."""
+        same constructor and `ready`/`score` methods to measure scheduling without a model). It is built with
+        no windows; a class with a `load` method gets them from `load` (see ScoringWorker)."""
         spec = spec or PoolSpec()
         if spec.num_workers < 1:
             raise WorkerPoolError(f"workers.num_workers: must be at least 1, got {spec.num_workers}")
         ensure_ray(spec)
         self.spec = spec
         num_cpus, num_gpus = actor_resources(spec, ray.cluster_resources())
-        # Held for the pool's lifetime: a restarted actor is built again from these constructor arguments.
+        # Held for the pool's lifetime: sent to every worker by `load`, and again to a restarted one.
         window_sets, loss_masks = as_window_sets(windows, loss_mask)
         self.spans = window_spans(window_sets)
         self.windows_ref = ray.put([np.ascontiguousarray(w, dtype=np.int64) for w in window_sets])
@@ -356,10 +388,13 @@ class WorkerPool:
             max_task_retries=0,
         )
         count = workers_to_start(spec, num_cpus, num_gpus, ray.nodes())
-        arguments = (model, self.windows_ref, self.loss_mask_ref)
-        self.workers = [_Worker(actor_class.remote(*arguments), i) for i in range(count)]
+        # no ObjectRef among the constructor arguments (see ScoringWorker): the windows follow by `load`
+        self.workers = [_Worker(actor_class.remote(model, None), i) for i in range(count)]
         self._queue: deque[Task] = deque()  # packed into calls of batch_size when a worker has room
         self._calls: dict[ray.ObjectRef, _Call] = {}
+        if callable(getattr(worker_class or ScoringWorker, "load", None)):
+            for worker in self.workers:
+                self._send_windows(worker)
         self.failures = 0
         self.started_at = time.monotonic()
         self.answered = False  # has any worker answered a call yet?
@@ -407,6 +442,15 @@ class WorkerPool:
         for worker in self.workers:
             ray.kill(worker.actor, no_restart=True)
         self.workers, self._calls = [], {}
+
+    def _send_windows(self, worker: _Worker, *, probe: bool = False) -> None:
+        """The windows to one worker (`load`), ahead of any batch sent to it (Ray runs one caller's calls to an
+        actor in order). Counted in flight like a batch, so a worker that dies loading is noticed like one
+        that dies scoring; as a probe, it brings a restarted worker back once it answers."""
+        call = _Call(worker, probe=probe, load=True)
+        self._calls[worker.actor.load.remote(self.windows_ref, self.loss_mask_ref)] = call
+        if not probe:
+            worker.in_flight += 1
 
     def _dispatch(self) -> None:
         now = time.monotonic()
@@ -456,6 +500,9 @@ class WorkerPool:
             return []
         except RayTaskError as exc:  # the call itself raised: the same input would fail again, so stop now
             cause = exc.cause if isinstance(exc.cause, Exception) else exc
+            if isinstance(cause, WindowsMissing):  # a restarted actor: not this input's fault
+                self._on_windows_missing(call)
+                return []
             if isinstance(cause, ModelLoadError):
                 raise ModelLoadError(str(cause)) from None
             name = type(cause).__name__
@@ -469,7 +516,15 @@ class WorkerPool:
             call.worker.death_counted = False
             return []
         call.worker.in_flight -= 1
-        return value
+        return [] if call.load else value
+
+    def _on_windows_missing(self, call: _Call) -> None:
+        """A restarted actor answered without windows: a probe sends them (the worker stays down until that
+        answers); a batch goes back to the queue, and the worker is probed like any other failed one."""
+        if call.probe:
+            self._send_windows(call.worker, probe=True)
+        else:
+            self._on_failure(call, died=False)
 
     def _on_failure(self, call: _Call, *, died: bool = True) -> None:
         """Re-queue lost work; probe the worker until Ray has restarted it or `restart_timeout_s` passes."""

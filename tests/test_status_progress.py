@@ -1,0 +1,312 @@
+"""`longrope status` tells a live run from a dead one, and says why a run stopped; the search's progress reads
+well on a terminal (a bar with an ETA) and off one (one plain line per generation, from generation 0).
+
+Everything runs on the cheap known objective (no model, no Ray) except the two CLI checks, which go through
+`longrope search` with the worker pool replaced (a worker's OOM) or never reached (a finished run's resume)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+from rich.progress import TimeRemainingColumn
+from search_helpers import FunctionEvaluator, finished_run, make_coordinator
+
+from longrope.search import heartbeat as heartbeats
+from longrope.search.job_config import load_job_config
+from longrope.search.run_store import RunDir
+from longrope.search.status import KILLED, format_status, run_status
+from longrope.workers.errors import Terminated, WorkerPoolError
+
+TESTS = Path(__file__).resolve().parent
+HANG_GUARD_S = 120  # a hung subprocess fails the test instead of holding CI; no assertion is made on time
+OOM = "worker 0: scoring failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB"
+RESUME = "resume with `longrope search --resume"
+
+
+def job(run_dir: Path, *overrides: str):
+    return load_job_config(None, ["target_length=256", f"output_dir={run_dir}", *overrides])
+
+
+class FailingEvaluator(FunctionEvaluator):
+    """Scores generation 0, then raises `error` when the next generation is collected (a worker's OOM, a
+    Ctrl-C or SIGTERM arriving while the coordinator waits on the workers)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__()
+        self.error = error
+
+    def as_completed(self):
+        if self.calls >= 1:
+            raise self.error
+        yield from super().as_completed()
+
+
+def stopped_run(run_dir: Path, error: BaseException, **coordinator_options):
+    """A run stopped by `error` after generation 0; returns the exception the coordinator let through."""
+    config = job(run_dir, "search.generations=4")
+    store = RunDir(run_dir)
+    store.create(config)
+    coordinator = make_coordinator(config, store, FailingEvaluator(error))
+    if coordinator_options:
+        coordinator.heartbeat = heartbeats.HeartbeatWriter(store.file(heartbeats.HEARTBEAT), **coordinator_options)
+    with pytest.raises(type(error)) as raised:
+        coordinator.run()
+    return raised.value
+
+
+# ---- item 3: status of a live, a killed, another host's and a finished run ----
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from search_helpers import FunctionEvaluator, make_coordinator
+    from longrope.search.job_config import load_job_config
+    from longrope.search.run_store import RunDir
+
+    class Stalling(FunctionEvaluator):
+        def as_completed(self):
+            if self.calls >= 1:  # generation 0 is scored and recorded; then wait, as on a slow worker
+                print("holding", flush=True)
+                time.sleep(3600)
+            yield from super().as_completed()
+
+    run_dir = RunDir(sys.argv[1])
+    config = load_job_config(None, ["target_length=256", "search.generations=4", f"output_dir={{run_dir.path}}"])
+    with run_dir.lock():
+        run_dir.create(config)
+        make_coordinator(config, run_dir, Stalling()).run()
+    """
+)
+
+
+def wait_for_line(process: subprocess.Popen, expected: str) -> None:
+    ready, _, _ = select.select([process.stdout], [], [], HANG_GUARD_S)
+    assert ready, "hang guard"
+    line = process.stdout.readline()
+    assert line.strip() == expected, (line, process.stderr.read() if process.poll() is not None else "")
+
+
+def test_status_says_running_while_a_process_holds_the_run_and_stopped_once_it_is_killed(tmp_path):
+    """A live search: "running (pid N on HOST, ...)" with an ETA. SIGKILLed, its heartbeat still says running,
+    but the lock is gone and the pid too: "stopped at ..." with the resume command and no ETA."""
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER.format(tests=str(TESTS)))
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_line(process, "holding")
+        status = run_status(RunDir(run_dir))
+        assert status["state"] == "running" and status["pid"] == process.pid, status
+        assert status["eta_seconds"] is not None
+        text = format_status(status)
+        assert f"running (pid {process.pid} on {heartbeats.this_host()}, last update " in text
+        assert "ETA" in text and "stopped" not in text
+    finally:
+        process.kill()
+        process.wait(timeout=HANG_GUARD_S)
+    status = run_status(RunDir(run_dir))
+    assert status["state"] == "stopped" and status["eta_seconds"] is None, status
+    assert status["stop_reason"] == KILLED
+    text = format_status(status)
+    assert "stopped at " in text and f"{RESUME} {run_dir}`" in text
+    assert "ETA" not in text and "running (" not in text
+
+
+def test_status_of_another_hosts_run_goes_by_the_heartbeats_age(tmp_path):
+    """From another machine the lock says nothing: a "running" heartbeat younger than the threshold is a live
+    run, an older one a dead run (the clock and the threshold are passed in: no wall-clock in the test)."""
+    stopped_run(tmp_path / "run", KeyboardInterrupt())
+    store = RunDir(tmp_path / "run")
+    beat = heartbeats.Heartbeat(state="running", pid=4242, host="gpu-node-7", started_at=1000.0, updated_at=1000.0)
+    store.file(heartbeats.HEARTBEAT).write_text(beat.model_dump_json())
+
+    live = run_status(store, now=1010.0, host="laptop", stale_after_s=60.0)
+    assert live["state"] == "running" and live["eta_seconds"] is not None
+    assert "running (pid 4242 on gpu-node-7, last update 10s ago), ETA" in format_status(live)
+
+    dead = run_status(store, now=1061.0, host="laptop", stale_after_s=60.0)
+    assert dead["state"] == "stopped" and dead["eta_seconds"] is None
+    assert dead["stop_reason"] == KILLED and f"{RESUME} {store.path}`" in format_status(dead)
+
+
+def test_a_finished_run_is_finished_and_the_heartbeat_leaves_the_search_files_alone(tmp_path):
+    """A clean end is recorded as finished (no ETA, no "running"); two identical runs still write the same
+    history.jsonl and optimizer state: the heartbeat's times reach neither."""
+    first, second = finished_run(tmp_path / "a"), finished_run(tmp_path / "b")
+    beat = heartbeats.read_heartbeat(first / heartbeats.HEARTBEAT)
+    assert beat is not None and beat.state == "finished" and beat.pid == os.getpid() and beat.stop_reason is None
+    status = run_status(RunDir(first))
+    assert status["state"] == "finished" and status["eta_seconds"] is None
+    text = format_status(status)
+    assert "  finished" in text and "running (" not in text and "ETA" not in text
+    assert (first / "history.jsonl").read_bytes() == (second / "history.jsonl").read_bytes()
+    states = [json.loads((run / "state.json").read_text()) for run in (first, second)]
+    for state in states:
+        del state["generation_seconds"]  # the run's own timing, there before the heartbeat
+    assert states[0] == states[1]
+
+
+@pytest.mark.parametrize(
+    ("error", "sigterm_seen", "reason"),
+    [
+        (KeyboardInterrupt(), False, "Ctrl-C"),
+        (Terminated(), False, "SIGTERM"),
+        (KeyboardInterrupt(), True, "SIGTERM"),  # Ray turns a SIGTERM raised in its waits into Ctrl-C
+        (WorkerPoolError(OOM), False, f"WorkerPoolError: {OOM}"),
+    ],
+    ids=["ctrl-c", "sigterm", "sigterm-via-ray", "worker-oom"],
+)
+def test_why_a_run_stopped_is_recorded_and_shown(tmp_path, error, sigterm_seen, reason):
+    stopped_run(tmp_path / "run", error, sigterm_seen=lambda: sigterm_seen)
+    beat = heartbeats.read_heartbeat(tmp_path / "run" / heartbeats.HEARTBEAT)
+    assert beat is not None and beat.state == "stopped" and beat.stop_reason == reason
+    status = run_status(RunDir(tmp_path / "run"))
+    assert status["state"] == "stopped" and status["stop_reason"] == reason and status["eta_seconds"] is None
+    text = format_status(status)
+    assert "stopped at " in text and f"({reason}); {RESUME} {tmp_path / 'run'}`" in text
+    assert "ETA" not in text
+
+
+# ---- item 5: a worker's OOM through `longrope search`: one console line, and status ----
+
+
+class OomPool:
+    """Stands in for WorkerPool: starts, then a worker reports CUDA OOM, as the real pool reports it."""
+
+    def __init__(self, *args, **kwargs):
+        self.capacity = 1
+
+    def submit(self, candidates, windows=None):
+        pass
+
+    def as_completed(self):
+        raise WorkerPoolError(OOM)
+        yield  # a generator, like the pool's
+
+    def shutdown(self):
+        pass
+
+
+def test_worker_oom_is_one_console_line_and_the_stop_reason_in_status(tmp_path, monkeypatch, capsys):
+    from longrope.search import cli, jobs
+    from longrope.workers import pool
+
+    monkeypatch.setattr(pool, "WorkerPool", OomPool)
+    monkeypatch.setattr(jobs, "WorkerPool", OomPool, raising=False)
+    config = {
+        "target_length": 256,
+        "output_dir": str(tmp_path / "run"),
+        "data": {"search_windows": 2, "cache_dir": str(tmp_path / "cache")},
+        "search": {"generations": 1},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["search", str(tmp_path / "job.yaml"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    oom_lines = [line for line in err.splitlines() if "CUDA out of memory" in line]
+    assert len(oom_lines) == 1 and oom_lines[0].startswith(f"longrope: error: {OOM}"), err
+    assert f"longrope search --resume {tmp_path / 'run'}" in oom_lines[0]
+    status = run_status(RunDir(tmp_path / "run"))
+    assert status["state"] == "stopped" and status["stop_reason"] == f"WorkerPoolError: {OOM}"
+    assert "OutOfMemoryError: CUDA out of memory" in format_status(status)
+
+
+# ---- item 3: resuming a finished run starts no Ray ----
+
+
+RESUMER = textwrap.dedent(
+    """
+    import json, sys
+    from longrope.search import cli
+    codes = [
+        cli.main(["search", "--resume", sys.argv[1]]),
+        cli.main(["search", "--resume", sys.argv[1], "--set", "workers.address=127.0.0.1:1"]),
+    ]
+    print(json.dumps({{"codes": codes, "ray_imported": "ray" in sys.modules}}))
+    """
+)
+
+
+def test_resuming_a_finished_run_says_so_without_starting_ray(tmp_path):
+    """Neither Ray nor a cluster is touched: `ray` is never imported, and a dead cluster address is not even
+    tried (it would fail the resume with "nothing answers there")."""
+    run_dir = finished_run(tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    result = subprocess.run(
+        [sys.executable, "-c", RESUMER.format(), str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"codes": [0, 0], "ray_imported": False}, result.stderr
+    assert result.stderr.count("finished already") == 2, result.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+
+# ---- item 4: progress off a terminal and on one ----
+
+
+def progress_run(run_dir: Path, console: Console, *overrides: str):
+    config = job(run_dir, *overrides)
+    store = RunDir(run_dir)
+    store.create(config)
+    coordinator = make_coordinator(config, store, FunctionEvaluator())
+    coordinator.console, coordinator.show_progress = console, True
+    coordinator.run()
+    return coordinator
+
+
+def test_piped_progress_is_one_plain_line_per_generation_from_generation_0(tmp_path):
+    """Off a terminal: no bar and no ANSI code, a line at once, then one whole line per generation numbered
+    from 0 (the initial population), with the search-split perplexity, new bests marked, and the early-stop
+    countdown (a 0.5-nat minimum gain that nothing reaches: 1/3, 2/3, then 3/3 and the stop)."""
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    assert not console.is_terminal
+    progress_run(
+        tmp_path / "run",
+        console,
+        "search.generations=5",
+        "search.early_stop.patience=3",
+        "search.early_stop.min_improvement=0.5",
+    )
+    text = out.getvalue()
+    assert "\x1b" not in text and "━" not in text
+    lines = text.splitlines()
+    assert lines[0] == "search: scoring generation 0/5 (initial population), 0 evaluations done"
+    generations = [line for line in lines if line.startswith("generation ")]
+    assert [line.split()[1] for line in generations] == ["0/5", "1/5", "2/5", "3/5"]
+    assert generations[0].startswith("generation 0/5 (initial population)  evaluations 64  best search ppl ")
+    assert all("best search ppl" in line and line.endswith("eval/s)") for line in generations), "one whole line"
+    assert "no gain >= 0.5 for 1/3 generations" in generations[1]
+    assert "no gain >= 0.5 for 2/3 generations" in generations[2]
+    assert "no gain >= 0.5 for 3/3 generations: early stop" in generations[3]
+    assert any("* new best" in line for line in generations[1:])
+    assert "new best" not in generations[0]
+
+
+def test_terminal_progress_has_a_bar_with_an_eta(tmp_path):
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=True)
+    coordinator = progress_run(tmp_path / "run", console, "search.generations=2")
+    bar = coordinator._progress()
+    assert not bar.disable
+    assert any(isinstance(column, TimeRemainingColumn) for column in bar.columns)
+    assert "ETA" in out.getvalue() and "best search ppl" in out.getvalue()
+    assert "generation 0/2 (initial population)" in out.getvalue()
