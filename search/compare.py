@@ -29,10 +29,9 @@ from longrope.search.export import factors_file_of_run
 from longrope.search.factors_file import read_factors_file
 from longrope.search.intervals import interval, paired_difference
 from longrope.search.job_config import JobConfigError
-from longrope.search.job_context import JobContext
+from longrope.search.job_context import JobContext, data_source_checks
 from longrope.search.needle_report import needle_cell, needle_table, plot_needle_heatmap
 from longrope.search.run_store import RunDir, RunStoreError, write_json_atomic, write_text_atomic
-from longrope.workers.documents import read_source
 from longrope.workers.errors import DataError
 from longrope.workers.pool import WorkerPool
 from longrope.workers.windows import Windows
@@ -78,8 +77,7 @@ def compare_window_sets(context: JobContext, lengths: list[int], log) -> dict[tu
     split at the target length (to tune NTK), and per length the test split's perplexity and needle windows
     (none where a needle cannot fit)."""
     data = context.config.data
-    for source in (data.search_source, data.test_source):  # a bad source stops here, before any cache is written
-        read_source(source, text_field=data.text_field)
+    data_source_checks(context.config)  # as validate checks them: a bad source stops here, before any cache write
     sets = {
         ("tuning", context.target_length): context.windows(
             data.search_source, context.target_length, data.search_windows

@@ -23,7 +23,7 @@ from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_
 from longrope.search.job_record import JOB_FILE, RopeShape, read_job_record
 from longrope.search.run_store import RunDir
 from longrope.search.stages import last_stage
-from longrope.workers.documents import CORPUS_PREFIX, read_source
+from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
 from longrope.workers.errors import DataError
 from longrope.workers.models import check_model, model_rope, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
@@ -43,6 +43,8 @@ class JobContext:
     tokenizer: TextTokenizer
     _seeds: list[Seed] | None = field(default=None, init=False, repr=False)
     _kept_long: Seed | None = field(default=None, init=False, repr=False)
+    # each source's documents, read once per job: compare cuts several window sets (lengths x objectives) from one
+    _documents: dict[str, list[TextDocument]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def resolve(cls, config: JobConfig) -> JobContext:
@@ -54,9 +56,7 @@ class JobContext:
         original = config.original_length or rope.original_length
         if config.target_length <= original:
             raise JobConfigError(check_lengths_message(original, config.target_length))
-        tokenizer = TextTokenizer(
-            tokenizer_source(config, model_dir), trust_remote_code=config.model.trust_remote_code
-        )
+        tokenizer = TextTokenizer(tokenizer_source(config, model_dir), trust_remote_code=config.model.trust_remote_code)
         return cls(config, model_dir, original, rope.method, tokenizer)
 
     @property
@@ -114,7 +114,9 @@ class JobContext:
         """`count` windows of `length` tokens read at `length` positions (so length + 1 tokens each), with the
         loss mask of `objective` (a tail starts at original_length); `cached=False` writes no cache (a check)."""
         data = self.config.data
-        documents = read_source(source, text_field=data.text_field)
+        if source not in self._documents:
+            self._documents[source] = read_source(source, text_field=data.text_field)
+        documents = self._documents[source]
         cache = Path(data.cache_dir) if data.cache_dir else Path(self.config.output_dir) / "windows-cache"
         cache = cache if cached else None
         return load_windows(
