@@ -9,7 +9,7 @@ import sys
 import warnings
 
 from longrope.encodings.errors import EncodingConfigError
-from longrope.search import cli_encodings, cli_estimate, cli_search, cli_workers
+from longrope.search import cli_encodings, cli_estimate, cli_extrapolation, cli_search, cli_workers
 from longrope.search.export import ExportError
 from longrope.search.factors_file import package_version
 from longrope.search.job_config import JobConfigError
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_workers.add_parser(subparsers)
     cli_search.add_parsers(subparsers)
     cli_estimate.add_parser(subparsers)
+    cli_extrapolation.add_parser(subparsers)
     return parser
 
 

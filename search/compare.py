@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from longrope.encodings import LongRope, NtkRope, RopeMethod, from_hf
+from longrope.encodings import LongRope, NtkRope, RopeMethod
 from longrope.search.export import factors_file_of_run
-from longrope.search.factors_file import read_factors_file
+from longrope.search.factors_file import factors_encoding, read_factors_file
 from longrope.search.intervals import interval, paired_difference
 from longrope.search.job_config import JobConfigError
 from longrope.search.job_context import JobContext, data_source_checks
@@ -149,14 +149,7 @@ def tuned_ntk(context: JobContext, pool: ComparePool) -> tuple[RopeMethod, dict[
 def factors_method(context: JobContext, path: str) -> RopeMethod:
     """A factors file, or a run directory (its best candidate, as `longrope export` writes it)."""
     factors = factors_file_of_run(RunDir(path)) if Path(path).is_dir() else read_factors_file(path)
-    pairs = len(factors.rope_parameters.long_factor)
-    if pairs != context.pairs:
-        raise JobConfigError(f"--factors {path}: {pairs} factors, but this model has {context.pairs} rotary pairs")
-    return from_hf(
-        factors.rope_parameters.model_dump(exclude_none=True),
-        head_dim=context.method.head_dim,
-        max_position_embeddings=factors.max_position_embeddings,
-    )
+    return factors_encoding(factors, head_dim=context.method.head_dim, pairs=context.pairs, source=f"--factors {path}")
 
 
 def needle_cell_of(score) -> dict[str, Any]:
@@ -266,7 +259,7 @@ class CompareOut:
         if held and not self.overwrite:
             shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
             raise JobConfigError(
-                f"--out-dir {self.path}: not empty (holds {shown}); give --overwrite to replace compare's files "
+                f"--out-dir {self.path}: not empty (holds {shown}); give --overwrite to replace the files "
                 "there, or another directory"
             )
         _check_creatable(self.path, "--out-dir")

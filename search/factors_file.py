@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from longrope.encodings import LongRope, RopeMethod
+from longrope.encodings import LongRope, RopeMethod, from_hf
 from longrope.search.job_config import JobConfigError
 
 
@@ -103,3 +103,16 @@ def read_factors_file(path: str | Path) -> FactorsFile:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise JobConfigError(f"factors file {str(path)!r}: {field}: {first['msg']}") from None
+
+
+def factors_encoding(factors: FactorsFile, *, head_dim: int, pairs: int, source: str) -> RopeMethod:
+    """The LongRoPE encoding a factors file states, for a model with `pairs` rotary pairs of `head_dim`;
+    `source` names the file (or flag) in the error when the counts differ."""
+    count = len(factors.rope_parameters.long_factor)
+    if count != pairs:
+        raise JobConfigError(f"{source}: {count} factors, but this model has {pairs} rotary pairs")
+    return from_hf(
+        factors.rope_parameters.model_dump(exclude_none=True),
+        head_dim=head_dim,
+        max_position_embeddings=factors.max_position_embeddings,
+    )

@@ -8,15 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from longrope.encodings import (
-    DynamicNtkRope,
-    LinearRope,
-    Llama3Rope,
-    LongRope,
-    NtkRope,
-    RopeMethod,
-    YarnRope,
-)
+from longrope.encodings import LongRope, RopeMethod
+from longrope.encodings.baselines import baseline_methods
 from longrope.search.factors_file import read_factors_file
 from longrope.search.genome import SearchSpace, Seed, resolve_space
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
@@ -155,29 +148,13 @@ class JobContext:
 
     def baselines(self) -> dict[str, RopeMethod]:
         """The closed-form methods at their nominal settings for this job's scale."""
-        shape = {
-            "head_dim": self.method.head_dim,
-            "rope_theta": self.method.rope_theta,
-            "partial_rotary_factor": self.method.partial_rotary_factor,
-        }
-        s, original, target = self.scale, self.original_length, self.target_length
-        return {
-            "none": RopeMethod(max_position_embeddings=target, **shape),
-            "pi": LinearRope(max_position_embeddings=target, factor=s, **shape),
-            "ntk": NtkRope(max_position_embeddings=target, factor=s, **shape),
-            "dynamic": DynamicNtkRope(max_position_embeddings=original, factor=s, **shape),
-            "yarn": YarnRope(
-                max_position_embeddings=target, factor=s, original_max_position_embeddings=original, **shape
-            ),
-            "llama3": Llama3Rope(
-                max_position_embeddings=target,
-                factor=s,
-                low_freq_factor=1.0,
-                high_freq_factor=4.0,
-                original_max_position_embeddings=original,
-                **shape,
-            ),
-        }
+        return baseline_methods(
+            head_dim=self.method.head_dim,
+            rope_theta=self.method.rope_theta,
+            partial_rotary_factor=self.method.partial_rotary_factor,
+            original=self.original_length,
+            target=self.target_length,
+        )
 
     def seeds(self) -> list[Seed]:
         """Resolved once per job (seed files and other runs' directories are read once): the check, the search

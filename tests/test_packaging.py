@@ -35,6 +35,9 @@ def test_wheel_holds_every_module(wheel):
             assert f"{package}/{module.name}" in names, f"{module} missing from the wheel"
     for data in ("config.json", "model.safetensors"):
         assert f"longrope/workers/reference_model/{data}" in names, f"reference model {data} missing from the wheel"
+        for encoding in ("sinusoidal", "learned", "alibi", "cope", "nope", "rope"):
+            assert f"longrope/workers/suite_models/{encoding}/{data}" in names, f"{encoding} {data} not in the wheel"
+    assert "longrope/workers/suite_models/demo_factors.json" in names
     assert not any(name.startswith(("encodings/", "longrope/__init__")) for name in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "longrope = longrope.search.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

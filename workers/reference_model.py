@@ -21,12 +21,10 @@ import torch
 
 from longrope.workers.byte_tokenizer import BYTE_VOCAB_SIZE, encode_bytes
 from longrope.workers.corpus import Split, corpus_documents, corpus_provenance
-from longrope.workers.needles import NUMBER_HIGH, NUMBER_LOW, answer_mask, make_needle, needle_windows
+from longrope.workers.needles import answer_mask, needle_windows
 from longrope.workers.reference_recipe import TrainingRecipe
 from longrope.workers.scorer import chunked_loss
-from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
-
-BYTES = TextTokenizer(BYTE_TOKENIZER)
+from longrope.workers.training_loop import BYTES, train_steps
 
 
 def reference_config(recipe: TrainingRecipe):
@@ -53,21 +51,6 @@ def split_tokens(split: Split) -> list[np.ndarray]:
     return [encode_bytes(doc.text) for doc in corpus_documents(split)]
 
 
-def _batch(stream: np.ndarray, rng: np.random.Generator, recipe: TrainingRecipe) -> torch.Tensor:
-    """Random windows of the stream; with a needle share, that share of rows become needle windows (a number
-    hidden at a random depth and asked for at the end), drawn after the plain starts so a share of 0 draws
-    exactly what the first recipe drew."""
-    length = recipe.train_length
-    starts = rng.integers(0, len(stream) - length, size=recipe.batch_size)
-    rows = [stream[s : s + length] for s in starts]
-    if recipe.needle_share > 0:
-        for row in np.flatnonzero(rng.random(recipe.batch_size) < recipe.needle_share):
-            number = str(int(rng.integers(NUMBER_LOW, NUMBER_HIGH)))
-            haystack = stream[starts[row] : starts[row] + length]
-            rows[row] = make_needle(haystack, BYTES, length=length, depth=float(rng.random()), number=number).tokens
-    return torch.from_numpy(np.stack(rows))
-
-
 @torch.no_grad()
 def needle_retrieval(model, documents: list[np.ndarray], length: int, count: int = 64) -> dict[str, float]:
     """Exact-match accuracy and mean answer NLL of `count` held-out needle windows of `length` tokens, by the
@@ -79,13 +62,6 @@ def needle_retrieval(model, documents: list[np.ndarray], length: int, count: int
     hidden = model.model(input_ids=tokens[:, :-1]).last_hidden_state
     nll, misses = chunked_loss(hidden, tokens[:, 1:], model.lm_head, chunk_tokens=8192, loss_mask=mask)
     return {"accuracy": float((misses == 0).double().mean()), "answer_nll": float((nll / mask.sum(dim=1)).mean())}
-
-
-def _learning_rate(recipe: TrainingRecipe, step: int) -> float:
-    if step < recipe.warmup_steps:
-        return recipe.learning_rate * (step + 1) / recipe.warmup_steps
-    progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
-    return recipe.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @torch.no_grad()
@@ -106,30 +82,20 @@ def train_reference(out_dir: Path, recipe: TrainingRecipe, *, log=print) -> dict
 
     torch.manual_seed(recipe.seed)
     torch.use_deterministic_algorithms(True)
-    rng = np.random.default_rng(recipe.seed)
     model = LlamaForCausalLM(reference_config(recipe))
     stream = np.concatenate(split_tokens("train"))
     test_needle_docs = split_tokens("test")
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay, betas=(0.9, 0.95)
-    )
+
+    def needle_check(step: int) -> None:
+        model.eval()
+        found = needle_retrieval(model, test_needle_docs, recipe.train_length, count=32)["accuracy"]
+        model.train()
+        log(f"step {step:5d}/{recipe.steps}  needle accuracy at {recipe.train_length}: {found:.2f}")
+
     started = time.monotonic()
-    for step in range(recipe.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(recipe, step)
-        batch = _batch(stream, rng, recipe)
-        loss = model(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if step % 1000 == 999:
-            model.eval()
-            found = needle_retrieval(model, test_needle_docs, recipe.train_length, count=32)["accuracy"]
-            model.train()
-            log(f"step {step:5d}/{recipe.steps}  needle accuracy at {recipe.train_length}: {found:.2f}")
-        if step % 200 == 0 or step == recipe.steps - 1:
-            log(f"step {step:5d}/{recipe.steps}  loss {loss.item():.3f}  {time.monotonic() - started:6.0f}s")
+    train_steps(
+        model, lambda batch: model(input_ids=batch, labels=batch).loss, stream, recipe, log=log, every_1000=needle_check
+    )
     model.eval()
     test_docs = split_tokens("test")
     span = 8 * recipe.train_length

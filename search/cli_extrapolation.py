@@ -1,0 +1,77 @@
+"""`longrope extrapolation`: the suite's positional encodings, trained alike, read at 1x to 16x their length."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from longrope.search.cli_workers import SUITE_ENCODINGS
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "extrapolation",
+        help="perplexity of every trained positional encoding (and RoPE's extension methods) at 1x-16x the "
+        "training length",
+    )
+    parser.add_argument("-o", "--out-dir", type=Path, required=True, help="where extrapolation.json/.md/.png go")
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out-dir")
+    parser.add_argument(
+        "--checkpoints",
+        type=Path,
+        help="a directory with one checkpoint per encoding (what `longrope train-reference --encoding all --out "
+        "DIR` writes; default: the shipped checkpoints)",
+    )
+    parser.add_argument(
+        "--factors",
+        type=Path,
+        help="LongRoPE factors file for the rope model's longrope row (default: the demo's searched factors)",
+    )
+    parser.add_argument("--documents", type=int, default=24, help="held-out documents per length (default 24)")
+    parser.set_defaults(handler=run_extrapolation_command)
+
+
+def checkpoint_dirs(root: Path | None) -> dict[str, Path]:
+    """{encoding: checkpoint directory}, in the suite's order; every encoding when `root` is None (shipped)."""
+    from longrope.search.job_config import JobConfigError
+    from longrope.workers.suite_training import suite_model_dir
+
+    if root is None:
+        return {name: suite_model_dir(name) for name in SUITE_ENCODINGS}
+    if not root.is_dir():
+        raise JobConfigError(f"--checkpoints {root}: no such directory")
+    found = {name: root / name for name in SUITE_ENCODINGS if (root / name / "config.json").is_file()}
+    if not found:
+        raise JobConfigError(
+            f"--checkpoints {root}: holds none of {', '.join(f'{n}/config.json' for n in SUITE_ENCODINGS)}"
+        )
+    return found
+
+
+def run_extrapolation_command(args: argparse.Namespace) -> int:
+    from longrope.search.compare import CompareOut
+    from longrope.search.extrapolation import OUTPUT_FILES, markdown_table, run_extrapolation, write_outputs
+    from longrope.search.factors_file import read_factors_file
+    from longrope.search.job_config import JobConfigError
+    from longrope.workers.suite_training import DEMO_FACTORS
+
+    if args.documents < 2:
+        raise JobConfigError(f"--documents: needs at least 2 for an interval, got {args.documents}")
+    out = CompareOut(args.out_dir, overwrite=args.overwrite)
+    out.check()
+    checkpoints = checkpoint_dirs(args.checkpoints)
+    factors_path = args.factors or DEMO_FACTORS
+    factors = read_factors_file(factors_path)
+    started = time.monotonic()
+    cells = run_extrapolation(
+        checkpoints,
+        factors,
+        f"--factors {factors_path}",
+        documents=args.documents,
+        log=lambda line: print(line, flush=True),
+    )
+    write_outputs(cells, out.create())
+    print(markdown_table(cells))
+    print(f"extrapolation: wrote {out.path}/ ({', '.join(OUTPUT_FILES)}) in {time.monotonic() - started:.0f} s")
+    return 0
