@@ -66,6 +66,8 @@ class ExtrapolationCell(BaseModel):
 
 
 CELLS = TypeAdapter(list[ExtrapolationCell])
+# after tab10's last three unused colours, so that no two rows of the figure share one: navy, gold, black
+EXTENSION_COLOURS = ("#1f3a93", "#b8860b", "#000000")
 
 
 @dataclass(frozen=True)
@@ -269,51 +271,75 @@ def _cell_text(cell: ExtrapolationCell, best: float | None) -> str:
 
 
 def plot_extrapolation(cells: list[ExtrapolationCell], path: Path | None = None):
-    """Perplexity against length, both axes log, one line per row with 95% intervals as error bars: the trained
-    encodings solid, the RoPE extensions dashed; a row that cannot run past its table stops where it stops."""
+    """Perplexity against length, both axes log, one line per row with 95% intervals as error bars, in two panels
+    that share the y axis: the encodings as trained (left) and the RoPE model with each extension method (right,
+    plain RoPE repeated as the reference). A row that cannot run past its table stops where it stops."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 5.5))
+    left, right = fig.subplots(1, 2, sharey=True)
+    rows = rows_of(cells)
+    trained = [row for row in rows if row.method == "none"]
+    extended = [row for row in rows if row.encoding == "rope"]
+    palette = [colormaps["tab10"](k) for k in range(10) if k != 7]  # grey is the grid's colour
+    colours = {row: palette[k % len(palette)] for k, row in enumerate(trained)}
+    others = iter(palette[len(trained) :] + list(EXTENSION_COLOURS))
+    colours |= {row: next(others) for row in extended if row not in colours}
+    for ax, panel, title in (
+        (left, trained, "the encodings as trained"),
+        (right, extended, "the RoPE model read with each extension"),
+    ):
+        for index, row in enumerate(panel):
+            _plot_row(ax, cells, row, colours[row], nudge=0.015 * (index - (len(panel) - 1) / 2))
+        _length_axes(ax, cells)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    left.set_ylabel("test perplexity (log scale, lower is better)")
+    fig.suptitle("Extrapolation of the suite's positional encodings (one architecture, corpus and training budget)")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def _plot_row(ax, cells: list[ExtrapolationCell], row: Row, colour, *, nudge: float) -> None:
+    """One row's line with error bars, nudged along x so that rows' bars do not hide each other."""
+    mine = [c for c in cells if (c.encoding, c.method) == (row.encoding, row.method)]
+    points = [c for c in mine if c.perplexity is not None]
+    if not points:
+        return
+    label = row.label + (f" (cannot run past {points[-1].length})" if len(points) < len(mine) else "")
+    ax.errorbar(
+        np.array([c.length for c in points], dtype=float) * (1 + nudge),
+        [c.perplexity for c in points],
+        yerr=np.array([[c.perplexity - c.low for c in points], [c.high - c.perplexity for c in points]]),
+        label=label,
+        color=colour,
+        linestyle="--" if row.method != "none" else "-",
+        marker="o",
+        markersize=4,
+        capsize=2,
+    )
+
+
+def _length_axes(ax, cells: list[ExtrapolationCell]) -> None:
+    """Log x at the measured lengths, log y labelled with plain numbers, covering every interval."""
     from matplotlib.ticker import NullLocator
 
     from longrope.search.compare import _log_axis
 
-    fig = Figure(figsize=(9, 5.5))
-    ax = fig.add_subplot()
-    rows = rows_of(cells)
-    for index, row in enumerate(rows):
-        points = [c for c in cells if (c.encoding, c.method) == (row.encoding, row.method) and c.perplexity]
-        x = np.array([c.length for c in points], dtype=float) * (1 + 0.012 * (index - len(rows) / 2))
-        y = np.array([c.perplexity for c in points])
-        bars = np.array([[c.perplexity - c.low for c in points], [c.high - c.perplexity for c in points]])
-        missing = len({c.length for c in cells}) - len(points)
-        ax.errorbar(
-            x,
-            y,
-            yerr=bars,
-            label=row.label + (f" (cannot run past {points[-1].length})" if missing and points else ""),
-            color=colormaps["tab20"](index % 20),
-            linestyle="-" if row.method == "none" else "--",
-            marker="o",
-            markersize=4,
-            capsize=2,
-        )
     lengths = sorted({c.length for c in cells})
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.xaxis.set_minor_locator(NullLocator())
-    bottom, top = min(c.low for c in cells if c.low) / 1.05, max(c.high for c in cells if c.high) * 1.05
+    bottom = min(c.low for c in cells if c.low is not None) / 1.05
+    top = max(c.high for c in cells if c.high is not None) * 1.05
     ax.set_ylim(bottom, top)
     _log_axis(ax.yaxis, bottom, top)
-    ax.set_xlabel(f"context length (tokens); the models were trained at {lengths[0]}")
-    ax.set_ylabel("test perplexity (log scale, lower is better)")
-    ax.set_title("Extrapolation of the suite's positional encodings (same model, data and budget)")
+    ax.set_xlabel(f"context length (tokens); trained at {lengths[0]}")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
 
 
 def write_outputs(cells: list[ExtrapolationCell], directory: Path) -> None:
