@@ -29,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="LongRoPE factors file for the rope model's longrope row (default: the demo's searched factors)",
     )
     parser.add_argument("--documents", type=int, default=24, help="held-out documents per length (default 24)")
+    parser.add_argument("--device", default="cpu", help="torch device for the forwards (default cpu; e.g. cuda)")
     parser.set_defaults(handler=run_extrapolation_command)
 
 
@@ -49,6 +50,19 @@ def checkpoint_dirs(root: Path | None) -> dict[str, Path]:
     return found
 
 
+def check_device(name: str) -> None:
+    """A device torch can use here, or one line naming it."""
+    import torch
+
+    from longrope.search.job_config import JobConfigError
+
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:  # unknown name; CUDA not compiled in or no GPU
+        raise JobConfigError(f"--device {name}: torch cannot use it here ({str(error).splitlines()[0]})") from None
+
+
 def run_extrapolation_command(args: argparse.Namespace) -> int:
     from longrope.search.compare import CompareOut
     from longrope.search.extrapolation import OUTPUT_FILES, markdown_table, run_extrapolation, write_outputs
@@ -58,6 +72,7 @@ def run_extrapolation_command(args: argparse.Namespace) -> int:
 
     if args.documents < 2:
         raise JobConfigError(f"--documents: needs at least 2 for an interval, got {args.documents}")
+    check_device(args.device)
     out = CompareOut(args.out_dir, overwrite=args.overwrite)
     out.check()
     checkpoints = checkpoint_dirs(args.checkpoints)
@@ -69,6 +84,7 @@ def run_extrapolation_command(args: argparse.Namespace) -> int:
         factors,
         f"--factors {factors_path}",
         documents=args.documents,
+        device=args.device,
         log=lambda line: print(line, flush=True),
     )
     write_outputs(cells, out.create())

@@ -100,13 +100,14 @@ def document_nll(model, tokens: np.ndarray, length: int, batch_tokens: int = 163
 
     count, span = tokens.shape[0], tokens.shape[1] - 1
     windows = np.stack([tokens[:, k * length : k * length + length + 1] for k in range(span // length)], axis=1)
-    rows = torch.from_numpy(windows.reshape(-1, length + 1))
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    rows = torch.from_numpy(windows.reshape(-1, length + 1)).to(device)
     losses = []
     with torch.inference_mode():
         for chunk in rows.split(max(1, batch_tokens // length)):
             logits = model(chunk[:, :-1])
             losses.append(functional.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none").mean(1))
-    return torch.cat(losses).double().reshape(count, -1).mean(dim=1).numpy()
+    return torch.cat(losses).double().reshape(count, -1).mean(dim=1).cpu().numpy()
 
 
 def measured_cell(row: Row, length: int, multiple: int, nll: np.ndarray) -> ExtrapolationCell:
@@ -176,13 +177,14 @@ def run_extrapolation(
     factors_source: str,
     *,
     documents: int = DEFAULT_DOCUMENTS,
+    device: str = "cpu",
     multiples: tuple[int, ...] = MULTIPLES,
     log: Callable[[str], None] = print,
 ) -> list[ExtrapolationCell]:
     """Every cell: each checkpoint as trained at each multiple, then the rope checkpoint with each extension."""
     from longrope.workers.suite_training import load_suite_model
 
-    models = {name: load_suite_model(path) for name, path in checkpoints.items()}
+    models = {name: load_suite_model(path).to(device) for name, path in checkpoints.items()}
     train_length = _common_train_length(models)
     rope = models.get("rope")
     longrope = searched_encoding(factors, rope.config, factors_source) if rope is not None else None

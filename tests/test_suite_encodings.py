@@ -241,6 +241,7 @@ def test_extrapolation_cli_writes_every_cell(tmp_path, capsys):
         (["--checkpoints", "{t}"], "--checkpoints {t}: holds none of sinusoidal/config.json"),
         (["--documents", "1"], "--documents: needs at least 2 for an interval, got 1"),
         (["--factors", "{t}/f.json"], "factors file '{t}/f.json': no such file"),
+        (["--device", "bogus"], "--device bogus: torch cannot use it here"),
     ],
 )
 def test_extrapolation_bad_input_is_one_line(tmp_path, capsys, args, message):
@@ -259,3 +260,25 @@ def test_extrapolation_refuses_factors_of_another_model(tmp_path, capsys):
     assert main(["extrapolation", "-o", str(tmp_path / "out"), "--factors", str(factors), "--documents", "2"]) == 2
     err = capsys.readouterr().err
     assert "original_max_position_embeddings is 64, but the rope model was trained at 128" in err
+
+
+def test_sinusoidal_model_adds_the_papers_table_to_scaled_embeddings():
+    """Vaswani et al. sec. 3.4/3.5 worked by hand: layer 0 reads sqrt(d) * E[token] + PE[p], with
+    PE[p, 2k] = sin(p / 10000^(2k/d)) and PE[p, 2k+1] = cos(p / 10000^(2k/d))."""
+    from longrope.workers.suite_training import suite_config
+
+    recipe = TrainingRecipe(hidden_size=16, head_dim=8, num_heads=2, num_layers=1, intermediate_size=32)
+    model = SuiteDecoder(suite_config("sinusoidal", recipe)).eval()
+    assert suite_config("rope", recipe).embedding_scale == 1.0
+    seen = []
+    model.model.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    ids = torch.tensor([[3, 7, 250, 9]])
+    with torch.no_grad():
+        model(ids)
+    expected = 4.0 * model.model.embed_tokens.weight[ids[0]].clone()
+    for p in range(4):
+        for k in range(8):
+            angle = p / 10000 ** (2 * k / 16)
+            expected[p, 2 * k] += np.sin(angle)
+            expected[p, 2 * k + 1] += np.cos(angle)
+    torch.testing.assert_close(seen[0][0], expected, atol=1e-6, rtol=1e-6)

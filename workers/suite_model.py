@@ -46,6 +46,9 @@ class SuiteModelConfig(BaseModel):
     train_length: int = Field(gt=0)
     rope_theta: float = Field(default=10000.0, gt=1.0)
     rms_norm_eps: float = Field(default=1e-6, gt=0.0)
+    # token embeddings are multiplied by this before position is added: sqrt(d_model) for sinusoidal, as in
+    # Vaswani et al. 2017 (sec. 3.4), so that unit-amplitude sinusoids do not drown the tokens; 1 otherwise
+    embedding_scale: float = Field(default=1.0, gt=0.0)
 
     def plain_rope(self) -> RopeMethod:
         """The RoPE the `rope` model was trained with: plain RoPE at its training length."""
@@ -142,7 +145,8 @@ class SuiteDecoder(nn.Module):
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.model.position.add_to_embeddings(self.model.embed_tokens(input_ids), positions)
+        tokens = self.model.embed_tokens(input_ids) * self.config.embedding_scale
+        x = self.model.position.add_to_embeddings(tokens, positions)
         for layer in self.model.layers:
             x = layer(x, positions)
         return self.model.norm(x)

@@ -7,6 +7,7 @@ position enters the model. The learned table covers the training length only, as
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -59,6 +60,7 @@ def suite_config(encoding: EncodingName, recipe: TrainingRecipe) -> SuiteModelCo
         head_dim=recipe.head_dim,
         train_length=recipe.train_length,
         rope_theta=recipe.rope_theta,
+        embedding_scale=math.sqrt(recipe.hidden_size) if encoding == "sinusoidal" else 1.0,
     )
 
 
