@@ -8,7 +8,7 @@ encoding's forward costs next to RoPE's.
    seconds of each and its ratio to the RoPE model's, measured side by side in the same rounds.
 
 Writes OUT/extrapolation.{json,md,png} (the command's outputs) and OUT/bench.json.
-Run: .venv/bin/python bench/extrapolation.py [--documents 24] [--rounds 3] [--out bench/results/extrapolation]
+Run: .venv/bin/python bench/extrapolation.py [--documents 16] [--rounds 3] [--out bench/results/extrapolation]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel
 
 from longrope.search.cli import main
+from longrope.search.cli_extrapolation import DEFAULT_DOCUMENTS
 from longrope.search.extrapolation import evaluation_tokens
 from longrope.workers.suite_model import ENCODING_NAMES
 from longrope.workers.suite_training import load_suite_model, suite_model_dir
@@ -54,7 +55,7 @@ def forward_seconds(rounds: int) -> dict[str, float]:
 
 def main_bench() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--documents", type=int, default=24)
+    parser.add_argument("--documents", type=int, default=DEFAULT_DOCUMENTS)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/extrapolation"))
     args = parser.parse_args()

@@ -31,7 +31,6 @@ from longrope.search.factors_file import FactorsFile, factors_encoding
 from longrope.search.intervals import interval
 
 MULTIPLES = (1, 2, 4, 8, 16)
-DEFAULT_DOCUMENTS = 24
 OUTPUT_FILES = ("extrapolation.json", "extrapolation.md", "extrapolation.png")
 ROPE_EXTENSIONS = ("pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
 # How the guide this project starts from rates each method's extrapolation (its words, and ours for them).
@@ -176,7 +175,7 @@ def run_extrapolation(
     factors: FactorsFile,
     factors_source: str,
     *,
-    documents: int = DEFAULT_DOCUMENTS,
+    documents: int,
     device: str = "cpu",
     multiples: tuple[int, ...] = MULTIPLES,
     log: Callable[[str], None] = print,
