@@ -266,7 +266,7 @@ def _cell_text(cell: ExtrapolationCell, best: float | None) -> str:
     if cell.perplexity is None:
         return "cannot run"
     value = f"{cell.perplexity:.3f}"
-    if best is not None and cell.perplexity == best:
+    if best is not None and value == f"{best:.3f}":  # ties as printed are all bold
         value = f"**{value}**"
     return f"{value} [{cell.low:.3f}, {cell.high:.3f}]"
 
