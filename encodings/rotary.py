@@ -116,7 +116,7 @@ def apply_rotary(
     """
     if head_axis is not None:
         cos, sin = cos.unsqueeze(head_axis), sin.unsqueeze(head_axis)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    cos, sin = cos.to(device=x.device, dtype=x.dtype), sin.to(device=x.device, dtype=x.dtype)
     rot_dim = cos.shape[-1]
     x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]
     rotate = rotate_half if layout == "rotate_half" else rotate_interleaved

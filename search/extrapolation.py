@@ -110,6 +110,7 @@ def document_nll(model, tokens: np.ndarray, length: int, batch_tokens: int = 163
 
 
 def measured_cell(row: Row, length: int, multiple: int, nll: np.ndarray) -> ExtrapolationCell:
+    """Perplexity = exp(mean NLL per token), its interval exp() of the normal interval over documents."""
     mean, low, high = interval(nll)
     return ExtrapolationCell(
         encoding=row.encoding,
@@ -167,6 +168,9 @@ def searched_encoding(factors: FactorsFile, config, source: str) -> RopeMethod:
             f"{source}: original_max_position_embeddings is {original}, but the rope model was trained at "
             f"{config.train_length}"
         )
+    theta = factors.rope_parameters.rope_theta
+    if theta != config.rope_theta:
+        raise JobConfigError(f"{source}: rope_theta is {theta:g}, but the rope model has {config.rope_theta:g}")
     return factors_encoding(factors, head_dim=config.head_dim, pairs=config.head_dim // 2, source=source)
 
 
@@ -222,6 +226,7 @@ def _ppl_text(value: float | None) -> str:
 
 
 def _common_train_length(models: dict) -> int:
+    """Multiples only compare across checkpoints trained at one length."""
     from longrope.search.job_config import JobConfigError
 
     lengths = {name: model.config.train_length for name, model in models.items()}
@@ -231,6 +236,7 @@ def _common_train_length(models: dict) -> int:
 
 
 def rows_of(cells: list[ExtrapolationCell]) -> list[Row]:
+    """The rows in the order they were run (the table's and the plot's order)."""
     return list(dict.fromkeys(Row(cell.encoding, cell.method) for cell in cells))
 
 

@@ -19,10 +19,12 @@ from longrope.encodings.rope_methods import LongRope
 from longrope.search.cli import main
 from longrope.search.extrapolation import (
     MULTIPLES,
+    ExtrapolationCell,
     Row,
     cell_of,
     document_nll,
     evaluation_tokens,
+    markdown_table,
 )
 from longrope.workers.reference_recipe import TrainingRecipe
 from longrope.workers.suite_model import ENCODING_NAMES, SuiteDecoder, SuiteModelConfig
@@ -118,7 +120,7 @@ def test_suite_training_is_deterministic(tmp_path):
     assert all(torch.equal(a[key], b[key]) for key in a)
 
 
-def test_learned_table_is_the_training_length_and_other_encodings_add_no_positions(tmp_path):
+def test_learned_table_is_the_training_length_and_other_encodings_add_no_positions():
     config = SuiteModelConfig(encoding="learned", train_length=48, **SHAPE)
     model = SuiteDecoder(config)
     assert model.model.position.table.weight.shape == (48, SHAPE["hidden_size"])
@@ -143,6 +145,8 @@ def test_each_shipped_checkpoint_forwards_through_the_suite_module(name, monkeyp
     suite_class, place, hook = SUITE_MODULES[name]
     modules = _encoding_modules(model, place)
     assert modules and all(type(module) is suite_class for module in modules)
+    elsewhere = _encoding_modules(model, "attention" if place == "embeddings" else "embeddings")
+    assert all(type(module) is NoPE for module in elsewhere)  # position enters in one place only
     ids = torch.from_numpy(evaluation_tokens(model.config.train_length, 1, 1)[:, :-1])
     calls = []
     original = getattr(suite_class, hook)
@@ -282,3 +286,40 @@ def test_sinusoidal_model_adds_the_papers_table_to_scaled_embeddings():
             expected[p, 2 * k] += np.sin(angle)
             expected[p, 2 * k + 1] += np.cos(angle)
     torch.testing.assert_close(seen[0][0], expected, atol=1e-6, rtol=1e-6)
+
+
+def test_cli_lists_the_suite_encodings_without_importing_torch():
+    from longrope.search.cli_workers import SUITE_ENCODINGS
+
+    assert SUITE_ENCODINGS == ENCODING_NAMES
+
+
+def test_table_bolds_every_best_as_printed_and_marks_cells_that_cannot_run():
+    def cell(encoding, method, multiple, ppl):
+        bounds = {} if ppl is None else {"low": ppl * 0.9, "high": ppl * 1.1}
+        return ExtrapolationCell(
+            encoding=encoding, method=method, length=128 * multiple, multiple=multiple, perplexity=ppl,
+            low=bounds.get("low"), high=bounds.get("high"), documents=4,
+        )  # fmt: skip
+
+    cells = [
+        cell("learned", "none", 1, 5.0), cell("learned", "none", 2, None),
+        cell("rope", "none", 1, 4.0001), cell("rope", "none", 2, 9.0),
+        cell("rope", "yarn", 1, 4.0002), cell("rope", "yarn", 2, 4.5),
+    ]  # fmt: skip
+    lines = markdown_table(cells).splitlines()
+    assert lines[2] == "| learned | 无 none | 5.000 [4.500, 5.500] | cannot run | — |"
+    assert lines[3] == "| rope | medium | **4.000** [3.600, 4.400] | 9.000 [8.100, 9.900] | 2.25x |"
+    assert lines[4] == "| rope + yarn | 很好 very good | **4.000** [3.600, 4.400] | **4.500** [4.050, 4.950] | 1.12x |"
+
+
+def test_a_corrupt_checkpoint_is_one_line(tmp_path, capsys):
+    rope = tmp_path / "ck" / "rope"
+    rope.mkdir(parents=True)
+    (rope / "config.json").write_text((suite_model_dir("rope") / "config.json").read_text())
+    (rope / "model.safetensors").write_bytes(b"\xff" * 64)
+    argv = ["extrapolation", "-o", str(tmp_path / "out"), "--checkpoints", str(tmp_path / "ck")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a suite checkpoint" in err[0] and str(rope) in err[0]
+    assert not (tmp_path / "out").exists()

@@ -94,7 +94,7 @@ def train_reference(out_dir: Path, recipe: TrainingRecipe, *, log=print) -> dict
 
     started = time.monotonic()
     train_steps(
-        model, lambda batch: model(input_ids=batch, labels=batch).loss, stream, recipe, log=log, every_1000=needle_check
+        model, lambda batch: model(input_ids=batch, labels=batch).loss, stream, recipe, log=log, checkpoint=needle_check
     )
     model.eval()
     test_docs = split_tokens("test")

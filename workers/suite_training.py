@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from longrope.workers.corpus import corpus_provenance
@@ -51,6 +52,7 @@ def suite_model_dir(encoding: EncodingName) -> Path:
 
 
 def suite_config(encoding: EncodingName, recipe: TrainingRecipe) -> SuiteModelConfig:
+    """The recipe's shape for one encoding: everything but the encoding (and sinusoidal's scale) is shared."""
     return SuiteModelConfig(
         encoding=encoding,
         hidden_size=recipe.hidden_size,
@@ -93,7 +95,7 @@ def load_suite_model(directory: Path) -> SuiteDecoder:
     try:
         config = SuiteModelConfig.model_validate_json(config_path.read_text())
         weights = load_file(weights_path)
-    except (OSError, ValueError) as error:  # pydantic's ValidationError is a ValueError
+    except (OSError, ValueError, SafetensorError) as error:  # pydantic's ValidationError is a ValueError
         raise ModelLoadError(f"{directory}: not a suite checkpoint ({error})") from error
     model = SuiteDecoder(config)
     try:

@@ -48,9 +48,11 @@ def train_steps(
     recipe: TrainingRecipe,
     *,
     log: Callable[[str], None] = print,
-    every_1000: Callable[[int], None] | None = None,
+    checkpoint: Callable[[int], None] | None = None,
+    checkpoint_every: int = 1000,
 ) -> list[float]:
-    """Run the recipe's steps on `model` (already seeded and built); returns the loss of every step."""
+    """Run the recipe's steps on `model` (already seeded and built); returns the loss of every step.
+    `checkpoint(step)` runs after every `checkpoint_every` steps (the reference model checks its needles there)."""
     rng = np.random.default_rng(recipe.seed)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay, betas=(0.9, 0.95)
@@ -65,8 +67,8 @@ def train_steps(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-        if every_1000 is not None and step % 1000 == 999:
-            every_1000(step)
+        if checkpoint is not None and step % checkpoint_every == checkpoint_every - 1:
+            checkpoint(step)
         if step % 200 == 0 or step == recipe.steps - 1:
             log(f"step {step:5d}/{recipe.steps}  loss {losses[-1]:.3f}  {time.monotonic() - started:6.0f}s")
     return losses
