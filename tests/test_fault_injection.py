@@ -44,6 +44,17 @@ TOTAL = POPULATION + 3 * (3 + 3)
 HANG_GUARD_S = 600  # a hung run fails the test instead of holding CI; no assertion is made on time
 
 
+@pytest.fixture(autouse=True)
+def interruptible_children():
+    """Children that take Ctrl-C as a terminal user's process does. A shell starts background jobs with SIGINT
+    ignored (POSIX), exec keeps an ignored signal ignored, and Python then installs no KeyboardInterrupt handler:
+    under `make test &` every SIGINT this module sends would be dropped. A handler in this process is reset to
+    the default at exec, so each child starts with SIGINT at its default and Python's own handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def start(tmp_path: Path, *args: str) -> subprocess.Popen:
     """`longrope search` in a session of its own, so the test can kill it alone or with its process group."""
     return subprocess.Popen(
