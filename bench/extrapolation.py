@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from longrope.search.cli import main
 from longrope.search.cli_extrapolation import DEFAULT_DOCUMENTS
 from longrope.search.extrapolation import evaluation_tokens
-from longrope.workers.suite_model import ENCODING_NAMES
+from longrope.workers.reference_recipe import ENCODING_NAMES
 from longrope.workers.suite_training import load_suite_model, suite_model_dir
 
 TARGET_SECONDS = 600

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from longrope.search.cli_workers import SUITE_ENCODINGS
+from longrope.workers.reference_recipe import ENCODING_NAMES
 
 # 16 documents x 2048 predicted tokens per cell: the whole table in under 10 minutes on 2 cores (24 took 10.6)
 DEFAULT_DOCUMENTS = 16
@@ -47,13 +47,13 @@ def checkpoint_dirs(root: Path | None) -> dict[str, Path]:
     from longrope.workers.suite_training import suite_model_dir
 
     if root is None:
-        return {name: suite_model_dir(name) for name in SUITE_ENCODINGS}
+        return {name: suite_model_dir(name) for name in ENCODING_NAMES}
     if not root.is_dir():
         raise JobConfigError(f"--checkpoints {root}: no such directory")
-    found = {name: root / name for name in SUITE_ENCODINGS if (root / name / "config.json").is_file()}
+    found = {name: root / name for name in ENCODING_NAMES if (root / name / "config.json").is_file()}
     if not found:
         raise JobConfigError(
-            f"--checkpoints {root}: holds none of {', '.join(f'{n}/config.json' for n in SUITE_ENCODINGS)}"
+            f"--checkpoints {root}: holds none of {', '.join(f'{n}/config.json' for n in ENCODING_NAMES)}"
         )
     return found
 

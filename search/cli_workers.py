@@ -12,9 +12,7 @@ import json
 from dataclasses import fields, replace
 from pathlib import Path
 
-from longrope.workers.reference_recipe import TrainingRecipe
-
-SUITE_ENCODINGS = ("sinusoidal", "learned", "alibi", "cope", "nope", "rope")  # suite_model.ENCODING_NAMES, no torch
+from longrope.workers.reference_recipe import ENCODING_NAMES, TrainingRecipe
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--encoding",
-        choices=(*SUITE_ENCODINGS, "all"),
+        choices=(*ENCODING_NAMES, "all"),
         help="train the suite decoder with this positional encoding (suite recipe: --steps 1000 "
         "--warmup-steps 100 --needle-share 0) instead of the reference Llama",
     )
@@ -60,7 +58,7 @@ def run_train_reference(args: argparse.Namespace) -> int:
     from longrope.workers.suite_training import SUITE_RECIPE, train_suite_model
 
     recipe = _recipe(args, SUITE_RECIPE)
-    names = SUITE_ENCODINGS if args.encoding == "all" else (args.encoding,)
+    names = ENCODING_NAMES if args.encoding == "all" else (args.encoding,)
     for name in names:
         out = args.out / name if args.encoding == "all" else args.out
         summary = train_suite_model(out, name, recipe, log=lambda line, name=name: log(f"{name}: {line}"))

@@ -81,12 +81,11 @@ class Row:
 
 def evaluation_tokens(train_length: int, count: int, largest_multiple: int = MULTIPLES[-1]) -> np.ndarray:
     """[count, span + 1] byte tokens: the start of the first `count` test documents that hold span + 1 tokens."""
-    from longrope.workers.byte_tokenizer import encode_bytes
-    from longrope.workers.corpus import corpus_documents
     from longrope.workers.errors import DataError
+    from longrope.workers.reference_model import split_tokens
 
     span = train_length * largest_multiple
-    starts = [tokens[: span + 1] for doc in corpus_documents("test") if len(tokens := encode_bytes(doc.text)) > span]
+    starts = [tokens[: span + 1] for tokens in split_tokens("test") if len(tokens) > span]
     if len(starts) < count:
         raise DataError(f"--documents {count}: the test split has only {len(starts)} documents of {span + 1} tokens")
     return np.stack(starts[:count])

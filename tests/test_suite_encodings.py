@@ -26,8 +26,8 @@ from longrope.search.extrapolation import (
     evaluation_tokens,
     markdown_table,
 )
-from longrope.workers.reference_recipe import TrainingRecipe
-from longrope.workers.suite_model import ENCODING_NAMES, SuiteDecoder, SuiteModelConfig
+from longrope.workers.reference_recipe import ENCODING_NAMES, TrainingRecipe
+from longrope.workers.suite_model import SuiteDecoder, SuiteModelConfig
 from longrope.workers.suite_training import load_suite_model, suite_model_dir, train_suite_model
 
 SHAPE = {"hidden_size": 64, "intermediate_size": 96, "num_layers": 2, "num_heads": 2, "head_dim": 32}
@@ -288,10 +288,14 @@ def test_sinusoidal_model_adds_the_papers_table_to_scaled_embeddings():
     torch.testing.assert_close(seen[0][0], expected, atol=1e-6, rtol=1e-6)
 
 
-def test_cli_lists_the_suite_encodings_without_importing_torch():
-    from longrope.search.cli_workers import SUITE_ENCODINGS
+def test_cli_trains_exactly_the_suite_encodings():
+    from longrope.search.cli import build_parser
 
-    assert SUITE_ENCODINGS == ENCODING_NAMES
+    parser = build_parser()
+    for name in ENCODING_NAMES:
+        assert parser.parse_args(["train-reference", "--out", "x", "--encoding", name]).encoding == name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train-reference", "--out", "x", "--encoding", "mrope"])
 
 
 def test_table_bolds_every_best_as_printed_and_marks_cells_that_cannot_run():

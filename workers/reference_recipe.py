@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 REFERENCE_MODEL_DIR = Path(__file__).resolve().parent / "reference_model"
+# The encodings `train-reference --encoding` trains the suite decoder with (kept here: the CLI lists them
+# without importing torch)
+EncodingName = Literal["sinusoidal", "learned", "alibi", "cope", "nope", "rope"]
+ENCODING_NAMES: tuple[EncodingName, ...] = ("sinusoidal", "learned", "alibi", "cope", "nope", "rope")
 
 
 @dataclass(frozen=True)

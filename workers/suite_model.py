@@ -25,9 +25,7 @@ from longrope.encodings.alibi import ALiBiEncoding
 from longrope.encodings.cope import CoPEEncoding
 from longrope.encodings.interface import NoPE, PositionalEncoding, RotaryEncoding, reference_attention
 from longrope.encodings.rope_methods import RopeMethod
-
-EncodingName = Literal["sinusoidal", "learned", "alibi", "cope", "nope", "rope"]
-ENCODING_NAMES: tuple[EncodingName, ...] = ("sinusoidal", "learned", "alibi", "cope", "nope", "rope")
+from longrope.workers.reference_recipe import EncodingName
 
 
 class SuiteModelConfig(BaseModel):

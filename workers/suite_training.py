@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.reference_model import split_tokens
-from longrope.workers.reference_recipe import TrainingRecipe
-from longrope.workers.suite_model import EncodingName, SuiteDecoder, SuiteModelConfig
+from longrope.workers.reference_recipe import EncodingName, TrainingRecipe
+from longrope.workers.suite_model import SuiteDecoder, SuiteModelConfig
 from longrope.workers.training_loop import train_steps
 
 SUITE_MODELS_DIR = Path(__file__).resolve().parent / "suite_models"
