@@ -8,31 +8,18 @@ directory (search_helpers.problem) has head_dim 32, original length 64 and targe
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import random
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_checks import cli_error_line
 from search_helpers import JOB_RECORD
 from search_helpers import finished_run as make_finished_run
 
-from longrope.search.cli import main
-
 # ---- helpers ----
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every file under `folder` (relative path -> sha256), and every folder (-> "dir"), so that a created
-    empty directory counts as a write too."""
-    return {
-        str(p.relative_to(folder)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-    }
 
 
 def write(path: Path, data) -> Path:
@@ -707,22 +694,5 @@ CASES = [
 @pytest.mark.parametrize(("make_args", "expected"), CASES)
 def test_bad_input_is_one_line_and_writes_nothing(make_args, expected, tmp_path, capsys, caplog, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a relative default (runs/job) would land here, and be seen
-    args = make_args(tmp_path)
-    capsys.readouterr()  # what building the case printed
-    caplog.clear()
-    before = snapshot(tmp_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")  # as the CLI shows them: each once, on stderr
-        code = main(args)
-    out, err = capsys.readouterr()
-    # what the CLI would also print on stderr, but pytest takes for itself: Python warnings, and WARNING log
-    # records (transformers' own handler, or logging's last resort)
-    err += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
-    err += "".join(f"{r.getMessage()}\n" for r in caplog.records if r.levelno >= logging.WARNING)
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
-    assert len(lines) == 1, err
-    assert lines[0].startswith("longrope: error:"), err
-    assert expected in lines[0], err
-    assert out == ""
-    assert snapshot(tmp_path) == before, "bad input must not write or overwrite anything"
+    line = cli_error_line(make_args(tmp_path), capsys, caplog, folder=tmp_path)
+    assert expected in line

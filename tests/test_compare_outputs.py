@@ -7,7 +7,6 @@ window cutting only; bad input must be refused before the pool is ever built (`R
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_checks import snapshot
 from matplotlib.colors import to_hex
 from matplotlib.container import ErrorbarContainer
 
@@ -221,13 +221,6 @@ def factors_file(path: Path, top: float = 8.0, attention: float = 1.1) -> Path:
     provenance = {"created_by": "test", "method": "x", "method_rope_parameters": {}}
     path.write_text(json.dumps({"rope_parameters": block, "max_position_embeddings": 1024, "provenance": provenance}))
     return path
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-        for p in sorted(folder.rglob("*"))
-    }
 
 
 def run_compare_cli(tmp_path: Path, *args: str) -> list[str]:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_checks import snapshot
 from search_helpers import FunctionEvaluator, make_coordinator
 
 from longrope.search.coordinator import Coordinator
@@ -27,12 +28,6 @@ def job(tmp_path, generations: int = 4) -> JobConfig:
 
 def coordinator(config: JobConfig, run_dir: RunDir, evaluator=None) -> Coordinator:
     return make_coordinator(config, run_dir, evaluator or FunctionEvaluator())
-
-
-def snapshot(folder) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
-    }
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ written or overwritten. Run through the installed `longrope` script, as a user r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_checks import snapshot
 from search_helpers import JOB_RECORD
 from search_helpers import finished_run as make_finished_run
 
@@ -24,14 +24,6 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([LONGROPE, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 def write(path: Path, data) -> Path:
