@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from longrope.search.cli_console import cli_console
-from longrope.search.export import factors_file_of_run, write_export, write_into_model
+from longrope.search.export import factors_file_of_run, unfinished_warning, write_export, write_into_model
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.search.run_store import CONFIG, RunDir
 from longrope.search.status import format_status, run_status
@@ -165,6 +165,8 @@ def run_export_command(args: argparse.Namespace) -> int:
         raise JobConfigError("export: give -o FILE and/or --into MODEL_DIR")
     factors = factors_file_of_run(RunDir(args.run_dir), allow_n_hat=args.allow_n_hat)
     console = cli_console()
+    if warning := unfinished_warning(factors, RunDir(args.run_dir)):
+        console.print(warning, markup=False, highlight=False)
     if factors.provenance.model_extra.get("n_hat"):
         console.print("export: n_hat is not part of transformers' longrope; transformers and vLLM will ignore it")
     if args.output:

@@ -54,7 +54,8 @@ from longrope.search.job_config import SearchConfig
 from longrope.search.objective import ObjectiveMix
 from longrope.search.optimizers import Optimizer
 from longrope.search.racing import WindowRange, clearly_worse, window_groups
-from longrope.search.run_store import FINAL_STATUSES, HISTORY, History, RunDir, RunStoreError, best_of, final_count
+from longrope.search.run_check import check_history_holds
+from longrope.search.run_store import FINAL_STATUSES, History, RunDir, RunState, RunStoreError, best_of, final_count
 from longrope.workers.scorer import CandidateScore
 
 
@@ -78,6 +79,7 @@ class SearchProblem:
     make_candidate: Callable[..., RopeMethod]  # (factors, attention_factor=None, n_hat=0) -> RopeMethod
     windows: int = 1  # search windows each candidate is scored on
     objective: ObjectiveMix | None = None  # which objective each window serves; None: perplexity on every one
+    windows_hash: str | None = None  # the search windows' content hash, recorded on every history line
 
     @property
     def mix(self) -> ObjectiveMix:
@@ -160,7 +162,7 @@ class Coordinator:
                 raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc})") from None
             self.stopped_early = bool(state.get("stopped_early", False))
             self.exhausted = bool(state.get("exhausted", False))
-            check_history_holds(self.run_dir, list(self.optimizer.scores), history.records)
+            check_history_holds(self.run_dir, RunState.model_validate(state), history.records)
         self.history = dict(history.records)
         return history
 
@@ -340,6 +342,7 @@ class Coordinator:
         finite = mean_nll is not None and math.isfinite(mean_nll)
         if status == "scored" and not finite:
             self._log(f"search: candidate {candidate.genome.key} scored {mean_nll}; ranked last")
+        windows = {"windows": self.problem.windows_hash} if self.problem.windows_hash else {}
         return {
             "key": candidate.genome.key,
             "status": status,
@@ -352,6 +355,7 @@ class Coordinator:
             "perplexity": math.exp(mean_nll) if finite else None,
             "nll": [v if math.isfinite(v) else None for v in race.nll],
             "tokens": list(race.tokens),
+            **windows,
         }
 
     # ---- progress and state ----
@@ -474,18 +478,6 @@ class SearchProgress(Progress):
         self.counted += int(kwargs.get("advance", 0))
         kwargs["rate"] = f"{self.counted / max(time.monotonic() - self.started, 1e-9):.2f}"
         super().update(task_id, **kwargs)
-
-
-def check_history_holds(run_dir: RunDir, scored: list[str], records: dict[str, dict[str, Any]]) -> None:
-    """Every candidate state.json counts as scored has a final record in history.jsonl (the one source of truth
-    for scores and the best); otherwise the run directory is damaged, and a resume says so rather than go on."""
-    lost = [key for key in scored if records.get(key, {}).get("status") == "partial"]
-    lost += [key for key in scored if key not in records]
-    if lost:
-        raise RunStoreError(
-            f"{run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(scored)} candidates "
-            f"that state.json counts as scored (first {lost[0]}, no final record); the run directory is damaged"
-        )
 
 
 def _score_of(record: dict[str, Any]) -> float:

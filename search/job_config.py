@@ -24,6 +24,7 @@ MAX_COUNT = 1_000_000  # populations, generations, windows: larger is a typo, no
 MIN_GRID_STEP = 1e-4  # factors live on an integer grid: (max_factor / grid_step) steps must stay countable
 MAX_FACTOR = 1e4
 N_HAT_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
+REFERENCE_MODEL = "reference"  # model.path naming the reference model that ships with the package
 
 
 class JobConfigError(ValueError):
@@ -35,7 +36,7 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
-    path: str = "reference"  # a local model directory, or "reference" for the shipped reference model
+    path: str = REFERENCE_MODEL  # a local model directory, or "reference" for the shipped reference model
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"

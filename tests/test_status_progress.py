@@ -34,7 +34,7 @@ RESUME = "resume with `longrope search --resume"
 
 
 def job(run_dir: Path, *overrides: str):
-    return load_job_config(None, ["target_length=256", f"output_dir={run_dir}", *overrides])
+    return load_job_config(None, ["target_length=256", "data.search_windows=1", f"output_dir={run_dir}", *overrides])
 
 
 class FailingEvaluator(FunctionEvaluator):
@@ -83,7 +83,9 @@ HOLDER = textwrap.dedent(
             yield from super().as_completed()
 
     run_dir = RunDir(sys.argv[1])
-    config = load_job_config(None, ["target_length=256", "search.generations=4", f"output_dir={{run_dir.path}}"])
+    config = load_job_config(
+        None, ["target_length=256", "search.generations=4", "data.search_windows=1", f"output_dir={{run_dir.path}}"]
+    )
     with run_dir.lock():
         run_dir.create(config)
         make_coordinator(config, run_dir, Stalling()).run()
