@@ -199,6 +199,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     from longrope.search.compare import OUTPUT_FILES, CompareOut, default_lengths, markdown_table, run_compare
     from longrope.search.job_context import JobContext
     from longrope.search.needle_report import needle_table
+    from longrope.search.progress import CountProgress
 
     config = load_job_config(args.config, args.set)
     context = JobContext.resolve(config)
@@ -209,9 +210,15 @@ def run_compare_command(args: argparse.Namespace) -> int:
         else CompareOut(parent=Path(config.output_dir))
     )
     console = cli_console()
-    result = run_compare(
-        context, factors_files=args.factors, lengths=lengths, out_dir=out, log=lambda line: console.print(line)
-    )
+    with CountProgress(console, "compare") as progress:
+        result = run_compare(
+            context,
+            factors_files=args.factors,
+            lengths=lengths,
+            out_dir=out,
+            log=lambda line: console.print(line),
+            progress=progress,
+        )
     print(markdown_table(result))
     print()
     print(needle_table(result))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -92,21 +93,20 @@ def _count(task: Task) -> str:
 
 
 class CountProgress:
-    """Progress of a fixed number of results (compare's methods x window sets): a live bar with an ETA on a
-    terminal; off one, a plain line each time another `step` of the total is done (and at the end), with the
-    elapsed time and an ETA from the mean rate so far. Call it with (done, total) after each result."""
+    """Progress of work counted in results, in phases (compare: the NTK settings tried, then methods x window
+    sets): a live bar per phase with an ETA on a terminal; off one, a plain line each time another `step` of a
+    phase's total is done (and at its end), with the elapsed time and an ETA from the phase's mean rate so far.
+    Called with (phase, done, total) after each result; a context manager around the work."""
 
     WORDINGS: tuple[Wording, ...] = (
-        lambda t, times: f"{_count(t)} {t.fields['unit']}  {times}",
+        lambda t, times: f"{_count(t)} {t.description}  {times}",
         lambda t, times: f"{_count(t)}  {times}",
     )
 
-    def __init__(self, console: Console, label: str, unit: str, *, step: float = 0.1):
-        self.console, self.label, self.unit, self.step = console, label, unit, step
+    def __init__(self, console: Console, label: str, *, step: float = 0.1):
+        self.console, self.label, self.step = console, label, step
         self.bar = LiveProgress(console, label, self.WORDINGS, disable=not console.is_terminal)
-        self.task: int | None = None
-        self.started = time.monotonic()
-        self.reported = 0.0  # the share of the total last reported by a plain line
+        self.phases: dict[str, _Phase] = {}
 
     def __enter__(self) -> CountProgress:
         self.bar.start()
@@ -115,19 +115,26 @@ class CountProgress:
     def __exit__(self, *exc) -> None:
         self.bar.stop()
 
-    def __call__(self, done: int, total: int) -> None:
-        if self.task is None:
-            self.task = self.bar.add_task(self.label, total=total, unit=self.unit)
-        self.bar.update(self.task, completed=done, total=total)
-        if self.bar.disable and (done >= total or done / total >= self.reported + self.step):
-            self.reported = done / total
-            self.console.print(self._line(done, total), soft_wrap=True, markup=False, highlight=False)
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase not in self.phases:
+            self.phases[phase] = _Phase(self.bar.add_task(phase, total=total), time.monotonic())
+        state = self.phases[phase]
+        self.bar.update(state.task, completed=done, total=total)
+        if self.bar.disable and (done >= total or done / total >= state.reported + self.step):
+            state.reported = done / total
+            self.console.print(self._line(phase, state, done, total), soft_wrap=True, markup=False, highlight=False)
 
-    def _line(self, done: int, total: int) -> str:
-        elapsed = time.monotonic() - self.started
-        eta = elapsed / done * (total - done) if done else None
-        left = f", ETA {_clock(eta)}" if eta is not None and done < total else ""
-        return f"{self.label}: {done}/{total} {self.unit} ({100 * done / total:.0f}%), {_clock(elapsed)} elapsed{left}"
+    def _line(self, phase: str, state: _Phase, done: int, total: int) -> str:
+        elapsed = time.monotonic() - state.started
+        left = f", ETA {_clock(elapsed / done * (total - done))}" if 0 < done < total else ""
+        return f"{self.label}: {done}/{total} {phase} ({100 * done / total:.0f}%), {_clock(elapsed)} elapsed{left}"
+
+
+@dataclass
+class _Phase:
+    task: int
+    started: float
+    reported: float = 0.0  # the share of the total the last plain line reported
 
 
 def _clock(seconds: float) -> str:
