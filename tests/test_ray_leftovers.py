@@ -14,6 +14,7 @@ process tree: fast, and it shows what the guardian must never touch.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -24,6 +25,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from longrope.workers import ray_guardian
+from longrope.workers.ray_guardian import guarded
 
 REPO = Path(__file__).resolve().parents[1]
 LONGROPE = Path(sys.executable).parent / "longrope"
@@ -123,3 +127,81 @@ def test_an_embedded_ray_dies_with_its_driver(tmp_path, ray_temp_dir, how):
         with contextlib.suppress(ProcessLookupError):
             driver.kill()
         driver.wait()
+
+
+# The guardian alone, on a driver that starts a tree of `sleep`s the way ray.init starts Ray's processes.
+DRIVER = """
+import json, subprocess, sys, time
+from longrope.workers.ray_guardian import guarded
+
+def sleeper(seconds):
+    return subprocess.Popen(["sleep", str(seconds)]).pid
+
+older = sleeper(300)  # started before the guardian: not Ray's
+with guarded():  # as ray.init: a child ("raylet") that starts a child ("agent") now and another ("worker") later
+    raylet = subprocess.Popen([sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '300']); "
+                               "time.sleep(1.5); subprocess.Popen(['sleep', '300']); time.sleep(300)"])
+    time.sleep(1.0)
+later = sleeper(300)  # started by the driver after ray.init returned: not Ray's
+time.sleep(1.5)
+print(json.dumps({"older": older, "later": later, "raylet": raylet.pid}), flush=True)
+time.sleep(300)
+"""
+
+
+def process_tree(root: int) -> set[int]:
+    """`root` and its live descendants."""
+    table = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            state, ppid = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if state != "Z":
+                table[int(entry)] = int(ppid)
+    tree, grown = {root} & table.keys(), True
+    while grown:
+        grown = {pid for pid, ppid in table.items() if ppid in tree} - tree
+        tree |= grown
+    return tree
+
+
+def alive(pid: int) -> bool:
+    return bool(process_tree(pid))
+
+
+def test_the_guardian_stops_what_started_under_it_when_the_driver_is_killed():
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
+    pids = {}
+    try:
+        pids = json.loads(driver.stdout.readline())
+        ray_like = process_tree(pids["raylet"])
+        assert len(ray_like) == 3, "the raylet stand-in, its agent and its late worker"
+        driver.kill()
+        driver.wait()
+        wait_for(lambda: not any(map(alive, ray_like)), 10.0)
+        assert not any(map(alive, ray_like)), "the guardian left processes of the instance alive"
+        assert alive(pids["older"]) and alive(pids["later"]), "the guardian stopped processes that are not Ray's"
+    finally:
+        driver.kill()
+        driver.wait()
+        kill_all(pid for pid in pids.values())
+        kill_all(process_tree(pids.get("raylet", 0)))
+
+
+def test_the_guardian_goes_when_what_it_guards_is_gone():
+    with guarded():
+        child = subprocess.Popen(["sleep", "1"])
+        time.sleep(0.5)
+    guardian = ray_guardian._guardians[-1]
+    child.wait()
+    assert guardian.wait(timeout=10) == 0
+
+
+def test_a_failed_start_is_cleaned_up_at_once():
+    with pytest.raises(RuntimeError, match="init failed"), guarded():
+        child = subprocess.Popen(["sleep", "300"])
+        time.sleep(0.5)
+        raise RuntimeError("init failed")
+    try:
+        assert child.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        child.kill()
