@@ -8,7 +8,16 @@ import sys
 from pathlib import Path
 
 from longrope.search.cli_console import cli_console
-from longrope.search.export import factors_file_of_run, write_export, write_into_model
+from longrope.search.export import (
+    FORMATS,
+    STDOUT,
+    export_format,
+    factors_file_of_run,
+    factors_of_path,
+    stdout_export,
+    write_export,
+    write_into_model,
+)
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.search.run_store import CONFIG, RunDir
 from longrope.search.status import format_status, run_status
@@ -36,8 +45,20 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     export = subparsers.add_parser("export", help="write a run's best factors (transformers rope_parameters)")
     export.add_argument("run_dir")
-    export.add_argument("-o", "--output", type=Path, help="output file (JSON, or CSV with --format csv)")
-    export.add_argument("--format", choices=["json", "csv"], default="json")
+    export.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="output file, in the format its extension names (.csv: CSV, anything else: JSON); - prints the JSON on "
+        "stdout; a symlink is written through to its target",
+    )
+    export.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="json: the factors file (the transformers/vLLM rope_parameters block and its provenance); csv: the "
+        "LongRoPE release's file, one long factor per line, with the factors file beside it as FILE.json "
+        "(default: from -o's extension, else json; one the extension contradicts is refused)",
+    )
     export.add_argument("--into", type=Path, metavar="MODEL_DIR", help="write the block into MODEL_DIR/config.json")
     export.add_argument("--allow-n-hat", action="store_true", help="export an n_hat > 0 candidate anyway")
     export.set_defaults(handler=run_export_command)
@@ -45,7 +66,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     verify = subparsers.add_parser(
         "verify", help="check that transformers and vLLM apply a factors file exactly as the scorer did"
     )
-    verify.add_argument("factors", help="a factors JSON (longrope export)")
+    verify.add_argument(
+        "factors", help="a factors JSON (longrope export) or a run directory (its best factors, as export writes them)"
+    )
     verify.add_argument("--model", required=True, type=Path, metavar="DIR", help="the model directory")
     verify.add_argument("--no-logits", action="store_true", help="compare cos/sin only (no weights loaded)")
     verify.add_argument("--device", default="cpu", help="where the logits check runs (cpu, cuda, auto); float32")
@@ -161,14 +184,18 @@ def run_status_command(args: argparse.Namespace) -> int:
 
 
 def run_export_command(args: argparse.Namespace) -> int:
+    """`-o -` prints the JSON on stdout (and nothing else there); the format is settled before the run is read."""
     if not args.output and not args.into:
         raise JobConfigError("export: give -o FILE and/or --into MODEL_DIR")
+    fmt = export_format(args.output, args.format)
     factors = factors_file_of_run(RunDir(args.run_dir), allow_n_hat=args.allow_n_hat)
     console = cli_console()
     if factors.provenance.model_extra.get("n_hat"):
         console.print("export: n_hat is not part of transformers' longrope; transformers and vLLM will ignore it")
-    if args.output:
-        written = write_export(factors, args.output, args.format)
+    if args.output == STDOUT:
+        print(stdout_export(factors, fmt))
+    elif args.output:
+        written = write_export(factors, Path(args.output), fmt)
         console.print(f"export: wrote {args.output}")
         for sidecar in written[1:]:
             console.print(f"export: wrote {sidecar} (the full factors file: attention factor, mscales, provenance)")
@@ -179,11 +206,11 @@ def run_export_command(args: argparse.Namespace) -> int:
 
 
 def run_verify_command(args: argparse.Namespace) -> int:
-    """One line per runtime; exit 1 when either applies the block differently from the scorer."""
-    from longrope.search.factors_file import read_factors_file
+    """One line per runtime; exit 1 when either applies the block differently from the scorer. FACTORS is a file
+    or a run directory, as for `compare --factors`."""
     from longrope.search.verify import verify
 
-    factors = read_factors_file(args.factors)
+    factors = factors_of_path(args.factors)
     report = verify(factors, args.factors, args.model, logits=not args.no_logits, device=args.device)
     if args.json:
         print(json.dumps({**report.model_dump(mode="json"), "ok": report.ok}, indent=2))
