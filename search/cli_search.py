@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -76,7 +77,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     verify.set_defaults(handler=run_verify_command)
 
     compare = subparsers.add_parser("compare", help="rerun the baselines (and given factors) on the test split")
-    _config_arguments(compare)
+    compare.add_argument(
+        "config",
+        nargs="?",
+        help="job config YAML (optional when a --factors is a run directory: the first one's config.json is the job)",
+    )
+    compare.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field")
     compare.add_argument(
         "--factors",
         action="append",
@@ -99,7 +105,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "--out-dir",
         type=Path,
         help="where the results go; refused when it holds files, unless --overwrite (default: a new directory "
-        "per run, OUTPUT_DIR/compare-YYYYmmdd-HHMMSS of its start, with -2, -3... when that name is taken)",
+        "per run, OUTPUT_DIR/compare-YYYYmmdd-HHMMSS of its start, with -2, -3... when that name is taken; when "
+        "OUTPUT_DIR is a run directory, RUN-compare-YYYYmmdd-HHMMSS beside it, never inside it)",
     )
     compare.add_argument("--overwrite", action="store_true", help="write into a non-empty --out-dir")
     compare.set_defaults(handler=run_compare_command)
@@ -225,23 +232,44 @@ def run_compare_command(args: argparse.Namespace) -> int:
     from longrope.search.job_context import JobContext
     from longrope.search.needle_report import needle_table
 
-    config = load_job_config(args.config, args.set)
+    console = cli_console()
+    config, notes = _compare_job(args)
     context = JobContext.resolve(config)
     lengths = _parse_lengths(args.lengths) or default_lengths(context.original_length, context.target_length)
     out = (
         CompareOut(args.out_dir, overwrite=args.overwrite)
         if args.out_dir
-        else CompareOut(parent=Path(config.output_dir))
+        else CompareOut.default_out(Path(config.output_dir))
     )
-    console = cli_console()
     result = run_compare(
-        context, factors_files=args.factors, lengths=lengths, out_dir=out, log=lambda line: console.print(line)
+        context,
+        factors_files=args.factors,
+        lengths=lengths,
+        out_dir=out,
+        log=lambda line: console.print(line, markup=False),  # a path may hold [brackets]
+        notes=notes,
     )
     print(markdown_table(result))
     print()
     print(needle_table(result))
     console.print(f"compare: wrote {out.path}/ ({', '.join(OUTPUT_FILES)})", markup=False)
     return 0
+
+
+def _compare_job(args: argparse.Namespace) -> tuple[JobConfig, list[str]]:
+    """The job compare reruns: CONFIG with --set, or else the config.json of the first --factors that is a run
+    directory, with --set on top and output_dir pointed at that directory (so the windows cache is the search's
+    own, and the results go beside it, see `CompareOut.default_out`), whatever folder the search ran from. The
+    lines to log once every input has passed its check come with it."""
+    if args.config:
+        return load_job_config(args.config, args.set), []
+    paths = [source[-1] if isinstance(source, tuple) else source for source in args.factors]  # --label NAME=PATH
+    run = next((path for path in paths if os.path.isdir(path)), None)
+    if run is None:
+        raise JobConfigError("compare: give a CONFIG, or a run directory as --factors (its config.json is the job)")
+    stored = RunDir(run).read_config().model_dump(mode="json")
+    config = load_job_config(None, args.set, base={**stored, "output_dir": str(run)})
+    return config, [f"compare: the job is {run}'s (its config.json)"]
 
 
 def _parse_lengths(text: str | None) -> list[int]:
