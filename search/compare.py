@@ -187,15 +187,23 @@ def check_provenance(context: JobContext, factors: FactorsFile, where: str, log)
             f"compare: {where}: no provenance.model ({factors.provenance.created_by}); its model is not checked, "
             "only its RoPE (rotary pairs, rope_theta, original length)"
         )
-    elif Path(str(model)).name != context.model_dir.name:
+    elif model_name(model) != model_name(context.model_dir):
         raise JobConfigError(
-            f"{where}: made for model {Path(str(model)).name!r} (provenance.model {str(model)!r}); this job's model "
-            f"is {context.model_dir.name!r} (model.path {context.config.model.path!r}); compare it in a job of "
-            "its model"
+            f"{where}: made for model {model_name(model)!r} (provenance.model {str(model)!r}); this job's model "
+            f"is {model_name(context.model_dir)!r} (model.path {context.config.model.path!r}); compare it in a job "
+            "of its model"
         )
     if extra.get("target_length") is not None:
         return int(extra["target_length"]), "provenance.target_length"
     return factors.max_position_embeddings, "max_position_embeddings"
+
+
+def model_name(model_dir: str | Path) -> str:
+    """A model directory's name, the part of its path that travels between machines: the folder's own name, or
+    for a Hugging Face cache snapshot (models--ORG--NAME/snapshots/REVISION) the repository's folder, so two
+    revisions of one model are one model."""
+    path = Path(str(model_dir))
+    return path.parent.parent.name if path.parent.name == "snapshots" else path.name
 
 
 def given_methods(context: JobContext, rows: dict[str, str], log) -> tuple[dict[str, RopeMethod], dict[str, int]]:

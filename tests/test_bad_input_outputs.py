@@ -405,3 +405,11 @@ def test_compare_takes_its_job_from_a_run_directory_and_writes_beside_it(tmp_pat
     assert main(demo_compare(tmp_path, "--set", f"output_dir={run}", "--factors", str(run))) == 0
     out = written_directory(capsys.readouterr().err)
     assert out.parent == run.parent and not any(p.name.startswith("compare") for p in run.iterdir())
+
+
+def test_a_model_is_known_by_the_name_that_travels():
+    """provenance.model is the path the search ran on; another machine holds the model elsewhere."""
+    assert compare.model_name("/tmp/democlone/workers/reference_model") == compare.model_name(REFERENCE)
+    cache = "/root/.cache/huggingface/hub/models--org--llama/snapshots/"
+    assert compare.model_name(cache + "abc") == compare.model_name(cache + "def") == "models--org--llama"
+    assert compare.model_name("/models/llama-2-7b/") != compare.model_name("/models/mistral-7b")
