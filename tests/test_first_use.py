@@ -83,7 +83,10 @@ def test_a_worker_that_fails_still_says_why(tmp_path):
     """Quieter output must not hide a real worker error: a model the driver's check passes (its config builds)
     but no worker can load reaches the console as one line with the worker's own exception."""
     broken = save_tiny_llama(tmp_path / "broken")
-    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    # whole by the driver's check (a JSON header whose tensors end where the file does), but of a dtype that
+    # safetensors does not know, so only loading it fails
+    header = json.dumps({"w": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (broken / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
     config = {
         "model": {"path": str(broken), "device": "cpu"},
         "data": {"tokenizer": "bytes", "search_windows": 2},
