@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from longrope.search.cli_console import cli_console
-from longrope.search.export import factors_file_of_run, unfinished_warning, write_export, write_into_model
+from longrope.search.export import (
+    FORMATS,
+    STDOUT,
+    export_format,
+    factors_file_of_run,
+    factors_of_path,
+    stdout_export,
+    unfinished_warning,
+    write_export,
+    write_into_model,
+)
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.search.run_store import CONFIG, RunDir
 from longrope.search.status import format_status, run_status
@@ -36,8 +47,20 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     export = subparsers.add_parser("export", help="write a run's best factors (transformers rope_parameters)")
     export.add_argument("run_dir")
-    export.add_argument("-o", "--output", type=Path, help="output file (JSON, or CSV with --format csv)")
-    export.add_argument("--format", choices=["json", "csv"], default="json")
+    export.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="output file, in the format its extension names (.csv: CSV, anything else: JSON); - prints the JSON on "
+        "stdout; a symlink is written through to its target",
+    )
+    export.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="json: the factors file (the transformers/vLLM rope_parameters block and its provenance); csv: the "
+        "LongRoPE release's file, one long factor per line, with the factors file beside it as FILE.json "
+        "(default: from -o's extension, else json; one the extension contradicts is refused)",
+    )
     export.add_argument("--into", type=Path, metavar="MODEL_DIR", help="write the block into MODEL_DIR/config.json")
     export.add_argument("--allow-n-hat", action="store_true", help="export an n_hat > 0 candidate anyway")
     export.set_defaults(handler=run_export_command)
@@ -45,7 +68,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     verify = subparsers.add_parser(
         "verify", help="check that transformers and vLLM apply a factors file exactly as the scorer did"
     )
-    verify.add_argument("factors", help="a factors JSON (longrope export)")
+    verify.add_argument(
+        "factors", help="a factors JSON (longrope export) or a run directory (its best factors, as export writes them)"
+    )
     verify.add_argument("--model", required=True, type=Path, metavar="DIR", help="the model directory")
     verify.add_argument("--no-logits", action="store_true", help="compare cos/sin only (no weights loaded)")
     verify.add_argument("--device", default="cpu", help="where the logits check runs (cpu, cuda, auto); float32")
@@ -53,7 +78,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     verify.set_defaults(handler=run_verify_command)
 
     compare = subparsers.add_parser("compare", help="rerun the baselines (and given factors) on the test split")
-    _config_arguments(compare)
+    compare.add_argument(
+        "config",
+        nargs="?",
+        help="job config YAML (optional when a --factors is a run directory: the first one's config.json is the job)",
+    )
+    compare.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field")
     compare.add_argument(
         "--factors",
         action="append",
@@ -76,7 +106,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "--out-dir",
         type=Path,
         help="where the results go; refused when it holds files, unless --overwrite (default: a new directory "
-        "per run, OUTPUT_DIR/compare-YYYYmmdd-HHMMSS of its start, with -2, -3... when that name is taken)",
+        "per run, OUTPUT_DIR/compare-YYYYmmdd-HHMMSS of its start, with -2, -3... when that name is taken; when "
+        "OUTPUT_DIR is a run directory, RUN-compare-YYYYmmdd-HHMMSS beside it, never inside it)",
     )
     compare.add_argument("--overwrite", action="store_true", help="write into a non-empty --out-dir")
     compare.set_defaults(handler=run_compare_command)
@@ -161,16 +192,20 @@ def run_status_command(args: argparse.Namespace) -> int:
 
 
 def run_export_command(args: argparse.Namespace) -> int:
+    """`-o -` prints the JSON on stdout (and nothing else there); the format is settled before the run is read."""
     if not args.output and not args.into:
         raise JobConfigError("export: give -o FILE and/or --into MODEL_DIR")
+    fmt = export_format(args.output, args.format)
     factors = factors_file_of_run(RunDir(args.run_dir), allow_n_hat=args.allow_n_hat)
     console = cli_console()
     if warning := unfinished_warning(factors, RunDir(args.run_dir)):
         console.print(warning, markup=False, highlight=False)
     if factors.provenance.model_extra.get("n_hat"):
         console.print("export: n_hat is not part of transformers' longrope; transformers and vLLM will ignore it")
-    if args.output:
-        written = write_export(factors, args.output, args.format)
+    if args.output == STDOUT:
+        print(stdout_export(factors, fmt))
+    elif args.output:
+        written = write_export(factors, Path(args.output), fmt)
         console.print(f"export: wrote {args.output}")
         for sidecar in written[1:]:
             console.print(f"export: wrote {sidecar} (the full factors file: attention factor, mscales, provenance)")
@@ -181,11 +216,11 @@ def run_export_command(args: argparse.Namespace) -> int:
 
 
 def run_verify_command(args: argparse.Namespace) -> int:
-    """One line per runtime; exit 1 when either applies the block differently from the scorer."""
-    from longrope.search.factors_file import read_factors_file
+    """One line per runtime; exit 1 when either applies the block differently from the scorer. FACTORS is a file
+    or a run directory, as for `compare --factors`."""
     from longrope.search.verify import verify
 
-    factors = read_factors_file(args.factors)
+    factors = factors_of_path(args.factors)
     report = verify(factors, args.factors, args.model, logits=not args.no_logits, device=args.device)
     if args.json:
         print(json.dumps({**report.model_dump(mode="json"), "ok": report.ok}, indent=2))
@@ -201,22 +236,23 @@ def run_compare_command(args: argparse.Namespace) -> int:
     from longrope.search.needle_report import needle_table
     from longrope.search.progress import CountProgress
 
-    config = load_job_config(args.config, args.set)
+    console = cli_console()
+    config, notes = _compare_job(args)
     context = JobContext.resolve(config)
     lengths = _parse_lengths(args.lengths) or default_lengths(context.original_length, context.target_length)
     out = (
         CompareOut(args.out_dir, overwrite=args.overwrite)
         if args.out_dir
-        else CompareOut(parent=Path(config.output_dir))
+        else CompareOut.default_out(Path(config.output_dir))
     )
-    console = cli_console()
     with CountProgress(console, "compare") as progress:
         result = run_compare(
             context,
             factors_files=args.factors,
             lengths=lengths,
             out_dir=out,
-            log=lambda line: console.print(line),
+            log=lambda line: console.print(line, markup=False),  # a path may hold [brackets]
+            notes=notes,
             progress=progress,
         )
     print(markdown_table(result))
@@ -224,6 +260,22 @@ def run_compare_command(args: argparse.Namespace) -> int:
     print(needle_table(result))
     console.print(f"compare: wrote {out.path}/ ({', '.join(OUTPUT_FILES)})", markup=False)
     return 0
+
+
+def _compare_job(args: argparse.Namespace) -> tuple[JobConfig, list[str]]:
+    """The job compare reruns: CONFIG with --set, or else the config.json of the first --factors that is a run
+    directory, with --set on top and output_dir pointed at that directory (so the windows cache is the search's
+    own, and the results go beside it, see `CompareOut.default_out`), whatever folder the search ran from. The
+    lines to log once every input has passed its check come with it."""
+    if args.config:
+        return load_job_config(args.config, args.set), []
+    paths = [source[-1] if isinstance(source, tuple) else source for source in args.factors]  # --label NAME=PATH
+    run = next((path for path in paths if os.path.isdir(path)), None)
+    if run is None:
+        raise JobConfigError("compare: give a CONFIG, or a run directory as --factors (its config.json is the job)")
+    stored = RunDir(run).read_config().model_dump(mode="json")
+    config = load_job_config(None, args.set, base={**stored, "output_dir": str(run)})
+    return config, [f"compare: the job is {run}'s (its config.json)"]
 
 
 def _parse_lengths(text: str | None) -> list[int]:

@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from longrope.encodings import LongRope, NtkRope, RopeMethod
-from longrope.search.export import factors_file_of_run
-from longrope.search.factors_file import factors_encoding, read_factors_file
+from longrope.search.export import factors_of_path
+from longrope.search.factors_file import FactorsFile, factors_encoding
 from longrope.search.intervals import interval, paired_difference
 from longrope.search.job_config import JobConfigError
 from longrope.search.job_context import JobContext, data_source_checks
 from longrope.search.needle_report import needle_cell, needle_table, plot_needle_heatmap
-from longrope.search.run_store import RunDir, RunStoreError, write_json_atomic, write_text_atomic
+from longrope.search.run_store import CONFIG, RunDir, RunStoreError, write_json_atomic, write_text_atomic
 from longrope.workers.errors import DataError
 from longrope.workers.pool import WorkerPool
 from longrope.workers.windows import Windows
@@ -159,10 +159,85 @@ def tuned_ntk(
     return tuned, {"ntk_factor": context.scale * multiplier, "attention_factor": attention}
 
 
-def factors_method(context: JobContext, path: str) -> RopeMethod:
-    """A factors file, or a run directory (its best candidate, as `longrope export` writes it)."""
-    factors = factors_file_of_run(RunDir(path)) if Path(path).is_dir() else read_factors_file(path)
-    return factors_encoding(factors, head_dim=context.method.head_dim, pairs=context.pairs, source=f"--factors {path}")
+def factors_method(context: JobContext, path: str, log=print) -> tuple[RopeMethod, int, str]:
+    """A factors file, or a run directory (its best candidate, as `longrope export` writes it), as a row of this
+    job: (its encoding, the target length it was searched for, the field that says so), its provenance checked
+    against the job first (`check_provenance`)."""
+    factors = factors_of_path(path)
+    where = f"--factors {path}"
+    searched, field = check_provenance(context, factors, where, log)
+    method = factors_encoding(factors, head_dim=context.method.head_dim, pairs=context.pairs, source=where)
+    return method, searched, field
+
+
+def check_provenance(context: JobContext, factors: FactorsFile, where: str, log) -> tuple[int, str]:
+    """Refuse factors of another model, before anything is scored: their original length (provenance's when
+    given, and the block's `original_max_position_embeddings`, which runtimes read), their rope_theta, and the
+    model provenance names, by its directory's name, since a model is found under other paths on other machines
+    (the shipped demo factors name the reference model under the clone they were searched in). A file without
+    provenance.model (`longrope encodings factors` writes none) has its RoPE checked only, and a line says so.
+    Returns the target length the factors were searched for (provenance's, else `max_position_embeddings`) and
+    the field it was read from: another length than the job's is compared, under a label that says it."""
+    extra = factors.provenance.model_extra or {}
+    block = factors.rope_parameters
+    for field, value in (
+        ("provenance.original_length", extra.get("original_length")),
+        ("rope_parameters.original_max_position_embeddings", block.original_max_position_embeddings),
+    ):
+        if value is not None and value != context.original_length:
+            raise JobConfigError(
+                f"{where}: original length {value} ({field}), this job's is {context.original_length}; "
+                "factors of another model"
+            )
+    if not math.isclose(block.rope_theta, context.method.rope_theta, rel_tol=1e-9):
+        raise JobConfigError(
+            f"{where}: rope_theta {block.rope_theta:g} (rope_parameters.rope_theta), this job's model has "
+            f"{context.method.rope_theta:g}; factors of another model"
+        )
+    model = extra.get("model")
+    if model is None:
+        log(
+            f"compare: {where}: no provenance.model ({factors.provenance.created_by}); its model is not checked, "
+            "only its RoPE (rotary pairs, rope_theta, original length)"
+        )
+    elif model_name(model) != model_name(context.model_dir):
+        raise JobConfigError(
+            f"{where}: made for model {model_name(model)!r} (provenance.model {str(model)!r}); this job's model "
+            f"is {model_name(context.model_dir)!r} (model.path {context.config.model.path!r}); compare it in a job "
+            "of its model"
+        )
+    if extra.get("target_length") is not None:
+        return int(extra["target_length"]), "provenance.target_length"
+    return factors.max_position_embeddings, "max_position_embeddings"
+
+
+def model_name(model_dir: str | Path) -> str:
+    """A model directory's name, the part of its path that travels between machines: the folder's own name, or
+    for a Hugging Face cache snapshot (models--ORG--NAME/snapshots/REVISION) the repository's folder, so two
+    revisions of one model are one model."""
+    path = Path(str(model_dir))
+    return path.parent.parent.name if path.parent.name == "snapshots" else path.name
+
+
+def given_methods(context: JobContext, rows: dict[str, str], log) -> tuple[dict[str, RopeMethod], dict[str, int]]:
+    """The given factors' rows, {label: encoding}, and {label: the target length each was searched for}. A row
+    searched for another length than the job's is scored as it is, at the job's lengths, under its label plus
+    `@LENGTH`, with one line saying so: its factors are not this target's, and a bare label would read as if they
+    were (a 512 export in a 1024 comparison scores worse than YaRN, which is no news about the search)."""
+    methods: dict[str, RopeMethod] = {}
+    searched_lengths: dict[str, int] = {}
+    for label, path in rows.items():
+        method, searched, field = factors_method(context, path, log)
+        if searched != context.target_length:
+            label = f"{label}@{searched}"
+            log(
+                f"compare: --factors {path}: searched for {searched} tokens ({field}), not this job's target "
+                f"({context.target_length}); its row is {label}"
+            )
+        if label in methods:
+            raise JobConfigError(f"compare: two rows labelled {label!r}; give one of them another NAME with --label")
+        methods[label], searched_lengths[label] = method, searched
+    return methods, searched_lengths
 
 
 def needle_cell_of(score) -> dict[str, Any]:
@@ -213,7 +288,7 @@ def _label_pair(source: str | Path | tuple[str, ...]) -> tuple[str | None, str]:
 def _refuse_same_file_twice(paths: list[str]) -> None:
     seen: dict[Path, str] = {}
     for path in paths:
-        real = Path(path).resolve()
+        real = Path(os.path.realpath(path))  # never raises: a link loop stays as given, and is named when read
         if real in seen:
             given = f"{path!r} is given twice" if seen[real] == path else f"{seen[real]!r} and {path!r} are one file"
             raise JobConfigError(f"compare: {given}; give each factors file or run directory once")
@@ -221,7 +296,7 @@ def _refuse_same_file_twice(paths: list[str]) -> None:
 
 
 def _kind(path: str) -> str:
-    return "run:" if Path(path).is_dir() else "file:"
+    return "run:" if os.path.isdir(path) else "file:"  # False for what cannot be stat'ed; read_factors_file says why
 
 
 def _distinguishing_labels(paths: list[str]) -> list[str]:
@@ -243,24 +318,37 @@ class CompareOut:
     """Where one compare run writes its results.
 
     `-o DIR` (`path`): that directory, refused when it already holds anything unless `overwrite`, since a run into
-    it would replace another run's results. Default (`parent`): a fresh `compare-<YYYYmmdd-HHMMSS>` under the job's
-    output_dir, named by the run's start time (sorted in time, and it says when; `-2`, `-3`... when the name is
-    taken), made exclusively so that two runs never share one. `check` runs before anything is scored (a bad
-    directory costs nothing); `create` only once the results are in, so a failed or stopped run leaves no empty
-    directory behind."""
+    it would replace another run's results. Default (`parent`): a fresh `<prefix>-<YYYYmmdd-HHMMSS>` in `parent`
+    (see `default_out` for which folder and prefix), named by the run's start time (sorted in time, and it says
+    when; `-2`, `-3`... when the name is taken), made exclusively so that two runs never share one. `check` runs
+    before anything is scored (a bad directory costs nothing); `create` only once the results are in, so a failed
+    or stopped run leaves no empty directory behind."""
 
     def __init__(
         self,
         path: Path | None = None,
         *,
         parent: Path | None = None,
+        prefix: str = "compare",
         overwrite: bool = False,
         started: datetime | None = None,
     ):
         if (path is None) == (parent is None):
             raise ValueError("CompareOut: give a path (-o) or a parent (a fresh directory in it)")
-        self.path, self.parent, self.overwrite = path, parent, overwrite
+        self.path, self.parent, self.prefix, self.overwrite = path, parent, prefix, overwrite
         self.stamp = (started or datetime.now()).strftime("%Y%m%d-%H%M%S")
+
+    @classmethod
+    def default_out(cls, output_dir: Path) -> CompareOut:
+        """Where a compare without -o writes: a fresh compare-<time> in the job's output_dir, unless output_dir is a
+        run directory (it holds a search's config.json: the demo config's runs/demo, or the run a compare took its
+        job from). A run directory belongs to its search, whose files and status it holds, and is deleted with it
+        (`make demo` starts with rm -rf), so the results go beside it instead: <run>-compare-<time> in its parent
+        folder, named for the run they compare."""
+        if not RunDir(output_dir).file(CONFIG).exists():
+            return cls(parent=output_dir)
+        run = Path(os.path.abspath(output_dir))
+        return cls(parent=run.parent, prefix=f"{run.name}-compare")
 
     def check(self) -> None:
         if self.path is None:
@@ -284,7 +372,7 @@ class CompareOut:
                 return self.path
             self.parent.mkdir(parents=True, exist_ok=True)
             for attempt in range(1, 10_000):
-                candidate = self.parent / (f"compare-{self.stamp}" + (f"-{attempt}" if attempt > 1 else ""))
+                candidate = self.parent / (f"{self.prefix}-{self.stamp}" + (f"-{attempt}" if attempt > 1 else ""))
                 try:
                     candidate.mkdir()
                 except FileExistsError:
@@ -293,7 +381,7 @@ class CompareOut:
                 return candidate
         except OSError as exc:
             raise RunStoreError(f"{self.path or self.parent}: cannot create ({exc.strerror or exc})") from None
-        raise RunStoreError(f"{self.parent}: every compare-{self.stamp}-N name is taken")
+        raise RunStoreError(f"{self.parent}: every {self.prefix}-{self.stamp}-N name is taken")
 
 
 def _check_creatable(path: Path, what: str) -> None:
@@ -332,24 +420,30 @@ def run_compare(
     out_dir: Path | CompareOut,
     log=print,
     progress: Progress = no_progress,
+    notes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Score every baseline and the given factors (paths, or (label, path) pairs) and write the results;
     `progress(phase, done, total)` hears each result (the CLI draws a bar or prints lines from it).
 
-    Every input is checked before any window is cut or anything scored: lengths, row labels, the factors files,
-    the output directory, then both data sources (`compare_window_sets`). A plain `out_dir` path is `-o` without
-    --overwrite. The output directory is created only when the results are in."""
+    Every input is checked before any window is cut or anything scored: lengths, row labels, the factors files
+    and their provenance, the output directory, then both data sources (`compare_window_sets`). `notes` (the
+    caller's) and what provenance says (another target length, a model not checked) are logged only then, so a
+    refusal stays the only line. A plain `out_dir` path is `-o` without --overwrite. The output directory is
+    created only when the results are in."""
     check_lengths(lengths)
     rows = factors_rows(factors_files)
-    files = {label: factors_method(context, path) for label, path in rows.items()}
+    notes = list(notes)  # said once every input has passed its check
+    files, searched_lengths = given_methods(context, rows, notes.append)
     out = out_dir if isinstance(out_dir, CompareOut) else CompareOut(Path(out_dir))
     out.check()
     sets = compare_window_sets(context, lengths, log)
+    for note in notes:
+        log(note)
     methods, scores, tuned = score_methods(context, sets, files, lengths, log, progress)
     per_window = {
         name: {n: window_means(scores[("perplexity", n)][name]).tolist() for n in lengths} for name in methods
     }
-    result = summarize(context, methods, per_window, lengths, tuned)
+    result = summarize(context, methods, per_window, lengths, tuned, searched_lengths)
     needle_lengths = [n for kind, n in scores if kind == "needle"]
     for name, row in result["methods"].items():
         row["needle"] = {str(n): needle_cell_of(scores[("needle", n)][name]) for n in needle_lengths}
@@ -392,7 +486,10 @@ def write_outputs(result: dict[str, Any], directory: Path) -> None:
     plot_needle_heatmap(result, directory / "needle_heatmap.png")
 
 
-def summarize(context, methods, per_window, lengths, tuned) -> dict[str, Any]:
+def summarize(context, methods, per_window, lengths, tuned, searched_lengths=None) -> dict[str, Any]:
+    """compare.json. A given factors row (and its vLLM twin) records `factors_target_length`, the length its
+    factors were searched for (`given_methods`)."""
+    searched_lengths = searched_lengths or {}
     target = context.target_length
     baseline_names = [n for n in methods if n in BASELINES]
     best_baseline = min(
@@ -407,6 +504,8 @@ def summarize(context, methods, per_window, lengths, tuned) -> dict[str, Any]:
             "attention_factor": method.attention_factor,
             "nll_per_window": per_window[name],
         }
+        if base_method(name) in searched_lengths:
+            row["factors_target_length"] = searched_lengths[base_method(name)]
         for length in lengths:
             mean, low, high = interval(np.asarray(per_window[name][length]))
             row["perplexity"][str(length)] = [math.exp(mean), math.exp(low), math.exp(high)]
@@ -698,10 +797,19 @@ def plot_factors(result: dict[str, Any], path: Path | None = None):
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("rotary pair index i (high frequency -> low)")
     ax.set_ylabel("factor λ_i (inv_freq divisor, log scale)")
-    ax.set_title(f"per-pair factors at the target length, {result['target_length']} tokens", fontsize=10)
+    ax.set_title(factors_title(result), fontsize=10)
     ax.grid(True, which="major", axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="method (attention factor)")
     return _save(fig, path)
+
+
+def factors_title(result: dict[str, Any]) -> str:
+    """The factors plot's title: the job's target length, and each other length a given row was searched for
+    (its label ends in @LENGTH, see `given_methods`), so no line reads as factors for the target it is not."""
+    target = result["target_length"]
+    others = sorted({row.get("factors_target_length", target) for row in result["methods"].values()} - {target})
+    title = f"per-pair factors at the target length, {target} tokens"
+    return title + "".join(f"; @{n}: searched for {n} tokens, applied as they are" for n in others)
 
 
 def _mark_wavelengths(ax, result: dict[str, Any]) -> None:

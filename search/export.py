@@ -4,11 +4,15 @@ config.json, or the official LongRoPE release's one-factor-per-line CSV."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
+import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
-from longrope.search.factors_file import FactorsFile, LongRopeParameters, Provenance
+from longrope.search.factors_file import FactorsFile, LongRopeParameters, Provenance, read_factors_file
 from longrope.search.job_record import read_job_record
 from longrope.search.run_check import read_run
 from longrope.search.run_store import (
@@ -18,11 +22,12 @@ from longrope.search.run_store import (
     final_count,
     seed_perplexities,
     write_json_atomic,
-    write_text_atomic,
 )
 from longrope.search.stages import last_stage
+from longrope.workers.atomic_files import atomic_file
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.models import ModelRope, model_rope, read_model_config
+from longrope.workers.user_files import file_kind
 
 
 class ExportError(ValueError):
@@ -94,15 +99,116 @@ def unfinished_warning(factors: FactorsFile, run_dir: RunDir) -> str | None:
     )
 
 
-def check_output_path(out: Path, flag: str = "-o") -> None:
-    """Refuse, before anything is written, an output that is a directory or lies under something that is not."""
-    if out.is_dir():
-        raise ExportError(f"{flag} {str(out)!r}: is a directory; give a file name")
-    parent = out.parent
-    while not parent.exists():
+STDOUT = "-"  # `-o -`: the factors file on stdout, as Unix tools read "-"
+FORMATS = ("json", "csv")
+FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv"}
+
+
+def export_format(out: str | Path | None, fmt: str | None) -> str:
+    """The format to write: `--format`, else the one -o's extension names (.csv, .json; case ignored), else JSON.
+    A `--format` that the extension contradicts is refused: a .csv file holding JSON (or the reverse) breaks
+    whatever reads it by its name, `np.loadtxt` in the LongRoPE release's loaders first."""
+    named = FORMAT_OF_SUFFIX.get(Path(out).suffix.lower()) if out is not None and str(out) != STDOUT else None
+    if fmt is None:
+        return named or "json"
+    if named is not None and named != fmt:
+        raise ExportError(
+            f"--format {fmt}: -o {str(out)!r} names a {named.upper()} file; name it .{fmt}, or leave --format out "
+            "to take the format from the name"
+        )
+    return fmt
+
+
+def factors_json(factors: FactorsFile) -> str:
+    """The JSON export's text: the same bytes on stdout (`-o -`) as in a file."""
+    return json.dumps(factors.model_dump(mode="json", exclude_none=True), indent=1)
+
+
+def stdout_export(factors: FactorsFile, fmt: str) -> str:
+    """What `-o -` prints: the factors file. A CSV export is two files (`write_csv_export`), which one stream
+    cannot hold, so it is refused rather than printed without the sidecar that carries its attention factor."""
+    if fmt == "csv":
+        raise ExportError(
+            "-o -: a CSV export comes with a sidecar file (the full factors file), which stdout cannot hold; "
+            "give -o a file name, or print JSON"
+        )
+    return factors_json(factors)
+
+
+def factors_of_path(path: str | Path) -> FactorsFile:
+    """What `verify` and `compare --factors` take: a factors file, or a run directory, whose best candidate is
+    read as `longrope export` writes it (`factors_file_of_run`). `os.path.isdir` looks at the path's metadata only
+    and is False for anything it cannot stat, so a FIFO or a name too long goes to `read_factors_file`, which
+    says what it is."""
+    if os.path.isdir(path):
+        return factors_file_of_run(RunDir(path))
+    return read_factors_file(path)
+
+
+def check_output_path(out: Path, where: str | None = None) -> None:
+    """Refuse, before anything is written, what cannot become a regular file by an atomic replace: a directory,
+    a FIFO, a device or a socket (opening a FIFO blocks; replacing one with a file is never what was meant), a
+    symlink to one of those, a loop of symlinks, a name the filesystem refuses (longer than NAME_MAX), and a path
+    under something that is not a directory. A symlink to a file, or a dangling one, is fine: the export writes
+    through it (`write_output`). Reads only metadata (lstat/stat), so a FIFO is never opened. `where` names the
+    path in the error (default: -o and the path)."""
+    where = where or f"-o {str(out)!r}"
+    info = _lstat(out, where)
+    target = Path(out)
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        try:
+            info = os.stat(out)
+        except FileNotFoundError:
+            info = None  # dangling: its target is created
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ExportError(f"{where}: a symlink loop; give a file name") from None
+            raise ExportError(f"{where}: cannot write there ({exc.strerror or exc})") from None
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            raise ExportError(f"{where}: a symlink to {file_kind(info)}, not a regular file; give a file name")
+        target = Path(os.path.realpath(out))
+    elif info is not None and stat.S_ISDIR(info.st_mode):
+        raise ExportError(f"{where}: is a directory; give a file name")
+    elif info is not None and not stat.S_ISREG(info.st_mode):
+        raise ExportError(f"{where}: {file_kind(info)}, not a regular file; give a file name")
+    _check_folders(target, where)
+
+
+def _lstat(path: Path, where: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:  # ENAMETOOLONG, EACCES on a folder above, ELOOP in a folder above
+        raise ExportError(f"{where}: cannot write there ({exc.strerror or exc})") from None
+
+
+def _check_folders(path: Path, where: str) -> None:
+    """The nearest existing folder above `path` is a directory, and every name still to be created there (folders
+    and the file) fits its filesystem's NAME_MAX."""
+    missing = [path.name]
+    parent = path.parent
+    while _lstat(parent, where) is None and parent != parent.parent:
+        missing.append(parent.name)
         parent = parent.parent
     if not parent.is_dir():
-        raise ExportError(f"{flag} {str(out)!r}: {str(parent)!r} is not a directory")
+        raise ExportError(f"{where}: {str(parent)!r} is not a directory")
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if any(len(os.fsencode(name)) > name_max for name in missing):
+        raise ExportError(f"{where}: cannot write there ({os.strerror(errno.ENAMETOOLONG)})")
+
+
+def write_output(out: Path, text: str, where: str | None = None) -> None:
+    """Write an export file atomically, through a symlink at `out` to its target, keeping the target's mode
+    (`atomic_file`): the user's `-o link.json` means the file the link names, as `open(path, "w")` takes it."""
+    try:
+        with atomic_file(out, through_symlink=True) as tmp:
+            tmp.write(text)
+    except OSError as exc:
+        raise ExportError(f"{where or f'-o {str(out)!r}'}: cannot write ({exc.strerror or exc})") from None
 
 
 def write_export(factors: FactorsFile, out: Path, fmt: str) -> list[Path]:
@@ -110,7 +216,7 @@ def write_export(factors: FactorsFile, out: Path, fmt: str) -> list[Path]:
     check_output_path(out)
     if fmt == "csv":
         return write_csv_export(factors, out)
-    write_json_atomic(out, factors.model_dump(mode="json", exclude_none=True))
+    write_output(out, factors_json(factors))
     return [out]
 
 
@@ -133,9 +239,10 @@ def write_csv_export(factors: FactorsFile, out: Path) -> list[Path]:
             "factors have searched short factors too; export JSON instead"
         )
     sidecar = csv_sidecar(out)
-    check_output_path(sidecar, flag="-o (its sidecar)")
-    write_json_atomic(sidecar, factors.model_dump(mode="json", exclude_none=True))
-    write_text_atomic(out, "\n".join(repr(float(v)) for v in block.long_factor) + "\n")
+    where = f"-o {str(sidecar)!r} (its sidecar)"
+    check_output_path(sidecar, where)
+    write_output(sidecar, factors_json(factors), where)
+    write_output(out, "\n".join(repr(float(v)) for v in block.long_factor) + "\n")
     return [out, sidecar]
 
 

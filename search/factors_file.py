@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longrope.encodings import LongRope, RopeMethod, from_hf
 from longrope.search.job_config import JobConfigError
+from longrope.workers.user_files import read_text_capped
+
+# a factors file holds two lists of rotary_dim / 2 factors and its provenance: a few KB (128k-context models have
+# 64 pairs), so 16 MiB refuses only what is no factors file, before it is read into memory
+MAX_FACTORS_BYTES = 16 << 20
 
 
 def package_version() -> str:
@@ -92,17 +97,21 @@ def factors_file_for(
 
 
 def read_factors_file(path: str | Path) -> FactorsFile:
-    file = Path(path)
-    if not file.is_file():
-        raise JobConfigError(f"factors file {str(path)!r}: no such file")
+    """A factors file, or one JobConfigError line naming it: no such file, a FIFO or device (refused by kind,
+    never opened), over MAX_FACTORS_BYTES, not UTF-8 (a binary file), not JSON, or not a factors file (the
+    first field that is wrong)."""
+    where = f"factors file {str(path)!r}"
+    text = read_text_capped(Path(path), MAX_FACTORS_BYTES, "a factors file", where, JobConfigError)
     try:
-        return FactorsFile.model_validate(json.loads(file.read_text()))
+        return FactorsFile.model_validate(json.loads(text))
     except json.JSONDecodeError as exc:
-        raise JobConfigError(f"factors file {str(path)!r}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise JobConfigError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise JobConfigError(f"{where}: not a factors file (JSON nested too deeply)") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        raise JobConfigError(f"factors file {str(path)!r}: {field}: {first['msg']}") from None
+        raise JobConfigError(f"{where}: {field}: {first['msg']}") from None
 
 
 def factors_encoding(factors: FactorsFile, *, head_dim: int, pairs: int, source: str) -> RopeMethod:

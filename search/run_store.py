@@ -22,7 +22,6 @@ A run directory has one writer at a time: `RunDir.lock()` takes an exclusive `fl
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import math
@@ -37,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from longrope.search.job_config import JobConfig
 from longrope.workers.atomic_files import atomic_file, fsync_folder
+from longrope.workers.user_files import os_error_text, shown_path
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
 
@@ -355,8 +355,10 @@ class RunDir:
         symlink loop, a missing folder or a file, instead of an OSError traceback or "config.json: missing"."""
         try:
             info = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise RunStoreError(f"{shown_path(self.path)}: no such directory") from None
         except OSError as exc:
-            raise RunStoreError(f"{shown_path(self.path)}: {path_problem(exc)}") from None
+            raise RunStoreError(f"{shown_path(self.path)}: {os_error_text(exc)}") from None
         if not stat.S_ISDIR(info.st_mode):
             raise RunStoreError(f"{shown_path(self.path)}: not a directory (a run directory holds config.json)")
 
@@ -372,28 +374,6 @@ class RunDir:
             raise RunStoreError(f"{path}: corrupted ({str(exc).splitlines()[0][:200]})") from None
         except OSError as exc:
             raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
-
-
-def shown_path(path: str | Path, limit: int = 120) -> str:
-    """A path as an error line shows it: whole up to `limit` characters, else its start and end and its length."""
-    text = str(path)
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit // 2]}...{text[-limit // 2 :]} ({len(text)} characters)"
-
-
-def path_problem(exc: OSError) -> str:
-    """What an OSError says about a path, in words a user acts on (the errno's own text otherwise)."""
-    if exc.errno == errno.ENAMETOOLONG:
-        return f"path too long for this system (a name is at most {NAME_MAX} bytes, a path {PATH_MAX})"
-    if exc.errno == errno.ELOOP:
-        return "a symbolic link loop (the link points back to itself)"
-    if exc.errno == errno.ENOENT:
-        return "no such directory"
-    return f"cannot read ({exc.strerror or exc})"
-
-
-NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits (limits.h): one path component, a whole path (bytes)
 
 
 def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str, Any]]:

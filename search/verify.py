@@ -30,7 +30,7 @@ from longrope.encodings import LongRope, from_hf
 from longrope.encodings.lazy_import import torch
 from longrope.search.export import check_same_shape, config_with_block
 from longrope.search.factors_file import FactorsFile
-from longrope.workers.models import model_rope, read_model_config
+from longrope.workers.models import check_weights, model_rope, read_model_config
 
 COS_SIN_TOLERANCE = 1e-5
 LOGITS_RELATIVE_TOLERANCE = 1e-3
@@ -73,6 +73,8 @@ def verify(
 ) -> VerifyReport:
     config = read_model_config(model_dir)
     check_same_shape(factors, model_rope(config), f"--model {str(model_dir)!r}")
+    if logits:
+        check_weights(model_dir)  # a truncated checkpoint: one line now, not after the cos/sin checks have run
     hf_config = transformers_config(config_with_block(config, factors))
     ours = our_method(factors, hf_config)
     regimes = {"short": ours.original_max_position_embeddings, "long": factors.max_position_embeddings}

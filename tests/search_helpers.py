@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,14 @@ JOB_RECORD = {
     "search_windows_hash": "h",
     "search_windows": {"count": 1, "tokens": TARGET + 1},
 }
+
+
+def unloadable_safetensors() -> bytes:
+    """A model.safetensors that the driver's check finds whole (a JSON header whose tensors end where the file
+    does, `models.check_weights`) but of a dtype safetensors does not know, so only loading it fails: how a test
+    reaches a worker's own load error."""
+    header = json.dumps({"w": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    return len(header).to_bytes(8, "little") + header + bytes(4)
 
 
 def objective(factors: np.ndarray) -> float:

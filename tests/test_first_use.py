@@ -19,7 +19,7 @@ import ray
 import torch
 import yaml
 from conftest import save_tiny_llama
-from search_helpers import JOB_RECORD, finished_run
+from search_helpers import JOB_RECORD, finished_run, unloadable_safetensors
 
 from longrope.encodings import LongRope
 from longrope.search.cli import main
@@ -83,7 +83,7 @@ def test_a_worker_that_fails_still_says_why(tmp_path):
     """Quieter output must not hide a real worker error: a model the driver's check passes (its config builds)
     but no worker can load reaches the console as one line with the worker's own exception."""
     broken = save_tiny_llama(tmp_path / "broken")
-    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    (broken / "model.safetensors").write_bytes(unloadable_safetensors())
     config = {
         "model": {"path": str(broken), "device": "cpu"},
         "data": {"tokenizer": "bytes", "search_windows": 2},

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from search_helpers import unloadable_safetensors
 
 from longrope.encodings import LongRope
 from longrope.workers.errors import ModelLoadError, WorkerPoolError
@@ -150,7 +151,7 @@ def test_a_worker_that_cannot_load_reports_its_own_error(local_ray, tiny_llama_d
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text((tiny_llama_dir / "config.json").read_text())
-    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    (broken / "model.safetensors").write_bytes(unloadable_safetensors())
     spec = PoolSpec(num_workers=1, num_cpus_per_worker=0.5, restart_timeout_s=3600)
     pool = WorkerPool(model_spec(broken), windows, spec)
     try:

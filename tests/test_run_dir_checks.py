@@ -235,8 +235,8 @@ CORRUPTIONS = [
         state_deleted_mid_run, "state.json: missing, but history.jsonl holds candidates of generation", id="no-state"
     ),
     pytest.param(stopped_run_job_edited, "job.json: record_hash does not match", id="unfinished-job-edited"),
-    pytest.param(symlink_loop, "loop: a symbolic link loop", id="run-dir-symlink-loop"),
-    pytest.param(path_of_10000_characters, "characters): path too long for this system", id="path-10000"),
+    pytest.param(symlink_loop, ": a symbolic link loop (a link that points back to itself)", id="run-dir-symlink-loop"),
+    pytest.param(path_of_10000_characters, ": path too long for this system (a name is at most 255", id="path-10000"),
 ]
 
 COMMANDS = {
