@@ -18,7 +18,7 @@ from longrope.search.run_store import RunDir
 from longrope.search.stages import last_stage
 from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
 from longrope.workers.errors import DataError
-from longrope.workers.models import check_model, model_rope, read_model_config
+from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.specs import ModelSpec, PoolSpec
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
@@ -43,9 +43,11 @@ class JobContext:
     def resolve(cls, config: JobConfig) -> JobContext:
         model_dir = reference_model_dir() if config.model.path == REFERENCE else Path(config.model.path)
         try:
-            rope = model_rope(read_model_config(model_dir))
+            file_config = read_model_config(model_dir)
+            model_rope(file_config)
         except ValueError as exc:
             raise JobConfigError(f"model.path: {exc}") from None
+        rope = rope_with_overrides(file_config, config.model.config_overrides)  # a bad override is named
         original = config.original_length or rope.original_length
         if config.target_length <= original:
             raise JobConfigError(check_lengths_message(original, config.target_length))

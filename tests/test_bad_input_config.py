@@ -117,6 +117,12 @@ CASES = [
         id="overrides-zero-vocab",
     ),
     pytest.param(
+        lambda t: validate(t, "model.config_overrides={head_dim: 16}"),
+        "model.config_overrides.head_dim = 16: the model it builds has model.layers.0.self_attn.q_proj.weight of "
+        "shape [64, 128], the checkpoint's is [128, 128]",
+        id="overrides-size-the-weights-fix",
+    ),
+    pytest.param(
         lambda t: validate(t, "model.config_overrides={sliding_windw: null}"),
         "model.config_overrides.sliding_windw = None: LlamaConfig has no such attribute",
         id="overrides-unknown-key",
