@@ -17,7 +17,7 @@ from longrope.search.job_record import JOB_FILE, RopeShape, read_job_record
 from longrope.search.run_store import RunDir
 from longrope.search.stages import last_stage
 from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
-from longrope.workers.errors import DataError
+from longrope.workers.errors import DataError, WindowsCacheError
 from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.specs import ModelSpec, PoolSpec
@@ -113,17 +113,23 @@ class JobContext:
             self._documents[source] = read_source(source, text_field=data.text_field)
         documents = self._documents[source]
         cache = Path(data.cache_dir) if data.cache_dir else Path(self.config.output_dir) / "windows-cache"
-        cache = cache if cached else None
-        return load_windows(
-            documents,
-            self.tokenizer,
-            length=length + 1,
-            count=count,
-            seed=data.seed,
-            cache_dir=cache,
-            objective=objective,
-            original_length=self.original_length,
-        )
+        try:
+            return load_windows(
+                documents,
+                self.tokenizer,
+                length=length + 1,
+                count=count,
+                seed=data.seed,
+                cache_dir=cache if cached else None,
+                objective=objective,
+                original_length=self.original_length,
+            )
+        except WindowsCacheError as exc:  # named by the field that chose the folder: the user's own words
+            if data.cache_dir:
+                raise WindowsCacheError(f"data.cache_dir: {exc}") from None
+            raise WindowsCacheError(
+                f"output_dir: {exc}; the cache goes under output_dir unless data.cache_dir is set"
+            ) from None
 
     def objective_windows(self, source: str, length: int, count: int, *, cached: bool = True) -> Windows:
         """The job's windows for its objective mix: `count` per objective, in the order of `ObjectiveMix.of`.
