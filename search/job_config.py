@@ -356,10 +356,14 @@ class JobConfig(Strict):
     original_length: int | None = Field(
         default=None, ge=2, le=MAX_LENGTH, description="the length the model was trained at; null: read from its config"
     )
-    target_length: int = Field(ge=2, le=MAX_LENGTH, description="required: the length the factors are searched for")
+    target_length: int = Field(ge=2, le=MAX_LENGTH, description="the length the factors are searched for")
     search: SearchConfig = Field(default=SearchConfig(), description="section: the search")
     workers: WorkersConfig = Field(default=WorkersConfig(), description="section: where candidates are scored")
-    output_dir: str = Field(default="runs/job", min_length=1, description="the run directory")
+    output_dir: str = Field(
+        default="runs/job",
+        min_length=1,
+        description="the run directory: config.json, job.json, history.jsonl, state.json, the windows cache",
+    )
 
     @field_validator("output_dir")
     @classmethod
