@@ -317,3 +317,27 @@ def test_every_config_field_has_a_description():
     fields = config_fields()
     assert {"target_length", "search.seeds", "model.config_overrides", "search.racing.z"} <= {f.name for f in fields}
     assert all(field.description for field in fields), [field.name for field in fields if not field.description]
+
+
+# ---- item 14: the torch-free device check says what torch.device says ----
+
+
+@pytest.mark.parametrize(
+    "device", ["auto", "cpu", "cuda", "cuda:0", "cuda:127", "mps", "xpu:3", "tpu9", "tpu", "gpu", "CUDA", "cuda:x",
+               "cuda:01", "cuda:-1", "cuda: 0", "cuda:1:2", "", " cuda", "cuda:128"],
+)  # fmt: skip
+def test_device_check_agrees_with_torch(device):
+    """Every string the check accepts, torch parses to itself; every one it refuses, torch refuses or misreads
+    (cuda:128 wraps to cuda:-128: c10::DeviceIndex is int8_t)."""
+    import torch
+
+    from longrope.workers.devices import device_problem
+
+    if device == "auto":
+        assert device_problem(device) is None
+        return
+    try:
+        parsed = str(torch.device(device))
+    except RuntimeError:
+        parsed = None
+    assert (device_problem(device) is None) == (parsed == device), (device, parsed)
