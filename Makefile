@@ -32,6 +32,7 @@ demo: $(STAMP)
 	$(BIN)/longrope export $(DEMO_DIR) -o $(DEMO_DIR)/factors.json
 	$(BIN)/longrope compare configs/demo.yaml --set output_dir=$(DEMO_DIR) --factors $(DEMO_DIR)/factors.json -o $(DEMO_DIR)/compare
 	@echo "demo: factors in $(DEMO_DIR)/factors.json; table and plots in $(DEMO_DIR)/compare/"
+	@echo "demo: the CLI is $(BIN)/longrope (or run 'source $(BIN)/activate' once, then longrope), e.g. $(BIN)/longrope status $(DEMO_DIR)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from longrope.search.cli_console import cli_console
-from longrope.search.export import factors_file_of_run, write_export, write_into_model
+from longrope.search.export import factors_file_of_run, unfinished_warning, write_export, write_into_model
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.search.path_limits import path_problem, shown_path
 from longrope.search.run_store import CONFIG, RunDir
@@ -226,6 +226,8 @@ def run_export_command(args: argparse.Namespace) -> int:
         raise JobConfigError("export: give -o FILE and/or --into MODEL_DIR")
     factors = factors_file_of_run(RunDir(checked_path("run_dir", args.run_dir)), allow_n_hat=args.allow_n_hat)
     console = cli_console()
+    if warning := unfinished_warning(factors, RunDir(args.run_dir)):
+        console.print(warning, markup=False, highlight=False)
     if factors.provenance.model_extra.get("n_hat"):
         console.print("export: n_hat is not part of transformers' longrope; transformers and vLLM will ignore it")
     if args.output:
@@ -261,6 +263,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     from longrope.search.compare import OUTPUT_FILES, CompareOut, default_lengths, markdown_table, run_compare
     from longrope.search.job_context import JobContext
     from longrope.search.needle_report import needle_table
+    from longrope.search.progress import CountProgress
 
     config = load_job_config(args.config, args.set)
     context = JobContext.resolve(config)
@@ -271,9 +274,15 @@ def run_compare_command(args: argparse.Namespace) -> int:
         else CompareOut(parent=Path(config.output_dir))
     )
     console = cli_console()
-    result = run_compare(
-        context, factors_files=args.factors, lengths=lengths, out_dir=out, log=lambda line: console.print(line)
-    )
+    with CountProgress(console, "compare") as progress:
+        result = run_compare(
+            context,
+            factors_files=args.factors,
+            lengths=lengths,
+            out_dir=out,
+            log=lambda line: console.print(line),
+            progress=progress,
+        )
     print(markdown_table(result))
     print()
     print(needle_table(result))

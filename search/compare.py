@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,13 @@ from longrope.workers.windows import Windows
 BASELINES = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned")
 NTK_SCALE_MULTIPLIERS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 NTK_ATTENTION_FACTORS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3)
+Progress = Callable[[str, int, int], None]  # (phase, results done, results in the phase)
 VLLM_SUFFIX = "(vLLM)"  # a row as a vLLM engine with max_model_len = the target applies the method
 OUTPUT_FILES = ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png", "needle_heatmap.png")
+
+
+def no_progress(phase: str, done: int, total: int) -> None:
+    """The default: compare says nothing between its log lines."""
 
 
 def default_lengths(original: int, target: int) -> list[int]:
@@ -105,13 +110,18 @@ class ComparePool:
         )
         self.spans = dict(zip(sets, self.pool.spans, strict=True))
 
-    def score(self, methods: dict, set_names: list[tuple[str, int]]) -> dict[tuple[str, int], dict]:
-        """Each method on each named set: {set: {method: CandidateScore}}, methods in the order given."""
+    def score(
+        self, methods: dict, set_names: list[tuple[str, int]], progress: Progress = no_progress, phase: str = "scored"
+    ) -> dict[tuple[str, int], dict]:
+        """Each method on each named set: {set: {method: CandidateScore}}, methods in the order given; `progress`
+        hears (phase, results done, results in all) as each result arrives."""
         for set_name in set_names:
             self.pool.submit((((set_name, name), method) for name, method in methods.items()), self.spans[set_name])
         scores: dict = {set_name: {} for set_name in set_names}
-        for (set_name, name), score in self.pool.as_completed():
+        total = len(methods) * len(set_names)
+        for done, ((set_name, name), score) in enumerate(self.pool.as_completed(), start=1):
             scores[set_name][name] = score
+            progress(phase, done, total)
         return {set_name: {name: scores[set_name][name] for name in methods} for set_name in set_names}
 
     def shutdown(self) -> None:
@@ -134,11 +144,14 @@ def ntk_grid(context: JobContext) -> dict[tuple[float, float], RopeMethod]:
     return grid
 
 
-def tuned_ntk(context: JobContext, pool: ComparePool) -> tuple[RopeMethod, dict[str, float]]:
+def tuned_ntk(
+    context: JobContext, pool: ComparePool, progress: Progress = no_progress
+) -> tuple[RopeMethod, dict[str, float]]:
     """NTK's scale and attention factor picked on the search split at the target length."""
     grid = ntk_grid(context)
     tuning = ("tuning", context.target_length)
-    scores = pool.score({str(key): method for key, method in grid.items()}, [tuning])[tuning]
+    methods = {str(key): method for key, method in grid.items()}
+    scores = pool.score(methods, [tuning], progress, phase="NTK settings tried")[tuning]
     best = min(grid, key=lambda key: scores[str(key)].mean_nll)
     multiplier, attention = best
     # as it would be exported: its scale in the keys vLLM reads too, so its vLLM row differs only by regime
@@ -318,8 +331,10 @@ def run_compare(
     lengths: list[int],
     out_dir: Path | CompareOut,
     log=print,
+    progress: Progress = no_progress,
 ) -> dict[str, Any]:
-    """Score every baseline and the given factors (paths, or (label, path) pairs) and write the results.
+    """Score every baseline and the given factors (paths, or (label, path) pairs) and write the results;
+    `progress(phase, done, total)` hears each result (the CLI draws a bar or prints lines from it).
 
     Every input is checked before any window is cut or anything scored: lengths, row labels, the factors files,
     the output directory, then both data sources (`compare_window_sets`). A plain `out_dir` path is `-o` without
@@ -330,7 +345,7 @@ def run_compare(
     out = out_dir if isinstance(out_dir, CompareOut) else CompareOut(Path(out_dir))
     out.check()
     sets = compare_window_sets(context, lengths, log)
-    methods, scores, tuned = score_methods(context, sets, files, lengths, log)
+    methods, scores, tuned = score_methods(context, sets, files, lengths, log, progress)
     per_window = {
         name: {n: window_means(scores[("perplexity", n)][name]).tolist() for n in lengths} for name in methods
     }
@@ -342,21 +357,28 @@ def run_compare(
     return result
 
 
-def score_methods(context: JobContext, sets: dict, files: dict[str, RopeMethod], lengths: list[int], log):
+def score_methods(
+    context: JobContext,
+    sets: dict,
+    files: dict[str, RopeMethod],
+    lengths: list[int],
+    log,
+    progress: Progress = no_progress,
+):
     """(methods, scores, tuned NTK's settings): the baselines, NTK tuned on the search split, the given factors
-    and the vLLM twins, each on every test window set, with one worker pool."""
+    and the vLLM twins, each on every test window set, with one worker pool; `progress` hears each result."""
     pool = ComparePool(context, sets)
     try:
         methods: dict[str, RopeMethod] = dict(context.baselines())
         log("compare: tuning NTK's scale and attention factor on the search split ...")
-        methods["ntk_tuned"], tuned = tuned_ntk(context, pool)
+        methods["ntk_tuned"], tuned = tuned_ntk(context, pool, progress)
         methods = with_vllm_rows({**methods, **files})
         scored = [name for name in sets if name[0] != "tuning"]
         log(
             f"compare: scoring {len(methods)} methods at {', '.join(map(str, lengths))} tokens "
             "(perplexity and needles, one worker pool) ..."
         )
-        return methods, pool.score(methods, scored), tuned
+        return methods, pool.score(methods, scored, progress, phase="method x window sets scored"), tuned
     finally:
         pool.shutdown()
 

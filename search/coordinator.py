@@ -37,14 +37,6 @@ from typing import Any, Protocol
 
 import numpy as np
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from longrope.encodings import RopeMethod
 from longrope.search.cli_console import cli_console
@@ -53,8 +45,10 @@ from longrope.search.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.job_config import SearchConfig
 from longrope.search.objective import ObjectiveMix
 from longrope.search.optimizers import Optimizer
+from longrope.search.progress import SearchProgress
 from longrope.search.racing import WindowRange, clearly_worse, window_groups
-from longrope.search.run_store import FINAL_STATUSES, HISTORY, History, RunDir, RunStoreError, best_of, final_count
+from longrope.search.run_check import check_history_holds
+from longrope.search.run_store import FINAL_STATUSES, History, RunDir, RunState, RunStoreError, best_of, final_count
 from longrope.workers.scorer import CandidateScore
 
 
@@ -78,6 +72,7 @@ class SearchProblem:
     make_candidate: Callable[..., RopeMethod]  # (factors, attention_factor=None, n_hat=0) -> RopeMethod
     windows: int = 1  # search windows each candidate is scored on
     objective: ObjectiveMix | None = None  # which objective each window serves; None: perplexity on every one
+    windows_hash: str | None = None  # the search windows' content hash, recorded on every history line
 
     @property
     def mix(self) -> ObjectiveMix:
@@ -160,7 +155,7 @@ class Coordinator:
                 raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc})") from None
             self.stopped_early = bool(state.get("stopped_early", False))
             self.exhausted = bool(state.get("exhausted", False))
-            check_history_holds(self.run_dir, list(self.optimizer.scores), history.records)
+            check_history_holds(self.run_dir, RunState.model_validate(state), history.records)
         self.history = dict(history.records)
         return history
 
@@ -340,6 +335,7 @@ class Coordinator:
         finite = mean_nll is not None and math.isfinite(mean_nll)
         if status == "scored" and not finite:
             self._log(f"search: candidate {candidate.genome.key} scored {mean_nll}; ranked last")
+        windows = {"windows": self.problem.windows_hash} if self.problem.windows_hash else {}
         return {
             "key": candidate.genome.key,
             "status": status,
@@ -352,6 +348,7 @@ class Coordinator:
             "perplexity": math.exp(mean_nll) if finite else None,
             "nll": [v if math.isfinite(v) else None for v in race.nll],
             "tokens": list(race.tokens),
+            **windows,
         }
 
     # ---- progress and state ----
@@ -373,14 +370,15 @@ class Coordinator:
         so far, the best perplexity on the search split, whether it is new, the early-stop countdown."""
         generation = self.optimizer.generation - 1
         best_nll = self.best_by_generation[-1]
+        previous = self.best_by_generation[-2] if len(self.best_by_generation) > 1 else math.inf
         stopped = sum(1 for r in self.history.values() if r.get("status") == "stopped")
-        improved = len(self.best_by_generation) > 1 and best_nll < self.best_by_generation[-2]
+        countdown = self._countdown_text()
         return (
             f"{self._generation_label(generation)}  evaluations {final_count(self.history)}"
             + (f" ({stopped} stopped by racing)" if self.settings.racing.enabled else "")
-            + f"  best search ppl {math.exp(best_nll):.4f}"
-            + ("  * new best" if improved else "")
-            + self._countdown_text()
+            + f"  best search ppl {perplexity_text(best_nll, previous)}"
+            + ("  * new best" if best_nll < previous < math.inf and not countdown else "")
+            + countdown
             + f"  ({seconds:.1f}s, {self._fresh_in_generation(generation) / max(seconds, 1e-9):.2f} eval/s)"
         )
 
@@ -391,7 +389,9 @@ class Coordinator:
     def _countdown_text(self) -> str:
         """How close early stopping is: "no gain >= 0.001 for k/P generations", k being how many generations back
         the best has gained less than `min_improvement` (the rule `_end_generation` stops on at k = P). A new
-        best smaller than that gain does not reset it, hence "gain", not "new best"."""
+        best smaller than that gain does not reset it, hence "gain", not "new best"; such a generation's line
+        shows the countdown alone (its perplexity printed with the digits that show the small gain), since "new
+        best" beside "no gain" reads as a contradiction."""
         patience, stale = self.settings.early_stop.patience, self._generations_without_gain()
         if not patience or (not stale and not self.stopped_early):
             return ""
@@ -437,55 +437,21 @@ class Coordinator:
         per_generation = self.settings.mutations + self.settings.crossovers
         return self.settings.population + per_generation * self.settings.generations
 
-    def _progress(self) -> Progress:
+    def _progress(self) -> SearchProgress:
         """The live bar only on a terminal: elsewhere rich would print it once, at the end."""
         return SearchProgress(self.console, disable=not self.show_progress or not self.console.is_terminal)
 
 
-class SearchProgress(Progress):
-    """The search progress bar: evaluations done / expected (the initial population included), best perplexity on
-    the search split so far, evaluations per second, time elapsed and an ETA (rich's, from the rate over the last
-    ETA_WINDOW_S: a generation's results arrive in bursts, so a short window would swing)."""
-
-    ETA_WINDOW_S = 600.0
-
-    def __init__(self, console: Console, *, disable: bool):
-        super().__init__(
-            TextColumn("[bold]search"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("evaluations  best search ppl {task.fields[best]}  {task.fields[rate]} eval/s"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=console,
-            disable=disable,
-            speed_estimate_period=self.ETA_WINDOW_S,
-        )
-        self.started = time.monotonic()
-        self.counted = 0
-
-    def add_task(self, description: str, **kwargs) -> int:
-        kwargs.setdefault("best", "-")
-        kwargs.setdefault("rate", "-")
-        return super().add_task(description, **kwargs)
-
-    def update(self, task_id, **kwargs) -> None:
-        self.counted += int(kwargs.get("advance", 0))
-        kwargs["rate"] = f"{self.counted / max(time.monotonic() - self.started, 1e-9):.2f}"
-        super().update(task_id, **kwargs)
-
-
-def check_history_holds(run_dir: RunDir, scored: list[str], records: dict[str, dict[str, Any]]) -> None:
-    """Every candidate state.json counts as scored has a final record in history.jsonl (the one source of truth
-    for scores and the best); otherwise the run directory is damaged, and a resume says so rather than go on."""
-    lost = [key for key in scored if records.get(key, {}).get("status") == "partial"]
-    lost += [key for key in scored if key not in records]
-    if lost:
-        raise RunStoreError(
-            f"{run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(scored)} candidates "
-            f"that state.json counts as scored (first {lost[0]}, no final record); the run directory is damaged"
-        )
+def perplexity_text(nll: float, previous_nll: float, digits: int = 4) -> str:
+    """exp(nll) with `digits` decimals, or as many more (up to 12) as it takes to differ from exp(previous_nll)
+    printed alike: a new best must not print the same number as the best it replaced."""
+    if not math.isfinite(nll):
+        return "-"
+    for places in range(digits, 13):
+        text = f"{math.exp(nll):.{places}f}"
+        if not math.isfinite(previous_nll) or nll >= previous_nll or text != f"{math.exp(previous_nll):.{places}f}":
+            return text
+    return text
 
 
 def _score_of(record: dict[str, Any]) -> float:

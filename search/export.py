@@ -10,11 +10,11 @@ from pathlib import Path
 
 from longrope.search.factors_file import FactorsFile, LongRopeParameters, Provenance
 from longrope.search.job_record import read_job_record
+from longrope.search.run_check import read_run
 from longrope.search.run_store import (
     CONFIG,
     RunDir,
     RunStoreError,
-    best_of,
     final_count,
     seed_perplexities,
     write_json_atomic,
@@ -31,25 +31,27 @@ class ExportError(ValueError):
 
 def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> FactorsFile:
     """The run's best candidate (the lowest mean NLL in history.jsonl, the rule status uses too) as a factors file;
-    for a progressive job, the last stage's."""
+    for a progressive job, the last stage's. The run directory is read as every command reads it (`read_run`: its
+    files checked against each other). The provenance says how far the search got: the last generation done of
+    the run's last (numbered from 0, the initial population, as the search's log numbers them), and whether it
+    finished (an export of a running or stopped search holds its best so far)."""
     config = run_dir.read_config()  # first, so a folder that is no run directory says so
     if config.search.stages:
         last = last_stage(run_dir)
         if not last.file(CONFIG).is_file():
             raise ExportError(f"{run_dir.path}: its last stage ({last.path.name}) has not started; nothing to export")
         return factors_file_of_run(last, allow_n_hat=allow_n_hat)
-    job = read_job_record(run_dir)
-    history = run_dir.read_history()
-    best = best_of(history)
+    run = read_run(run_dir)
+    best = run.best
     if best is None:
         raise ExportError(f"{run_dir.path}: no candidate has a finite score yet; nothing to export")
+    job = run.job or read_job_record(run_dir)  # the model's shape is in job.json alone: its absence is the error
     method = job.candidate(best)
     if method.n_hat and not allow_n_hat:
         raise ExportError(
             f"best candidate has n_hat = {method.n_hat}, which transformers and vLLM cannot express; "
             "pass --allow-n-hat to export it anyway (they will ignore n_hat)"
         )
-    state = run_dir.read_state() or {}
     block = method.for_both_runtimes().to_hf()
     block.pop("n_hat", None)
     return FactorsFile(
@@ -67,12 +69,28 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
             target_length=job.target_length,
             best_perplexity=best["perplexity"],
             best_key=best["key"],
-            baseline_perplexities=seed_perplexities(history),
+            baseline_perplexities=seed_perplexities(run.records),
             n_hat=method.n_hat,
-            generations=state.get("evolution", {}).get("generation"),
-            evaluations=final_count(history),
+            finished=run.finished,
+            generation=run.generation_done,
+            generations=run.last_generation,
+            evaluations=final_count(run.records),
             config_hash=config.hash(),
         ),
+    )
+
+
+def unfinished_warning(factors: FactorsFile, run_dir: RunDir) -> str | None:
+    """The line an export of an unfinished search prints (None for a finished one): its best so far is not the
+    search's result, and a later export may differ."""
+    provenance = factors.provenance.model_extra or {}
+    if provenance.get("finished", True):
+        return None
+    done = provenance.get("generation")
+    progress = "generation 0 not done yet" if done is None else f"generation {done}/{provenance['generations']} done"
+    return (
+        f"export: warning: the search in {run_dir.path} is not finished ({progress}): this is its best so far "
+        "(provenance.finished: false); a stopped search continues with `longrope search --resume`"
     )
 
 

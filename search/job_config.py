@@ -27,6 +27,7 @@ MAX_COUNT = 1_000_000  # populations, generations, windows: larger is a typo, no
 MIN_GRID_STEP = 1e-4  # factors live on an integer grid: (max_factor / grid_step) steps must stay countable
 MAX_FACTOR = 1e4
 N_HAT_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
+REFERENCE_MODEL = "reference"  # model.path naming the reference model that ships with the package
 
 
 class JobConfigError(ValueError):
@@ -50,7 +51,7 @@ PathText = Annotated[str, AfterValidator(_os_path)]
 
 class ModelConfig(Strict):
     path: PathText = Field(
-        default="reference", description='a local model directory, or "reference" for the shipped reference model'
+        default=REFERENCE_MODEL, description='a local model directory, or "reference" for the shipped reference model'
     )
     device: str = Field(
         default="auto", description="where each worker runs the model: auto (CUDA if torch sees one, else cpu), cuda:1"

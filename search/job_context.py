@@ -13,8 +13,9 @@ from longrope.encodings.baselines import baseline_methods
 from longrope.search.factors_file import read_factors_file
 from longrope.search.genome import SearchSpace, Seed, resolve_space
 from longrope.search.job_config import JobConfig, JobConfigError, check_lengths_message
-from longrope.search.job_record import JOB_FILE, RopeShape, read_job_record
-from longrope.search.run_store import RunDir
+from longrope.search.job_record import RopeShape
+from longrope.search.run_check import read_run
+from longrope.search.run_store import RunDir, RunStoreError
 from longrope.search.stages import last_stage
 from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
@@ -380,11 +381,14 @@ def _run_target_length(path: str) -> int | None:
 
 def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
     """A run's long factors and attention factor: its best candidate's; a progressive job's last stage's; a
-    short-factor run's kept long factors (its candidates are short factors)."""
+    short-factor run's kept long factors (its candidates are short factors). The run directory is read as every
+    command reads it (`read_run`)."""
     if run_dir.read_config().search.stages:
         run_dir = last_stage(run_dir)
-    job = read_job_record(run_dir) if run_dir.file(JOB_FILE).is_file() else None
-    if job is not None and job.factor == "short":
-        return np.asarray(job.long_factor, dtype=np.float64), job.attention_factor
-    best = run_dir.best_record()
+    run = read_run(run_dir)
+    if run.job is not None and run.job.factor == "short":
+        return np.asarray(run.job.long_factor, dtype=np.float64), run.job.attention_factor
+    best = run.best
+    if best is None:
+        raise RunStoreError(f"{run_dir.file('history.jsonl')}: no scored candidate yet (is the run still starting?)")
     return np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]

@@ -6,7 +6,9 @@ freshly built windows against: a data file changed under a run would silently br
 
 from __future__ import annotations
 
-from typing import Literal
+import hashlib
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -81,6 +83,14 @@ class JobRecord(RopeShape):
     factor: Literal["long", "short"] = "long"
     long_factor: list[float] | None = None
     attention_factor: float | None = None
+    config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
+    record_hash: str | None = None  # this record's own fields (`sealed`), so an edit by hand is seen
+
+    def sealed(self) -> dict[str, Any]:
+        """job.json as written: the fields and their hash, as config.json carries its config's hash. A reader
+        that finds them apart (`read_job_record`) knows the file was edited after the run wrote it."""
+        fields = self.model_dump(mode="json", exclude={"record_hash"})
+        return {**fields, "record_hash": _fields_hash(fields)}
 
     def candidate(self, record: dict) -> LongRope:
         """A history record (a candidate of this run) as the encoding it was scored with: a short-factor run's
@@ -100,12 +110,25 @@ class JobRecord(RopeShape):
         return rotary_dim_for(self.head_dim, self.partial_rotary_factor) // 2
 
 
+def _fields_hash(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def read_job_record(run_dir: RunDir) -> JobRecord:
+    """job.json, whole (every field valid) and as the run wrote it (its record_hash matches its fields)."""
     data = run_dir.read_json(JOB_FILE)
     try:
-        return JobRecord.model_validate(data)
+        record = JobRecord.model_validate(data)
     except ValidationError as exc:
         raise RunStoreError(f"{run_dir.file(JOB_FILE)}: {first_error(exc)}") from None
+    if record.record_hash is not None and record.record_hash != _fields_hash(
+        record.model_dump(mode="json", exclude={"record_hash"})
+    ):
+        raise RunStoreError(
+            f"{run_dir.file(JOB_FILE)}: record_hash does not match its fields (edited by hand?); job.json records "
+            "what the run was resolved to when it started and cannot be changed after"
+        )
+    return record
 
 
 def check_job_record(run_dir: RunDir, record: JobRecord) -> bool:

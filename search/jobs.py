@@ -11,15 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from longrope.search.cli_console import cli_console
-from longrope.search.coordinator import Coordinator, SearchProblem, check_history_holds
-from longrope.search.evolution import told_from_json
+from longrope.search.coordinator import Coordinator, SearchProblem
 from longrope.search.genome import Seed
 from longrope.search.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.job_config import JobConfig, JobConfigError
@@ -27,7 +26,8 @@ from longrope.search.job_context import JobContext, check_source
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.objective import ObjectiveMix
 from longrope.search.optimizers import make_optimizer
-from longrope.search.run_store import CONFIG, STATE, RunDir, RunStoreError, final_count, write_json_atomic
+from longrope.search.run_check import read_run
+from longrope.search.run_store import CONFIG, RunDir, final_count, write_json_atomic
 from longrope.search.stages import is_staged, stage_configs, stage_run_dirs
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.errors import DataError
@@ -47,6 +47,8 @@ def run_search(
     heartbeat.json records the true cause of a stop."""
     console = console or cli_console()
     options = _Options(console, show_progress, sigterm_seen)
+    if resume_dir:
+        RunDir(resume_dir).check_directory()  # a missing folder, a file, a link loop, a path too long: one line
     if resume_dir and (finished := _finished_already(RunDir(resume_dir), config, console)):
         return finished
     if (resume_dir and is_staged(RunDir(resume_dir))) or (not resume_dir and config.search.stages):
@@ -63,7 +65,7 @@ def run_search(
     with run_dir.lock():
         run_dir.check_new(config)  # again under the lock: another start may have won the race
         run_dir.create(config)
-        write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows).model_dump(mode="json"))
+        write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows).sealed())
         coordinator = _coordinator(config, context, run_dir, options)
         return _run(coordinator, context, windows, console)
 
@@ -99,17 +101,9 @@ def _finished_already(run_dir: RunDir, config: JobConfig | None, console: Consol
 
 
 def _is_finished(folder: RunDir) -> bool:
-    """Whether a run directory holds a finished run, checked as a resume checks it (a damaged one is an error,
-    not "finished": its history must hold every candidate its state counts as scored)."""
-    state = folder.read_state() if folder.file(CONFIG).is_file() else None
-    if not state or not state.get("finished"):
-        return False
-    try:
-        _, scores = told_from_json(state["evolution"]["told"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RunStoreError(f"{folder.file(STATE)}: corrupted ({exc})") from None
-    check_history_holds(folder, list(scores), folder.read_history())
-    return True
+    """Whether a run directory holds a finished run, read as every command reads it (`read_run`: a damaged one
+    is an error, not "finished")."""
+    return folder.file(CONFIG).is_file() and read_run(folder).finished
 
 
 def _resume(run_dir: RunDir, stored: JobConfig, config: JobConfig | None, options: _Options) -> dict[str, Any]:
@@ -118,6 +112,7 @@ def _resume(run_dir: RunDir, stored: JobConfig, config: JobConfig | None, option
         run_dir.check_matches(config)  # equal but for where it is written and who scores it
     # the given workers section may move the run to another cluster; the windows cache follows the directory
     config = (config or stored).model_copy(update={"output_dir": str(run_dir.path)})
+    read_run(run_dir)  # its files agree with each other, as status and export check them, before anything else
     context = _checked_context(config)
     coordinator = _coordinator(config, context, run_dir, options)
     history = coordinator.resume()  # a damaged run directory stops here, before the windows cache is written
@@ -126,7 +121,7 @@ def _resume(run_dir: RunDir, stored: JobConfig, config: JobConfig | None, option
     write_job = check_job_record(run_dir, record)
     # every check has passed: now the directory may be written
     if write_job:
-        write_json_atomic(run_dir.file(JOB_FILE), record.model_dump(mode="json"))
+        write_json_atomic(run_dir.file(JOB_FILE), record.sealed())
     if history.torn_tail:
         run_dir.cut_torn_history(history)
         console.print(
@@ -256,6 +251,8 @@ def _run(coordinator: Coordinator, context: JobContext, windows: Windows, consol
     )
     from longrope.workers.pool import WorkerPool  # Ray: only for a run that scores
 
+    # every history line names the windows it was scored on (known only now: they are cut once every check passed)
+    coordinator.problem = replace(coordinator.problem, windows_hash=windows.content_hash)
     with coordinator.heartbeat.held():
         pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
         coordinator.evaluator = pool
@@ -273,6 +270,7 @@ def seeds_hash(seeds: list[Seed]) -> str:
 
 def job_record(context: JobContext, windows: Windows) -> JobRecord:
     return JobRecord(
+        config_hash=context.config.hash(),
         seeds_hash=seeds_hash(context.seeds()),
         model_dir=str(context.model_dir),
         original_length=context.original_length,

@@ -22,15 +22,18 @@ A run directory has one writer at a time: `RunDir.lock()` takes an exclusive `fl
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import math
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.job_config import JobConfig
 from longrope.workers.atomic_files import atomic_file, fsync_folder
@@ -39,7 +42,11 @@ CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
 
 
 class HistoryRecord(BaseModel):
-    """One line of history.jsonl: a scored candidate (mean_nll / perplexity null when the score was not finite)."""
+    """One line of history.jsonl: a scored candidate (mean_nll / perplexity null when the score was not finite).
+
+    What one line can say about itself is checked here (a NLL is never negative, perplexity = exp(mean_nll), one
+    token count per window NLL); what it must agree with in the rest of the run directory (the model's pairs, the
+    job's windows and objective) is checked by `run_check`."""
 
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
@@ -49,11 +56,30 @@ class HistoryRecord(BaseModel):
     seed: str | None = None  # the seed method's name for a seed candidate
     factors: list[float]
     n_hat: int = Field(ge=0)
-    attention_factor: float | None
-    mean_nll: float | None
-    perplexity: float | None
+    attention_factor: float | None = Field(gt=0)
+    mean_nll: float | None = Field(ge=0)  # nats per token: -log of a probability, never below 0
+    perplexity: float | None = Field(ge=1)
     nll: list[float | None]  # per window scored so far (all of them when scored), summed over its tokens
     tokens: list[int]
+    windows: str | None = None  # the search windows' hash (job.json's search_windows_hash); absent in older runs
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HistoryRecord:
+        if any(f <= 0 for f in self.factors):
+            raise ValueError(f"factors: must be > 0, got {min(self.factors)}")
+        if any(v is not None and v < 0 for v in self.nll):
+            raise ValueError(f"nll: a window's NLL is never below 0, got {min(v for v in self.nll if v is not None)}")
+        if len(self.tokens) != len(self.nll) or any(t < 1 for t in self.tokens):
+            raise ValueError(f"tokens: one count >= 1 per window NLL ({len(self.nll)}), got {self.tokens[:8]}")
+        if self.status != "scored" and (self.mean_nll is not None or self.perplexity is not None):
+            raise ValueError(f"mean_nll: a {self.status!r} record has no score, got {self.mean_nll}")
+        if (self.mean_nll is None) != (self.perplexity is None):
+            raise ValueError(f"perplexity: must be exp(mean_nll) (mean_nll {self.mean_nll}), got {self.perplexity}")
+        if self.mean_nll is not None and not math.isclose(
+            math.log(self.perplexity), self.mean_nll, rel_tol=1e-9, abs_tol=1e-12
+        ):  # compared as logs: exp of a large NLL overflows
+            raise ValueError(f"perplexity: must be exp(mean_nll) (mean_nll {self.mean_nll}), got {self.perplexity}")
+        return self
 
 
 # "scored": every search window; "stopped": racing stopped it, clearly worse than the worst parent on the windows
@@ -91,6 +117,7 @@ class RunState(BaseModel):
     finished: bool = False
     exhausted: bool = False  # the optimizer could make no new candidate (the grid is used up around the parents)
     total_generations: int | None = Field(default=None, ge=1)  # the optimizer's (CMA-ES: by its budget)
+    config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
 
 
 def first_error(exc: ValidationError) -> str:
@@ -146,6 +173,7 @@ class History:
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._config_hash: str | None = None
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -196,6 +224,7 @@ class RunDir:
         """Start a new run here; refuses a directory that already holds a run."""
         self.check_new(config)
         write_json_atomic(self.file(CONFIG), {"config_hash": config.hash(), "config": config.model_dump(mode="json")})
+        self._config_hash = config.hash()
 
     def check_new(self, config: JobConfig) -> None:
         """Refuse, without writing anything, a directory that already holds a run."""
@@ -243,8 +272,16 @@ class RunDir:
     # ---- state and history ----
 
     def write_state(self, state: dict[str, Any]) -> None:
+        """Write state.json stamped with the run's config hash, so a state.json copied from another run is seen."""
+        state = {**state, "config_hash": self.config_hash()}
         RunState.model_validate(state)  # what is written is what read_state accepts
         write_json_atomic(self.file(STATE), state)
+
+    def config_hash(self) -> str:
+        """config.json's hash, read once per RunDir (the config of a run directory never changes)."""
+        if self._config_hash is None:
+            self._config_hash = self.read_config().hash()
+        return self._config_hash
 
     def read_state(self) -> dict[str, Any] | None:
         if not self.file(STATE).exists():
@@ -284,10 +321,17 @@ class RunDir:
             raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
         good_length = data.rfind(b"\n") + 1
         records: dict[str, dict[str, Any]] = {}
+        final_lines: dict[str, int] = {}
         for number, line in enumerate(data[:good_length].splitlines(), start=1):
             key, record = _history_entry(path, number, line)
-            if key not in records or records[key].get("status") == "partial":  # a final record stays
-                records[key] = record
+            if key in final_lines:  # nothing is scored twice: a resumed run takes the final record it finds
+                raise RunStoreError(
+                    f"{path}:{number}: a second record for candidate {key}, which line {final_lines[key]} already "
+                    "holds as final (a line copied or added by hand?); the run directory is damaged"
+                )
+            records[key] = record  # a partial record is replaced by the next one for its key
+            if record.get("status", "scored") in FINAL_STATUSES:
+                final_lines[key] = number
         return History(records, data[good_length:], good_length)
 
     def cut_torn_history(self, history: History) -> None:
@@ -306,16 +350,50 @@ class RunDir:
             raise RunStoreError(f"{self.file(HISTORY)}: no scored candidate yet (is the run still starting?)")
         return best
 
+    def check_directory(self) -> None:
+        """The run directory itself is there and is a directory: one line for a path too long for the system, a
+        symlink loop, a missing folder or a file, instead of an OSError traceback or "config.json: missing"."""
+        try:
+            info = os.stat(self.path)
+        except OSError as exc:
+            raise RunStoreError(f"{shown_path(self.path)}: {path_problem(exc)}") from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise RunStoreError(f"{shown_path(self.path)}: not a directory (a run directory holds config.json)")
+
     def read_json(self, name: str) -> Any:
+        self.check_directory()
         path = self.file(name)
         if not path.is_file():
-            raise RunStoreError(f"{path}: missing (is {str(self.path)!r} a run directory?)")
+            what = "not a regular file" if path.exists() else "missing"
+            raise RunStoreError(f"{path}: {what} (is {str(self.path)!r} a run directory?)")
         try:
             return json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise RunStoreError(f"{path}: corrupted ({str(exc).splitlines()[0][:200]})") from None
         except OSError as exc:
             raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def shown_path(path: str | Path, limit: int = 120) -> str:
+    """A path as an error line shows it: whole up to `limit` characters, else its start and end and its length."""
+    text = str(path)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2]}...{text[-limit // 2 :]} ({len(text)} characters)"
+
+
+def path_problem(exc: OSError) -> str:
+    """What an OSError says about a path, in words a user acts on (the errno's own text otherwise)."""
+    if exc.errno == errno.ENAMETOOLONG:
+        return f"path too long for this system (a name is at most {NAME_MAX} bytes, a path {PATH_MAX})"
+    if exc.errno == errno.ELOOP:
+        return "a symbolic link loop (the link points back to itself)"
+    if exc.errno == errno.ENOENT:
+        return "no such directory"
+    return f"cannot read ({exc.strerror or exc})"
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits (limits.h): one path component, a whole path (bytes)
 
 
 def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str, Any]]:

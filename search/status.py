@@ -16,17 +16,9 @@ from typing import Any
 
 from longrope.search import heartbeat as heartbeats
 from longrope.search.job_config import JobConfig
-from longrope.search.job_record import JOB_FILE, read_job_record
-from longrope.search.run_store import (
-    CONFIG,
-    HISTORY,
-    STATE,
-    RunDir,
-    RunStoreError,
-    best_of,
-    final_count,
-    seed_perplexities,
-)
+from longrope.search.job_record import JobRecord
+from longrope.search.run_check import read_run
+from longrope.search.run_store import CONFIG, HISTORY, STATE, RunDir, RunStoreError, final_count, seed_perplexities
 from longrope.search.stages import stage_lengths, started_stages
 
 KILLED = "no clean stop was recorded: killed (SIGKILL, out of memory) or its machine went down"
@@ -37,40 +29,39 @@ def run_status(
 ) -> dict[str, Any]:
     """A run's status; a progressive job's is its latest started stage's, with the stage named. `now`, `host`
     and `stale_after_s` are the clock, this machine and the heartbeat age past which another host's run counts
-    as dead (defaults: the real ones, heartbeat.STALE_AFTER_S)."""
+    as dead (defaults: the real ones, heartbeat.STALE_AFTER_S). The run directory is read as `read_run` reads it
+    for every command, so a damaged one gets the verdict `--resume` and `export` give it.
+
+    Generations are numbered as the search's log numbers them: `generation` is the last one done (0: the initial
+    population; None before it is done) of `generations`, the run's last (a 20-generation run: 20)."""
     now = time.time() if now is None else now
     host = heartbeats.this_host() if host is None else host
     stale_after_s = heartbeats.STALE_AFTER_S if stale_after_s is None else stale_after_s
     config = run_dir.read_config()
     if config.search.stages:
         return _staged_status(run_dir, config, now=now, host=host, stale_after_s=stale_after_s)
-    state = run_dir.read_state() or {"evolution": {"generation": 0}, "generation_seconds": []}
-    history = run_dir.read_history()
-    total = state.get("total_generations") or 1 + config.search.generations
-    done = int(state["evolution"]["generation"])
-    seconds = state["generation_seconds"]
-    finished = bool(state.get("finished"))
-    life = liveness(run_dir, finished, now=now, host=host, stale_after_s=stale_after_s)
-    running = life["state"] == "running"
-    eta = statistics.median(seconds[1:] or seconds) * (total - done) if running and seconds else None
-    best = best_of(history)
-    seeds = seed_perplexities(history)
+    run = read_run(run_dir)
+    history, seconds = run.records, run.state.generation_seconds if run.state else []
+    life = liveness(run_dir, run.finished, now=now, host=host, stale_after_s=stale_after_s)
+    left = run.last_generation - (-1 if run.generation_done is None else run.generation_done)
+    eta = statistics.median(seconds[1:] or seconds) * left if life["state"] == "running" and seconds else None
+    best = run.best
     return {
         "run_dir": str(run_dir.path),
         "resume_dir": str(run_dir.path),
         "name": config.name,
-        "generation": done,  # generations done, the initial population included (counted as generation 0)
-        "generations": total,
+        "generation": run.generation_done,
+        "generations": run.last_generation,
         "evaluations": final_count(history),
         "stopped_by_racing": sum(1 for r in history.values() if r.get("status") == "stopped"),
-        "finished": finished,
-        "stopped_early": bool(state.get("stopped_early")),
+        "finished": run.finished,
+        "stopped_early": bool(run.state and run.state.stopped_early),
         **life,
         "best_perplexity": best["perplexity"] if best else None,
         "best_key": best["key"] if best else None,
-        "seed_perplexities": seeds,
+        "seed_perplexities": seed_perplexities(history),
         "eta_seconds": eta,
-        **record_fields(run_dir, best),
+        **record_fields(run.job, best),
     }
 
 
@@ -127,12 +118,11 @@ def _last_write(run_dir: RunDir) -> float:
     return max(times)
 
 
-def record_fields(run_dir: RunDir, best: dict | None) -> dict[str, Any]:
+def record_fields(job: JobRecord | None, best: dict | None) -> dict[str, Any]:
     """What job.json says about the run: its model and lengths, and the best candidate as the encoding it was
     scored with (its attention factor; a short-factor run's kept one). Empty before job.json is written."""
-    if not run_dir.file(JOB_FILE).is_file():
+    if job is None:
         return {}
-    job = read_job_record(run_dir)
     fields: dict[str, Any] = {
         "model": job.model_dir,
         "original_length": job.original_length,
@@ -169,10 +159,10 @@ def format_status(status: dict[str, Any]) -> str:
 
 def _generations_text(status: dict[str, Any]) -> str:
     """Generations numbered as the search's log numbers them: 0 is the initial population."""
-    done, last = status["generation"], status["generations"] - 1
-    if done == 0:
+    done, last = status["generation"], status["generations"]
+    if done is None:
         return f"generation 0/{last} (initial population) not done yet"
-    return f"generation {done - 1}/{last} done (generation 0 is the initial population)"
+    return f"generation {done}/{last} done (generation 0 is the initial population)"
 
 
 def state_text(status: dict[str, Any]) -> str:

@@ -65,18 +65,32 @@ def window_nll(factors: np.ndarray, window: int, windows: int, wobble: float = 0
         return base
     weight = 1.0 + 0.5 * (((window * 0.618) % 1.0) - 0.5)
     noise = wobble * np.sin(1000.0 * float(np.sum(factors)) + 7.0 * window)
-    return base * weight + 0.1 * window + float(noise)
+    return base * weight + 0.1 * window + float(noise) + wobble  # + wobble: an NLL is never below 0
 
 
-def finished_run(run_dir: Path) -> Path:
-    """A finished run directory (cheap objective, no model, one generation) for the commands that read one."""
+def finished_run(run_dir: Path, *overrides: str, **job_changes) -> Path:
+    """A finished run directory (cheap objective, no model, one generation) for the commands that read one, with
+    its job.json as `longrope search` writes it; `overrides` go to its config, `job_changes` to its job.json."""
     from longrope.search.job_config import load_job_config
     from longrope.search.run_store import RunDir
 
-    config = load_job_config(None, ["target_length=256", "search.generations=1", f"output_dir={run_dir}"])
+    settings = ["target_length=256", "search.generations=1", "data.search_windows=1", f"output_dir={run_dir}"]
+    config = load_job_config(None, [*settings, *overrides])
     RunDir(run_dir).create(config)
+    write_job_record(run_dir, config, **job_changes)
     make_coordinator(config, RunDir(run_dir), FunctionEvaluator()).run()
     return run_dir
+
+
+def write_job_record(run_dir: Path, config, **changes) -> None:
+    """job.json as `longrope search` writes it for this problem's shape (JOB_RECORD), sealed with its hash and
+    the config's."""
+    import json
+
+    from longrope.search.job_record import JobRecord
+
+    record = JobRecord.model_validate({**JOB_RECORD, "config_hash": config.hash(), **changes})
+    (Path(run_dir) / "job.json").write_text(json.dumps(record.sealed()))
 
 
 def run_job(config, run_dir, evaluator, *, resume: bool = False):

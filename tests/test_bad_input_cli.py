@@ -420,7 +420,7 @@ CASES = [
     ),
     pytest.param(
         lambda t: ["search", "--no-progress", "--resume", str(t / "nope")],
-        "nope/config.json: missing (is",
+        "nope: no such directory",
         id="resume-missing-dir",
     ),
     pytest.param(

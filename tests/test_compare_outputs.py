@@ -187,7 +187,7 @@ class FakePool:
         FakePool.built += 1
         self.sets = sets
 
-    def score(self, methods, set_names):
+    def score(self, methods, set_names, progress=compare.no_progress, phase="scored"):
         return {s: {name: fake_score(name, s, self.sets[s]) for name in methods} for s in set_names}
 
     def shutdown(self):

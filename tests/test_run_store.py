@@ -22,7 +22,12 @@ from longrope.search.run_store import RunDir, RunStoreError, write_json_atomic
 
 def job(tmp_path, generations: int = 4) -> JobConfig:
     return JobConfig.model_validate(
-        {"target_length": 256, "output_dir": str(tmp_path), "search": {"generations": generations, "seed": 2}}
+        {
+            "target_length": 256,
+            "output_dir": str(tmp_path),
+            "data": {"search_windows": 1},  # FunctionEvaluator's one window
+            "search": {"generations": generations, "seed": 2},
+        }
     )
 
 

@@ -189,10 +189,15 @@ def test_status_and_export_of_a_finished_run(finished_run, tmp_path):
     status = run_cli("status", str(finished_run), "--json", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     summary = json.loads(status.stdout)
-    assert summary["finished"] and summary["generation"] == summary["generations"] == 2
+    assert summary["finished"] and summary["generation"] == summary["generations"] == 1, "a 1-generation run"
     assert set(summary["seed_perplexities"]) == {"pi", "ntk", "yarn"}
-    # the cheap-objective run has no job.json (no model): export says so in one line
     result = run_cli("export", str(finished_run), "-o", str(tmp_path / "f.json"), cwd=tmp_path)
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+    provenance = json.loads((tmp_path / "f.json").read_text())["provenance"]
+    assert (provenance["finished"], provenance["generation"], provenance["generations"]) == (True, 1, 1)
+    # without job.json (the model's shape) export says so in one line
+    (finished_run / "job.json").unlink()
+    result = run_cli("export", str(finished_run), "-o", str(tmp_path / "g.json"), cwd=tmp_path)
     assert result.returncode == 2 and "job.json: missing" in result.stderr
 
 
@@ -205,11 +210,20 @@ def test_status_reads_the_run_record(finished_run, tmp_path):
     best = min((r for r in history if r.get("status", "scored") == "scored"), key=lambda r: r["perplexity"])
     assert (summary["model"], summary["original_length"], summary["target_length"]) == ("m", 64, 256)
     assert summary["best_attention_factor"] == pytest.approx(best["attention_factor"])
-    short = {**JOB_RECORD, "factor": "short", "long_factor": [2.0] * 16, "attention_factor": 1.25}
-    (finished_run / "job.json").write_text(json.dumps(short))
-    summary = json.loads(run_cli("status", str(finished_run), "--json", cwd=tmp_path).stdout)
+    short = make_finished_run(
+        tmp_path / "short",
+        "search.factor=short",
+        "search.long_factors=f.json",
+        factor="short",
+        long_factor=[2.0] * 16,
+        attention_factor=1.25,
+        search_windows={"count": 1, "tokens": 65},  # a short-factor search reads windows of original_length
+    )
+    summary = json.loads(run_cli("status", str(short), "--json", cwd=tmp_path).stdout)
+    history = [json.loads(line) for line in (short / "history.jsonl").read_text().splitlines()]
+    best = min((r for r in history if r.get("status", "scored") == "scored"), key=lambda r: r["perplexity"])
     assert summary["factor"] == "short" and summary["best_attention_factor"] == pytest.approx(best["attention_factor"])
-    assert "64 -> 256 tokens (short factors), model m" in run_cli("status", str(finished_run), cwd=tmp_path).stdout
+    assert "64 -> 256 tokens (short factors), model m" in run_cli("status", str(short), cwd=tmp_path).stdout
 
 
 @pytest.mark.parametrize("name", ["demo", "llama2-7b-32k", "llama3-8b-64k", "mistral-7b-32k", "phi3-mini-128k"])

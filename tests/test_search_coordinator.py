@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -14,7 +15,12 @@ from longrope.search.run_store import RunDir, RunStoreError
 
 def job(tmp_path, **search) -> JobConfig:
     return JobConfig.model_validate(
-        {"target_length": 256, "output_dir": str(tmp_path), "search": {"generations": 12, "seed": 4, **search}}
+        {
+            "target_length": 256,
+            "output_dir": str(tmp_path),
+            "data": {"search_windows": 1},  # FunctionEvaluator's one window
+            "search": {"generations": 12, "seed": 4, **search},
+        }
     )
 
 
@@ -77,12 +83,14 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
     from longrope.search.export import ExportError, factors_file_of_run
     from longrope.search.run_store import write_json_atomic
 
-    config = job(tmp_path, generations=1)
+    config = job(tmp_path, generations=1, n_hat={"enabled": True, "choices": [0, 8]})
     run_job(config, RunDir(tmp_path), FunctionEvaluator())
     write_json_atomic(tmp_path / "job.json", JOB_RECORD)
     best = RunDir(tmp_path).best_record()
-    with (tmp_path / "history.jsonl").open("a") as history:  # a better candidate with n_hat, as a search may find
-        history.write(json.dumps({**best, "key": "n-hat-8", "n_hat": 8, "mean_nll": best["mean_nll"] - 1}) + "\n")
+    better = best["mean_nll"] / 2  # a better candidate with n_hat, as a search may find (its line self-consistent)
+    line = {**best, "key": "n-hat-8", "n_hat": 8, "mean_nll": better, "perplexity": math.exp(better), "nll": [better]}
+    with (tmp_path / "history.jsonl").open("a") as history:
+        history.write(json.dumps(line) + "\n")
     with pytest.raises(ExportError, match="n_hat = 8, which transformers and vLLM cannot express"):
         factors_file_of_run(RunDir(tmp_path))
     exported = factors_file_of_run(RunDir(tmp_path), allow_n_hat=True)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
+import re
 import select
 import subprocess
 import sys
@@ -18,7 +20,6 @@ from pathlib import Path
 import pytest
 import yaml
 from rich.console import Console
-from rich.progress import TimeRemainingColumn
 from search_helpers import FunctionEvaluator, finished_run, make_coordinator
 
 from longrope.search import heartbeat as heartbeats
@@ -34,7 +35,7 @@ RESUME = "resume with `longrope search --resume"
 
 
 def job(run_dir: Path, *overrides: str):
-    return load_job_config(None, ["target_length=256", f"output_dir={run_dir}", *overrides])
+    return load_job_config(None, ["target_length=256", "data.search_windows=1", f"output_dir={run_dir}", *overrides])
 
 
 class FailingEvaluator(FunctionEvaluator):
@@ -83,7 +84,9 @@ HOLDER = textwrap.dedent(
             yield from super().as_completed()
 
     run_dir = RunDir(sys.argv[1])
-    config = load_job_config(None, ["target_length=256", "search.generations=4", f"output_dir={{run_dir.path}}"])
+    config = load_job_config(
+        None, ["target_length=256", "search.generations=4", "data.search_windows=1", f"output_dir={{run_dir.path}}"]
+    )
     with run_dir.lock():
         run_dir.create(config)
         make_coordinator(config, run_dir, Stalling()).run()
@@ -297,16 +300,46 @@ def test_piped_progress_is_one_plain_line_per_generation_from_generation_0(tmp_p
     assert "no gain >= 0.5 for 1/3 generations" in generations[1]
     assert "no gain >= 0.5 for 2/3 generations" in generations[2]
     assert "no gain >= 0.5 for 3/3 generations: early stop" in generations[3]
-    assert any("* new best" in line for line in generations[1:])
-    assert "new best" not in generations[0]
+    assert not any("new best" in line for line in generations), "no gain counted: never beside the countdown"
 
 
-def test_terminal_progress_has_a_bar_with_an_eta(tmp_path):
+def test_a_new_best_prints_a_perplexity_that_differs_from_the_last(tmp_path):
+    """Without early stopping every lower best is marked "* new best", and its perplexity is printed with as many
+    digits as it takes to differ from the line before (the search's small late gains vanish at 4 decimals)."""
     out = io.StringIO()
-    console = Console(file=out, width=200, force_terminal=True)
+    progress_run(tmp_path / "run", Console(file=out, width=80), "search.generations=6")
+    generations = [line for line in out.getvalue().splitlines() if line.startswith("generation ")]
+    printed = [line.split("best search ppl ")[1].split()[0] for line in generations]
+    marked = [k for k, line in enumerate(generations) if "* new best" in line]
+    assert marked, "the cheap objective improves within 6 generations"
+    for k in marked:
+        assert printed[k] != printed[k - 1] and float(printed[k]) < float(printed[k - 1])
+    assert "no gain" not in out.getvalue()
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_terminal_progress_keeps_its_numbers_at_any_width(tmp_path, width):
+    """The bar the search drew (its last frame in the terminal's output): the count of evaluations, the best
+    perplexity and the ETA whole, at 80 columns too (the bar graphic shrinks, never the numbers)."""
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=True, color_system=None)
     coordinator = progress_run(tmp_path / "run", console, "search.generations=2")
-    bar = coordinator._progress()
-    assert not bar.disable
-    assert any(isinstance(column, TimeRemainingColumn) for column in bar.columns)
-    assert "ETA" in out.getvalue() and "best search ppl" in out.getvalue()
+    frames = [line for line in re.split(r"[\r\n]|\x1b\[[0-9;?]*[A-Za-z]", out.getvalue()) if line.startswith("search ")]
+    last = frames[-1]
+    expected = coordinator._expected_evaluations()
+    assert f"{expected}/{expected}" in last
+    assert re.search(r"\d+:\d\d:\d\d ETA (\d+:\d\d:\d\d|-:--:--)$", last.rstrip()), last
+    assert "…" not in last and len(last.rstrip()) <= width
+    best = min(r["perplexity"] for r in coordinator.history.values() if r["perplexity"] is not None)
+    assert f"ppl {best:.4f}" in last
     assert "generation 0/2 (initial population)" in out.getvalue()
+
+
+def test_a_small_gain_is_printed_with_the_digits_that_show_it():
+    """exp(0.1) = 1.10517091..., exp(0.1 + 1e-7) = 1.10517102...: equal to 6 decimals, apart at 7."""
+    from longrope.search.coordinator import perplexity_text
+
+    assert perplexity_text(0.1, 0.1 + 1e-7) == "1.1051709"
+    assert perplexity_text(0.1, 0.2) == "1.1052"  # a gain visible at 4 decimals keeps 4
+    assert perplexity_text(0.1, 0.1) == "1.1052"  # no gain: nothing to show
+    assert perplexity_text(0.1, math.inf) == "1.1052"  # generation 0 has nothing before it

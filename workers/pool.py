@@ -32,6 +32,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTa
 
 from longrope.encodings import RopeMethod
 from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError, one_line
+from longrope.workers.ray_guardian import guarded
 from longrope.workers.scorer import CandidateScore
 from longrope.workers.specs import ModelSpec, PoolSpec
 
@@ -184,7 +185,9 @@ def ensure_ray(spec: PoolSpec) -> None:
 
     Embedded means a new local instance (`address="local"`): a plain `ray.init()` would join whatever cluster
     `RAY_ADDRESS` or a running `ray start` points at. A cluster address is first tried with a plain TCP
-    connection bounded by CONNECT_TIMEOUT_S, because Ray itself retries an unreachable address for minutes."""
+    connection bounded by CONNECT_TIMEOUT_S, because Ray itself retries an unreachable address for minutes.
+    An embedded Ray runs under a guardian process that stops all of it when the driver dies, even by SIGKILL
+    (workers/ray_guardian.py); a cluster we only connect to is never touched."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -233,13 +236,14 @@ def kept_sigterm_handler() -> Iterator[None]:
 def _init_ray(spec: PoolSpec, quiet: dict) -> None:
     try:
         if not spec.address:
-            ray.init(
-                address="local",
-                num_cpus=spec.local_num_cpus,
-                num_gpus=spec.local_num_gpus,
-                include_dashboard=False,
-                **quiet,
-            )
+            with guarded():  # Ray alone leaves its agents behind a killed driver (workers/ray_guardian.py)
+                ray.init(
+                    address="local",
+                    num_cpus=spec.local_num_cpus,
+                    num_gpus=spec.local_num_gpus,
+                    include_dashboard=False,
+                    **quiet,
+                )
         elif spec.address.startswith("ray://"):
             ray.init(address=spec.address)  # Ray Client takes no local-node options
         else:
