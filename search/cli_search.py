@@ -10,7 +10,6 @@ from pathlib import Path
 from longrope.search.cli_console import cli_console
 from longrope.search.export import factors_file_of_run, unfinished_warning, write_export, write_into_model
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
-from longrope.search.path_limits import path_problem, shown_path
 from longrope.search.run_store import CONFIG, RunDir
 from longrope.search.status import format_status, run_status
 from longrope.workers.devices import device_problem
@@ -167,8 +166,6 @@ def run_search_command(args: argparse.Namespace) -> int:
 
     if not args.config and not args.resume:
         raise JobConfigError("search: give a CONFIG, or --resume RUN_DIR")
-    if args.resume:
-        checked_path("--resume", args.resume)
     config = load_job_config(args.config, args.set) if args.config else _resume_overrides(args.resume, args.set)
     run_dir = RunDir(args.resume or config.output_dir)
     resume = f"longrope search --resume {run_dir.path}"
@@ -207,16 +204,8 @@ def _resume_overrides(run_dir: str, overrides: list[str]) -> JobConfig | None:
     return load_job_config(None, overrides, base=RunDir(run_dir).read_config().model_dump(mode="json"))
 
 
-def checked_path(argument: str, path: str) -> str:
-    """A path argument the OS will take (search/path_limits.py), refused by name before any file is opened."""
-    problem = path_problem(path)
-    if problem:
-        raise JobConfigError(f"{argument}: {problem}: {shown_path(path)}")
-    return path
-
-
 def run_status_command(args: argparse.Namespace) -> int:
-    status = run_status(RunDir(checked_path("run_dir", args.run_dir)))
+    status = run_status(RunDir(args.run_dir))
     print(json.dumps(status, indent=2) if args.json else format_status(status))
     return 0
 
@@ -224,7 +213,7 @@ def run_status_command(args: argparse.Namespace) -> int:
 def run_export_command(args: argparse.Namespace) -> int:
     if not args.output and not args.into:
         raise JobConfigError("export: give -o FILE and/or --into MODEL_DIR")
-    factors = factors_file_of_run(RunDir(checked_path("run_dir", args.run_dir)), allow_n_hat=args.allow_n_hat)
+    factors = factors_file_of_run(RunDir(args.run_dir), allow_n_hat=args.allow_n_hat)
     console = cli_console()
     if warning := unfinished_warning(factors, RunDir(args.run_dir)):
         console.print(warning, markup=False, highlight=False)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from longrope.search.config_yaml import ConfigYamlError, parse_yaml, read_yaml
-from longrope.search.path_limits import RUN_DIR_ROOM, path_problem, shown_path
+from longrope.search.path_limits import RUN_DIR_ROOM, SHOWN_CHARACTERS, path_length_problem, shown_path
 from longrope.workers.devices import device_problem
 from longrope.workers.objective_names import OBJECTIVES
 
@@ -40,7 +40,7 @@ class Strict(BaseModel):
 
 def _os_path(value: str, room: int = 0) -> str:
     """A path field the OS will take (search/path_limits.py): refused here, before anything is opened or written."""
-    problem = path_problem(value, room=room)
+    problem = path_length_problem(value, room=room)
     if problem:
         raise ValueError(problem)
     return value
@@ -441,8 +441,9 @@ def describe_errors(exc: ValidationError, source: str) -> str:
 
 
 def shown_value(value: Any) -> str:
-    """A value as an error line shows it: its repr, a long string (a 5,000-character path) cut in the middle."""
-    return shown_path(value) if isinstance(value, str) else repr(value)
+    """A value as an error line shows it: its repr, or a string too long to read (a 5,000-character path) cut in
+    the middle as paths are (`shown_path`)."""
+    return shown_path(value) if isinstance(value, str) and len(value) > SHOWN_CHARACTERS else repr(value)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

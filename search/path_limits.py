@@ -12,7 +12,7 @@ PATH_MAX_FALLBACK = 4096  # bytes in a path handed to a system call, its termina
 # what a run writes under its output_dir, longest first: stage-<k>-<length>/windows-cache/.windows-<32 hex>.npz.<8>
 # (a staged job's windows cache, written atomically through a temporary name) is about 90 bytes
 RUN_DIR_ROOM = 128
-SHOWN_CHARACTERS = 80
+SHOWN_CHARACTERS = 120
 
 
 def os_limit(name: str, fallback: int) -> int:
@@ -22,7 +22,7 @@ def os_limit(name: str, fallback: int) -> int:
         return fallback
 
 
-def path_problem(path: str, *, room: int = 0) -> str | None:
+def path_length_problem(path: str, *, room: int = 0) -> str | None:
     """Why the OS would refuse `path` for its length (a component past NAME_MAX, or the whole past PATH_MAX less
     `room` for what is written under it), or None."""
     try:
@@ -40,9 +40,10 @@ def path_problem(path: str, *, room: int = 0) -> str | None:
     return None
 
 
-def shown_path(path: str) -> str:
-    """A path as an error line shows it: quoted, cut in the middle when it is too long to read."""
-    if len(path) <= SHOWN_CHARACTERS:
-        return repr(path)
-    half = SHOWN_CHARACTERS // 2
-    return f"{path[:half] + '...' + path[-half:]!r} ({len(path)} characters)"
+def shown_path(path: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """A path as an error line shows it: whole up to `limit` characters, else its start and end and its length (the
+    format of search/run_store.py's `shown_path`, which the run directory's errors use)."""
+    text = str(path)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2]}...{text[-limit // 2 :]} ({len(text)} characters)"

@@ -168,7 +168,7 @@ CASES = [
     # item 16: paths longer than the operating system takes
     pytest.param(
         lambda t: validate(t, f"output_dir={t / LONG_NAME}"),
-        ("output_dir = '", "characters): a path component of 300 bytes (at most 255)"),
+        ("output_dir = ", "characters): a path component of 300 bytes (at most 255)"),
         id="output-dir-long-component",
     ),
     pytest.param(
@@ -178,27 +178,27 @@ CASES = [
     ),
     pytest.param(
         lambda t: search(t, f"output_dir={t / LONG_NAME}"),
-        ("output_dir = '", "characters): a path component of 300 bytes (at most 255)"),
+        ("output_dir = ", "characters): a path component of 300 bytes (at most 255)"),
         id="output-dir-long-component-search",
     ),
     pytest.param(
         lambda t: validate(t, f"data.cache_dir={t / LONG_NAME}"),
-        ("data.cache_dir = '", "characters): a path component of 300 bytes (at most 255)"),
+        ("data.cache_dir = ", "characters): a path component of 300 bytes (at most 255)"),
         id="cache-dir-long-component",
     ),
     pytest.param(
         lambda t: validate(t, f"data.search_source={t / LONG_NAME}"),
-        ("data.search_source = '", "characters): a path component of 300 bytes (at most 255)"),
+        ("data.search_source = ", "characters): a path component of 300 bytes (at most 255)"),
         id="search-source-long-component",
     ),
     pytest.param(
         lambda t: validate(t, f"model.path={t / LONG_NAME}"),
-        ("model.path = '", "characters): a path component of 300 bytes (at most 255)"),
+        ("model.path = ", "characters): a path component of 300 bytes (at most 255)"),
         id="model-path-long-component",
     ),
     pytest.param(
         lambda t: validate(t, f"search.seed_files=[{t / LONG_NAME}]"),
-        ("search.seed_files.0 = '", "characters): a path component of 300 bytes (at most 255)"),
+        ("search.seed_files.0 = ", "characters): a path component of 300 bytes (at most 255)"),
         id="seed-file-long-component",
     ),
     pytest.param(
@@ -208,17 +208,17 @@ CASES = [
     ),
     pytest.param(
         lambda t: ["status", str(t / LONG_NAME)],
-        "run_dir: a path component of 300 bytes (at most 255)",
+        "characters): path too long for this system",
         id="status-long-run-dir",
     ),
     pytest.param(
         lambda t: ["export", str(t / LONG_NAME), "-o", str(t / "f.json")],
-        "run_dir: a path component of 300 bytes (at most 255)",
+        "characters): path too long for this system",
         id="export-long-run-dir",
     ),
     pytest.param(
         lambda t: ["search", "--resume", str(t / LONG_NAME)],
-        "--resume: a path component of 300 bytes (at most 255)",
+        "characters): path too long for this system",
         id="resume-long-run-dir",
     ),
     # item 19: the error names what the user gave
