@@ -23,30 +23,38 @@ from longrope.search.export import (
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.search.run_store import CONFIG, RunDir
 from longrope.search.status import format_status, run_status
+from longrope.workers.devices import device_problem
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    validate = subparsers.add_parser("validate", help="print the resolved job config, or every error in it")
+    validate = subparsers.add_parser(
+        "validate", help="check a job config as `search` would, and say ok with a short summary, or what is wrong"
+    )
     _config_arguments(validate)
     validate.add_argument(
         "--offline", action="store_true", help="check the config only: the model and data may be on the cluster"
+    )
+    validate.add_argument(
+        "--json", action="store_true", help="print the resolved config and every check as one JSON document"
     )
     validate.set_defaults(handler=run_validate)
 
     search = subparsers.add_parser("search", help="start a search job, or continue one with --resume RUN_DIR")
     search.add_argument("config", nargs="?", help="job config YAML (optional with --resume)")
-    search.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field")
+    search.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
     search.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
     search.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
     search.set_defaults(handler=run_search_command)
 
     status = subparsers.add_parser("status", help="summarise a running or finished search")
-    status.add_argument("run_dir")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("run_dir", help="a run directory (a search's output_dir)")
+    status.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON document (for scripts and dashboards)"
+    )
     status.set_defaults(handler=run_status_command)
 
     export = subparsers.add_parser("export", help="write a run's best factors (transformers rope_parameters)")
-    export.add_argument("run_dir")
+    export.add_argument("run_dir", help="a run directory (a search's output_dir), finished or not: its best so far")
     export.add_argument(
         "-o",
         "--output",
@@ -113,29 +121,71 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     compare.set_defaults(handler=run_compare_command)
 
 
+SET_HELP = (
+    "override a field, the value read as YAML (repeat; later wins): search.generations=10; a mapping given for a "
+    "section merges into it (search={population: 8, parents: 4} keeps the section's other fields); "
+    "every field: configs/README.md"
+)
+
+
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="job config YAML")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """The resolved config as JSON on stdout, with a "checks" list of what was checked and what was skipped;
-    `--offline` (no torch, no Ray) skips what needs the model or the cluster's files and says so on stderr."""
+    """One verdict line and a short summary of what was checked; `--json`: the resolved config with a "checks"
+    list of what was checked and what was skipped. `--offline` (no torch, no Ray) skips what needs the model or
+    the cluster's files and says which."""
     config = load_job_config(args.config, args.set)
     if args.offline:
         from longrope.search.job_context import offline_checks
 
         original, checks = config.original_length, offline_checks(config)
-        skipped = ", ".join(check["what"] for check in checks if check["result"] == "skipped")
-        print(f"validate: --offline: not checked: {skipped}", file=sys.stderr)
     else:
         from longrope.search.job_context import JobContext  # the seeds need torch, not Ray
 
         context = JobContext.resolve(config)
         original, checks = context.original_length, context.validation_checks()
-    document = {"config_hash": config.hash(), "original_length": original, "checks": checks}
-    print(json.dumps({**document, "config": config.model_dump(mode="json")}, indent=2))
+    skipped = [check["what"] for check in checks if check["result"] == "skipped"]
+    if args.json:
+        if skipped:
+            print(f"validate: --offline: not checked: {', '.join(skipped)}", file=sys.stderr)
+        document = {"config_hash": config.hash(), "original_length": original, "checks": checks}
+        print(json.dumps({**document, "config": config.model_dump(mode="json")}, indent=2))
+    else:
+        print("\n".join(validation_summary(config, original, checks)))
     return 0
+
+
+def validation_summary(config: JobConfig, original: int | None, checks: list[dict]) -> list[str]:
+    """`validate`'s verdict and the few facts a user checks by eye: the model and lengths, the search's size and
+    seeds, the data and its windows, and what --offline left unchecked."""
+    by_what = {check["what"]: check for check in checks}
+    search, data = config.search, config.data
+    lengths = f"{original} -> {config.target_length} tokens" if original else f"-> {config.target_length} tokens"
+    scale = f" (scale {config.target_length / original:g})" if original else " (original_length: from the model)"
+    window_length = original if search.factor == "short" else config.target_length
+    seeds = by_what["search.seeds"]["value"]  # resolved: seed files and other runs included
+    if by_what["search.seeds"]["result"] != "ok":
+        seeds = [*search.seeds, *(f"file:{Path(path).name}" for path in search.seed_files)]
+    lines = [
+        f"validate: ok — {config.name}: model {config.model.path}, {lengths}{scale}",
+        f"  search: {search.optimizer}, population {search.population}, {search.generations} generations, "
+        f"{search.factor} factors, seeds {', '.join(seeds)}",
+        f"  search data: {_source_line(by_what['data.search_source'])}; {data.search_windows} search windows of "
+        f"{window_length or '(from the model)'} tokens per objective ({', '.join(data.objective_weights())})",
+        f"  test data: {_source_line(by_what['data.test_source'])}; {data.test_windows} test windows per length",
+        f"  output_dir: {config.output_dir}; config hash {config.hash()}; every field and check: --json",
+    ]
+    skipped = [check["what"] for check in checks if check["result"] == "skipped"]
+    if skipped:
+        lines.append(f"  not checked (--offline): {', '.join(dict.fromkeys(skipped))}")
+    return lines
+
+
+def _source_line(check: dict) -> str:
+    return f"{check['value']} ({check['detail'].removesuffix(' (not tokenized)')})"
 
 
 def run_search_command(args: argparse.Namespace) -> int:
@@ -220,6 +270,9 @@ def run_verify_command(args: argparse.Namespace) -> int:
     or a run directory, as for `compare --factors`."""
     from longrope.search.verify import verify
 
+    problem = device_problem(args.device)
+    if problem:
+        raise JobConfigError(f"--device {args.device!r}: {problem}")
     factors = factors_of_path(args.factors)
     report = verify(factors, args.factors, args.model, logits=not args.no_logits, device=args.device)
     if args.json:

@@ -89,7 +89,10 @@ def parse_yaml(text: str) -> Any:
         raise ConfigYamlError(f"{len(text)} characters; at most {MAX_CONFIG_BYTES}")
     if "\x00" in text:
         raise ConfigYamlError(f"holds a NUL character at offset {text.index(chr(0))}; is it a binary file?")
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)  # PyYAML's Reader checks every character here, before any parsing
+    except yaml.reader.ReaderError as exc:
+        raise ConfigYamlError(unprintable_character(text, exc.position)) from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -108,6 +111,17 @@ def parse_yaml(text: str) -> Any:
         raise ConfigYamlError(f"unreadable value ({str(exc)[:200]})") from None
     finally:
         loader.dispose()
+
+
+def unprintable_character(text: str, offset: int) -> str:
+    """YAML 1.1 allows tab, line breaks and printable characters only (PyYAML `Reader.check_printable`); say which
+    character, where, as a user finds it (offset, and line and column for a file)."""
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return (
+        f"not valid YAML: control character U+{ord(text[offset]):04X} at offset {offset} (line {line}, column "
+        f"{column}); YAML allows printable characters, tab and line breaks only"
+    )
 
 
 PLAIN = (str, int, float, bool, type(None))

@@ -9,13 +9,16 @@ import hashlib
 import itertools
 import json
 import math
+import stat
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from longrope.search.config_yaml import ConfigYamlError, parse_yaml, read_yaml
+from longrope.workers.devices import device_problem
 from longrope.workers.objective_names import OBJECTIVES
+from longrope.workers.path_limits import RUN_DIR_ROOM, SHOWN_CHARACTERS, path_length_problem, shown_path
 
 SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
 MAX_LENGTH = 1 << 26  # 67M tokens: past every published context window, far below int32/int64 trouble
@@ -35,29 +38,74 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
 
+def _os_path(value: str, room: int = 0) -> str:
+    """A path field the OS will take (workers/path_limits.py): refused here, before anything is opened or written."""
+    problem = path_length_problem(value, room=room)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+PathText = Annotated[str, AfterValidator(_os_path)]
+
+
 class ModelConfig(Strict):
-    path: str = REFERENCE_MODEL  # a local model directory, or "reference" for the shipped reference model
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    trust_remote_code: bool = False
-    config_overrides: dict[str, Any] = {}  # model config attributes to change at load, e.g. sliding_window: null
+    path: PathText = Field(
+        default=REFERENCE_MODEL, description='a local model directory, or "reference" for the shipped reference model'
+    )
+    device: str = Field(
+        default="auto", description="where each worker runs the model: auto (CUDA if torch sees one, else cpu), cuda:1"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="the model's weights and activations; auto: bfloat16 on a GPU, float32 on the CPU"
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        default="sdpa", description="transformers' attention kernel"
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="let transformers run the model directory's own Python code (custom models)"
+    )
+    config_overrides: dict[str, Any] = Field(
+        default={},
+        description="model config attributes changed at load, through the model's config class, e.g. "
+        "{sliding_window: null}; a mapping given with --set replaces this one whole",
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _torch_device(cls, value: str) -> str:
+        problem = device_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class DataConfig(Strict):
-    search_source: str = "corpus:search"  # corpus:<split>, a file, or a folder (txt / jsonl / parquet)
-    test_source: str = "corpus:test"
-    # "model": AutoTokenizer from the model directory; "bytes": one token per UTF-8 byte; any other value: a
-    # directory of its own that AutoTokenizer reads (only the driver, where `longrope search` runs, needs it)
-    tokenizer: str = Field(default="model", min_length=1)
-    text_field: str = "text"
-    search_windows: int = Field(default=8, ge=1, le=MAX_COUNT)
-    test_windows: int = Field(default=32, ge=1, le=MAX_COUNT)
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    cache_dir: str | None = None
-    # what a candidate's score counts: one objective, or weights for a mix ({perplexity: 1, needle: 1});
-    # perplexity: every position; tail: positions at or past original_length; needle: the answer's tokens
-    objective: str | dict[str, float] = "perplexity"
+    search_source: PathText = Field(
+        default="corpus:search",
+        description="the search's documents: corpus:<split> (shipped), a file, or a folder of txt/md/jsonl/parquet",
+    )
+    test_source: PathText = Field(default="corpus:test", description="compare's documents, as search_source")
+    tokenizer: PathText = Field(
+        default="model",
+        min_length=1,
+        description='"model": AutoTokenizer from the model directory; "bytes": one token per UTF-8 byte; any other '
+        "value: a tokenizer directory of its own (read only where `longrope search` runs)",
+    )
+    text_field: str = Field(default="text", description="the field of a jsonl / parquet record that holds the text")
+    search_windows: int = Field(
+        default=8, ge=1, le=MAX_COUNT, description="windows every candidate is scored on (per objective)"
+    )
+    test_windows: int = Field(default=32, ge=1, le=MAX_COUNT, description="windows per length in `longrope compare`")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="which windows are cut from the documents")
+    cache_dir: PathText | None = Field(
+        default=None, description="where tokenized windows are cached; null: OUTPUT_DIR/windows-cache"
+    )
+    objective: str | dict[str, float] = Field(
+        default="perplexity",
+        description="what a candidate's score counts: perplexity (every position), tail (positions at or past "
+        "original_length), needle (a hidden number's tokens), or weights for a mix, {perplexity: 1, needle: 1}",
+    )
 
     @field_validator("objective", mode="before")
     @classmethod
@@ -93,8 +141,11 @@ class DataConfig(Strict):
 
 
 class NHatConfig(Strict):
-    enabled: bool = False  # transformers and vLLM cannot express n_hat, so it is off by default
-    choices: tuple[int, ...] = N_HAT_CHOICES
+    enabled: bool = Field(
+        default=False,
+        description="search n_hat, the first positions kept un-scaled (off: transformers and vLLM cannot express it)",
+    )
+    choices: tuple[int, ...] = Field(default=N_HAT_CHOICES, description="the n_hat values the search may pick")
 
     @field_validator("choices")
     @classmethod
@@ -105,10 +156,13 @@ class NHatConfig(Strict):
 
 
 class AttentionFactorConfig(Strict):
-    mode: Literal["longrope", "searched"] = "longrope"  # longrope: transformers' formula for the export
-    low: float = Field(default=1.0, gt=0, le=100)
-    high: float = Field(default=1.6, gt=0, le=100)
-    step: float = Field(default=0.01, ge=MIN_GRID_STEP, le=1)
+    mode: Literal["longrope", "searched"] = Field(
+        default="longrope",
+        description="longrope: transformers' formula, sqrt(1 + ln(s) / ln(original_length)); searched: a searched gene",
+    )
+    low: float = Field(default=1.0, gt=0, le=100, description="the searched attention factor's lower bound")
+    high: float = Field(default=1.6, gt=0, le=100, description="the searched attention factor's upper bound")
+    step: float = Field(default=0.01, ge=MIN_GRID_STEP, le=1, description="the searched attention factor's grid step")
 
     @model_validator(mode="after")
     def _ordered(self) -> AttentionFactorConfig:
@@ -118,8 +172,12 @@ class AttentionFactorConfig(Strict):
 
 
 class EarlyStopConfig(Strict):
-    patience: int | None = Field(default=None, ge=1)  # generations without improvement; None: never stop early
-    min_improvement: float = Field(default=0.001, ge=0)  # in mean NLL (nats per token)
+    patience: int | None = Field(
+        default=None, ge=1, description="stop after this many generations without improvement; null: never early"
+    )
+    min_improvement: float = Field(
+        default=0.001, ge=0, description="what counts as an improvement, in mean NLL (nats per token)"
+    )
 
 
 class RacingConfig(Strict):
@@ -129,49 +187,83 @@ class RacingConfig(Strict):
     minus the worst parent's on window j: stop when mean(d) - z * sd(d) / sqrt(k) > 0 (a one-sided paired bound).
     """
 
-    enabled: bool = False
-    z: float = Field(default=2.0, ge=0, le=10)
-    min_windows: int = Field(default=3, ge=2, le=MAX_COUNT)  # a paired sd needs two windows
-    group_windows: int = Field(default=1, ge=1, le=MAX_COUNT)
+    enabled: bool = Field(
+        default=False, description="stop scoring a child once it is clearly worse than the worst parent"
+    )
+    z: float = Field(default=2.0, ge=0, le=10, description="how clearly: the one-sided bound's z, in standard errors")
+    min_windows: int = Field(
+        default=3, ge=2, le=MAX_COUNT, description="windows scored before a child may be stopped (a paired sd needs 2)"
+    )
+    group_windows: int = Field(default=1, ge=1, le=MAX_COUNT, description="windows scored between two looks")
 
 
 class CmaesConfig(Strict):
     """CMA-ES (the `cma` package) over log-increments of the factors; see search/cmaes.py."""
 
-    sigma: float = Field(default=0.05, gt=0, le=10)  # initial step size, in log-factor units
-    population: int | None = Field(default=None, ge=2, le=MAX_COUNT)  # None: mutations + crossovers
+    sigma: float = Field(default=0.05, gt=0, le=10, description="CMA-ES's initial step size, in log-factor units")
+    population: int | None = Field(
+        default=None, ge=2, le=MAX_COUNT, description="CMA-ES samples per generation; null: mutations + crossovers"
+    )
 
 
 class SearchConfig(Strict):
-    population: int = Field(default=64, ge=2, le=MAX_COUNT)
-    generations: int = Field(default=40, ge=0, le=MAX_COUNT)
-    parents: int = Field(default=32, ge=1, le=MAX_COUNT)
-    mutations: int = Field(default=16, ge=0, le=MAX_COUNT)
-    crossovers: int = Field(default=16, ge=0, le=MAX_COUNT)
-    change_probability: float = Field(default=0.3, gt=0, le=1)
-    grid_step: float = Field(default=0.01, ge=MIN_GRID_STEP, le=1)
-    max_factor: float | None = Field(default=None, gt=1, le=MAX_FACTOR)  # None: 1.25 x target/original (paper)
-    seeds: tuple[Literal["pi", "ntk", "yarn", "llama3"], ...] = ("pi", "ntk", "yarn")
-    seed_files: tuple[str, ...] = ()  # factors JSON files (what `longrope export` writes) or other runs' dirs
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    n_hat: NHatConfig = NHatConfig()
-    attention_factor: AttentionFactorConfig = AttentionFactorConfig()
-    early_stop: EarlyStopConfig = EarlyStopConfig()
-    optimizer: Literal["dim_mono", "cmaes"] = "dim_mono"  # dim_mono: the release's GA; cmaes: search/cmaes.py
-    schedule: Literal["generational", "steady"] = "generational"
-    racing: RacingConfig = RacingConfig()
-    cmaes: CmaesConfig = CmaesConfig()
-    # longrope: every pair searched (LongRoPE); longrope2: only pairs >= the critical dimension, within
-    # [target/original, length_scale], the pairs below it set from the critical pair (LongRoPE2, arXiv 2502.20082)
-    space: Literal["longrope", "longrope2"] = "longrope"
-    critical_dim: int | None = Field(default=None, ge=0, le=MAX_COUNT)  # None: ceil(log_theta(L0/2pi) d/2) - 1
-    length_scale: float | None = Field(default=None, gt=1, le=MAX_FACTOR)  # None: 2 x target/original
-    # long: the factors used past original_length; short: those used up to it (Phi-3), searched on windows of
-    # original_length tokens with the long factors of `long_factors` (a factors file or a run directory) kept
-    factor: Literal["long", "short"] = "long"
-    long_factors: str | None = None
-    # progressive search: intermediate target lengths, each stage seeded by the previous stage's best
-    stages: tuple[int, ...] = ()
+    population: int = Field(default=64, ge=2, le=MAX_COUNT, description="candidates in generation 0")
+    generations: int = Field(default=40, ge=0, le=MAX_COUNT, description="generations after generation 0")
+    parents: int = Field(default=32, ge=1, le=MAX_COUNT, description="the best candidates kept as parents")
+    mutations: int = Field(default=16, ge=0, le=MAX_COUNT, description="children by mutation, per generation")
+    crossovers: int = Field(default=16, ge=0, le=MAX_COUNT, description="children by crossover, per generation")
+    change_probability: float = Field(
+        default=0.3, gt=0, le=1, description="the chance that a mutation changes each factor"
+    )
+    grid_step: float = Field(
+        default=0.01, ge=MIN_GRID_STEP, le=1, description="factors live on this grid (a candidate's identity)"
+    )
+    max_factor: float | None = Field(
+        default=None, gt=1, le=MAX_FACTOR, description="the largest factor; null: 1.25 x target/original (the paper)"
+    )
+    seeds: tuple[Literal["pi", "ntk", "yarn", "llama3"], ...] = Field(
+        default=("pi", "ntk", "yarn"), description="closed forms at the target that start the population"
+    )
+    seed_files: tuple[PathText, ...] = Field(
+        default=(), description="more seeds: factors JSON files (what `longrope export` writes) or other runs' dirs"
+    )
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="the optimizer's random seed")
+    n_hat: NHatConfig = Field(default=NHatConfig(), description="section: n_hat, the un-scaled first positions")
+    attention_factor: AttentionFactorConfig = Field(
+        default=AttentionFactorConfig(), description="section: the attention factor (temperature)"
+    )
+    early_stop: EarlyStopConfig = Field(default=EarlyStopConfig(), description="section: stopping early")
+    optimizer: Literal["dim_mono", "cmaes"] = Field(
+        default="dim_mono", description="dim_mono: the LongRoPE release's evolution; cmaes: CMA-ES (search/cmaes.py)"
+    )
+    schedule: Literal["generational", "steady"] = Field(
+        default="generational",
+        description="generational: parents chosen once per generation; steady: after every scored child",
+    )
+    racing: RacingConfig = Field(default=RacingConfig(), description="section: racing children on paired windows")
+    cmaes: CmaesConfig = Field(default=CmaesConfig(), description="section: CMA-ES settings")
+    space: Literal["longrope", "longrope2"] = Field(
+        default="longrope",
+        description="longrope: every pair searched; longrope2: only pairs >= the critical dimension, within "
+        "[target/original, length_scale], the pairs below set from the critical pair (LongRoPE2, arXiv 2502.20082)",
+    )
+    critical_dim: int | None = Field(
+        default=None, ge=0, le=MAX_COUNT, description="longrope2's critical pair; null: ceil(log_theta(L0/2pi) d/2) - 1"
+    )
+    length_scale: float | None = Field(
+        default=None, gt=1, le=MAX_FACTOR, description="longrope2's largest factor; null: 2 x target/original"
+    )
+    factor: Literal["long", "short"] = Field(
+        default="long",
+        description="long: the factors used past original_length; short: those used up to it (Phi-3), searched on "
+        "windows of original_length tokens with long_factors kept",
+    )
+    long_factors: PathText | None = Field(
+        default=None, description="the long factors a short-factor search keeps: a factors file or a run directory"
+    )
+    stages: tuple[int, ...] = Field(
+        default=(), description="progressive search: shorter target lengths first, each seeding the next"
+    )
 
     @field_validator("stages")
     @classmethod
@@ -206,17 +298,28 @@ class SearchConfig(Strict):
             raise ValueError(f"parents: must be <= population ({self.population}), got {self.parents}")
         if self.mutations + self.crossovers < 1:
             raise ValueError("mutations: mutations + crossovers must be at least 1, got 0")
+        if self.factor == "long" and not self.seeds and not self.seed_files:
+            raise ValueError(
+                "seeds: a population needs at least one seed: name a closed form (pi, ntk, yarn, llama3) or give "
+                "search.seed_files, got []"
+            )
         return self
 
 
 class WorkersConfig(Strict):
-    address: str | None = None  # None: embedded local Ray; "auto" or "ray://host:10001": a running cluster
-    num_workers: int = Field(default=1, ge=1, le=100_000)
-    num_gpus_per_worker: float = Field(default=0.0, ge=0, le=1024)
-    num_cpus_per_worker: float = Field(default=1.0, gt=0, le=1024)
-    candidates_per_forward: int = Field(default=4, ge=1, le=MAX_COUNT)
-    batch_size: int = Field(default=4, ge=1, le=MAX_COUNT)  # candidates per call to a worker
-    local_num_cpus: int | None = Field(default=None, ge=1, le=100_000)
+    address: str | None = Field(
+        default=None, description='null: an embedded local Ray; "auto" or "ray://host:10001": a running cluster'
+    )
+    num_workers: int = Field(default=1, ge=1, le=100_000, description="Ray actors, each with its own model copy")
+    num_gpus_per_worker: float = Field(default=0.0, ge=0, le=1024, description="GPUs per worker (may be fractional)")
+    num_cpus_per_worker: float = Field(default=1.0, gt=0, le=1024, description="CPUs per worker (may be fractional)")
+    candidates_per_forward: int = Field(
+        default=4, ge=1, le=MAX_COUNT, description="candidates scored in one forward pass (as extra batch rows)"
+    )
+    batch_size: int = Field(default=4, ge=1, le=MAX_COUNT, description="candidates per call to a worker")
+    local_num_cpus: int | None = Field(
+        default=None, ge=1, le=100_000, description="CPUs the embedded Ray may use; null: all"
+    )
 
     @field_validator("num_gpus_per_worker", "num_cpus_per_worker")
     @classmethod
@@ -248,21 +351,27 @@ LATER_DATA_FIELDS = ("objective",)
 
 
 class JobConfig(Strict):
-    name: str = "longrope-search"
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    original_length: int | None = Field(default=None, ge=2, le=MAX_LENGTH)  # None: read from the model config
-    target_length: int = Field(ge=2, le=MAX_LENGTH)
-    search: SearchConfig = SearchConfig()
-    workers: WorkersConfig = WorkersConfig()
-    output_dir: str = Field(default="runs/job", min_length=1)
+    name: str = Field(default="longrope-search", description="the job's name, in logs and status")
+    model: ModelConfig = Field(default=ModelConfig(), description="section: the model and how workers load it")
+    data: DataConfig = Field(default=DataConfig(), description="section: documents, tokenizer, windows, objective")
+    original_length: int | None = Field(
+        default=None, ge=2, le=MAX_LENGTH, description="the length the model was trained at; null: read from its config"
+    )
+    target_length: int = Field(ge=2, le=MAX_LENGTH, description="the length the factors are searched for")
+    search: SearchConfig = Field(default=SearchConfig(), description="section: the search")
+    workers: WorkersConfig = Field(default=WorkersConfig(), description="section: where candidates are scored")
+    output_dir: str = Field(
+        default="runs/job",
+        min_length=1,
+        description="the run directory: config.json, job.json, history.jsonl, state.json, the windows cache",
+    )
 
     @field_validator("output_dir")
     @classmethod
     def _a_path(cls, value: str) -> str:
         if not value.strip() or "\x00" in value:
             raise ValueError("must name a directory (not blank, no NUL character)")
-        return value
+        return _os_path(value, room=RUN_DIR_ROOM)
 
     @model_validator(mode="after")
     def _lengths(self) -> JobConfig:
@@ -325,10 +434,16 @@ def describe_errors(exc: ValidationError, source: str) -> str:
             prefix = "" if field == "(top level)" else f"{field}."
             lines.append(f"{source}: {prefix}{message}")  # a cross-field check: its message names field and value
         elif error["type"] == "extra_forbidden":
-            lines.append(f"{source}: {field}: unknown field (value {error['input']!r})")
+            lines.append(f"{source}: {field}: unknown field (value {shown_value(error['input'])})")
         else:
-            lines.append(f"{source}: {field} = {error['input']!r}: {message}")
+            lines.append(f"{source}: {field} = {shown_value(error['input'])}: {message}")
     return "\n".join(lines)
+
+
+def shown_value(value: Any) -> str:
+    """A value as an error line shows it: its repr, or a string too long to read (a 5,000-character path) cut in
+    the middle as paths are (`shown_path`)."""
+    return shown_path(value) if isinstance(value, str) and len(value) > SHOWN_CHARACTERS else repr(value)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -344,6 +459,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Each `--set FIELD=VALUE` in turn. A mapping given for a section (`search={population: 8}`) merges into what
+    the file and earlier overrides set there, recursively; any other value, a mapping-valued field's included
+    (`model.config_overrides`, `data.objective`), replaces the one before it."""
     for text in overrides:
         path, value = parse_override(text)
         node = raw
@@ -352,8 +470,32 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             if not isinstance(child, dict):
                 raise JobConfigError(f"--set {'.'.join(path)}: {part} is not a section")
             node = child
-        node[path[-1]] = value
+        node[path[-1]] = merged_into(node.get(path[-1]), value, section_model(path))
     return raw
+
+
+def merged_into(current: Any, value: Any, section: type[BaseModel] | None) -> Any:
+    """`value` set over `current`: a mapping given for a section (a pydantic model field) keeps the section's other
+    fields; nested sections merge the same way."""
+    if section is None or not isinstance(value, dict) or not isinstance(current, dict):
+        return value
+    merged = dict(current)
+    for key, item in value.items():
+        merged[key] = merged_into(current.get(key), item, section_model([str(key)], section))
+    return merged
+
+
+def section_model(path: list[str], root: type[BaseModel] | None = None) -> type[BaseModel] | None:
+    """The pydantic model of the section at `path` (`["search", "racing"]` -> RacingConfig), or None when the path
+    names a plain field or nothing."""
+    model = root or JobConfig
+    for part in path:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
 
 
 def load_job_config(path: str | Path | None, overrides: list[str] = (), base: dict | None = None) -> JobConfig:
@@ -362,13 +504,9 @@ def load_job_config(path: str | Path | None, overrides: list[str] = (), base: di
     raw: dict[str, Any] = dict(base or {})
     source = str(path) if path else "config"
     if path is not None:
-        file = Path(path)
-        if file.is_dir():
-            raise JobConfigError(f"{source}: is a directory, not a config file")
-        if not file.is_file():
-            raise JobConfigError(f"{source}: no such config file")
+        check_config_file(Path(path), source)
         try:
-            raw = read_yaml(file) or {}
+            raw = read_yaml(Path(path)) or {}
         except ConfigYamlError as exc:
             raise JobConfigError(f"{source}: {exc}") from None
         except OSError as exc:
@@ -381,6 +519,21 @@ def load_job_config(path: str | Path | None, overrides: list[str] = (), base: di
         return JobConfig.model_validate(raw)
     except ValidationError as exc:
         raise JobConfigError(describe_errors(exc, source)) from None
+
+
+def check_config_file(file: Path, source: str) -> None:
+    """A config path names a regular file: not a directory, a device (`/dev/null`), a FIFO or a name too long."""
+    try:
+        mode = file.stat().st_mode
+    except FileNotFoundError:
+        raise JobConfigError(f"{source}: no such config file") from None
+    except OSError as exc:  # e.g. a name past NAME_MAX, or a folder on the way that is a file
+        raise JobConfigError(f"{shown_path(source)}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
+        raise JobConfigError(f"{source}: is a directory, not a config file")
+    if not stat.S_ISREG(mode):
+        kind = "a character device" if stat.S_ISCHR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a file"
+        raise JobConfigError(f"{source}: not a regular file ({kind}); give a YAML config file")
 
 
 def _reject_non_finite(node: Any, path: list[str]) -> None:

@@ -18,8 +18,8 @@ from longrope.search.run_check import read_run
 from longrope.search.run_store import RunDir, RunStoreError
 from longrope.search.stages import last_stage
 from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
-from longrope.workers.errors import DataError
-from longrope.workers.models import check_model, model_rope, read_model_config
+from longrope.workers.errors import DataError, WindowsCacheError
+from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.specs import ModelSpec, PoolSpec
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
@@ -44,9 +44,11 @@ class JobContext:
     def resolve(cls, config: JobConfig) -> JobContext:
         model_dir = reference_model_dir() if config.model.path == REFERENCE else Path(config.model.path)
         try:
-            rope = model_rope(read_model_config(model_dir))
+            file_config = read_model_config(model_dir)
+            model_rope(file_config)
         except ValueError as exc:
             raise JobConfigError(f"model.path: {exc}") from None
+        rope = rope_with_overrides(file_config, config.model.config_overrides)  # a bad override is named
         original = config.original_length or rope.original_length
         if config.target_length <= original:
             raise JobConfigError(check_lengths_message(original, config.target_length))
@@ -112,17 +114,23 @@ class JobContext:
             self._documents[source] = read_source(source, text_field=data.text_field)
         documents = self._documents[source]
         cache = Path(data.cache_dir) if data.cache_dir else Path(self.config.output_dir) / "windows-cache"
-        cache = cache if cached else None
-        return load_windows(
-            documents,
-            self.tokenizer,
-            length=length + 1,
-            count=count,
-            seed=data.seed,
-            cache_dir=cache,
-            objective=objective,
-            original_length=self.original_length,
-        )
+        try:
+            return load_windows(
+                documents,
+                self.tokenizer,
+                length=length + 1,
+                count=count,
+                seed=data.seed,
+                cache_dir=cache if cached else None,
+                objective=objective,
+                original_length=self.original_length,
+            )
+        except WindowsCacheError as exc:  # named by the field that chose the folder: the user's own words
+            if data.cache_dir:
+                raise WindowsCacheError(f"data.cache_dir: {exc}") from None
+            raise WindowsCacheError(
+                f"output_dir: {exc}; the cache goes under output_dir unless data.cache_dir is set"
+            ) from None
 
     def objective_windows(self, source: str, length: int, count: int, *, cached: bool = True) -> Windows:
         """The job's windows for its objective mix: `count` per objective, in the order of `ObjectiveMix.of`.

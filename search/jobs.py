@@ -22,7 +22,7 @@ from longrope.search.coordinator import Coordinator, SearchProblem
 from longrope.search.genome import Seed
 from longrope.search.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.job_config import JobConfig, JobConfigError
-from longrope.search.job_context import JobContext
+from longrope.search.job_context import JobContext, check_source
 from longrope.search.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.objective import ObjectiveMix
 from longrope.search.optimizers import make_optimizer
@@ -189,12 +189,15 @@ def _checked_stages(config: JobConfig, job_dir: RunDir) -> list[JobConfig]:
 
 
 def _checked_context(config: JobConfig) -> JobContext:
-    """Resolve and check the model, the seeds and the cluster; writes nothing. A cluster address is connected to
-    here (bounded), so "auto" with no cluster, or a dead one, fails before the run directory is made."""
+    """Resolve and check the model, the seeds, the test data and the cluster; writes nothing. The test source is
+    read only by `compare`, after the search: it is read here as `validate` reads it, so a typo in it stops the job
+    now and not after hours of scoring. A cluster address is connected to here (bounded), so "auto" with no
+    cluster, or a dead one, fails before the run directory is made."""
     context = JobContext.resolve(config)
     context.space()
     context.seeds()
     context.check_model()
+    check_source("data.test_source", config.data.test_source, config.data.text_field)
     if config.workers.address:
         from longrope.workers.pool import ensure_ray  # Ray: only for a run that scores
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from longrope.search.job_config import JobConfig
 from longrope.workers.atomic_files import atomic_file, fsync_folder
-from longrope.workers.user_files import os_error_text, shown_path
+from longrope.workers.path_limits import os_error_text, shown_path
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
 

@@ -208,6 +208,7 @@ def test_validate_offline_needs_neither_the_model_nor_the_data_nor_torch(tmp_pat
         "validate",
         str(CONFIGS / "llama3-8b-64k.yaml"),
         "--offline",
+        "--json",
         *set_args("data.search_source=/cluster/pg19/validation", f"search.seed_files=[{seed}, /cluster/runs/r1]"),
     ]
     out = subprocess.run(
@@ -227,7 +228,7 @@ def test_validate_offline_needs_neither_the_model_nor_the_data_nor_torch(tmp_pat
 def test_validate_lists_what_it_checked(tmp_path, capsys):
     source = tmp_path / "docs.jsonl"
     source.write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(3)))
-    assert main(["validate", str(CONFIGS / "demo.yaml"), "--set", f"data.test_source={source}"]) == 0
+    assert main(["validate", str(CONFIGS / "demo.yaml"), "--json", "--set", f"data.test_source={source}"]) == 0
     document = json.loads(capsys.readouterr().out)
     checks = {c["what"]: c for c in document["checks"]}
     assert {"config", "model.path", "lengths", "search.seeds", "data.search_source", "data.test_source"} <= set(checks)

@@ -9,6 +9,10 @@ class DataError(ValueError):
     """Documents are missing, unreadable, or too few / too short for the requested windows."""
 
 
+class WindowsCacheError(DataError):
+    """The windows cache cannot be written there; whoever chose the folder (a config field) names itself."""
+
+
 def one_line(exc: BaseException, limit: int = 400) -> str:
     """An exception's message on one line (its lines joined), for errors shown as `longrope: error: ...`: the
     reason is often not on the first line (transformers puts it on the second)."""

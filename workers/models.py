@@ -17,6 +17,7 @@ from typing import Any
 
 from longrope.encodings import EncodingConfigError, RopeMethod, from_hf_config
 from longrope.encodings.lazy_import import torch
+from longrope.workers.devices import device_problem
 from longrope.workers.errors import ModelLoadError, one_line
 from longrope.workers.user_files import read_head, read_text_capped, regular_file_size
 
@@ -82,13 +83,32 @@ def model_rope(config: dict[str, Any]) -> ModelRope:
     return ModelRope(method=method, original_length=int(original))
 
 
+def rope_with_overrides(file_config: dict[str, Any], config_overrides: dict[str, Any] | None) -> ModelRope:
+    """The RoPE of the model the workers load: config.json's with the job's `model.config_overrides` in it (top-level
+    keys replaced, as `model_config` builds the class), so that `head_dim: 16` changes the pairs searched too. A
+    file whose own RoPE is fine but whose overrides break it is blamed on the overrides."""
+    if not config_overrides:
+        return model_rope(file_config)
+    try:
+        return model_rope({**file_config, **config_overrides})
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{override_names(config_overrides, mentioned(config_overrides, exc))}: {exc}") from None
+
+
 def resolve_device(device: str = "auto") -> torch.device:
-    """'auto' is CUDA when torch can use it, else the CPU (a Ray fake-GPU worker lands here too)."""
+    """'auto' is CUDA when torch can use it, else the CPU (a Ray fake-GPU worker lands here too). A string torch
+    would refuse or misread is refused first, by workers/devices.py's torch-free check."""
+    problem = device_problem(device)
+    if problem:
+        raise ModelLoadError(f"device {device!r}: {problem}")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device: {device!r} was asked for but torch sees no CUDA device")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:  # a type torch lists but this build cannot make (privateuseone unregistered)
+        raise ModelLoadError(f"device {device!r}: {one_line(exc)}") from None
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -166,10 +186,11 @@ def index_shards(index: Path) -> list[str]:
     return list(dict.fromkeys(weight_map.values()))
 
 
-def check_safetensors(path: Path) -> None:
-    """Refuse a safetensors file that safe_open would refuse, in one line naming it and what is wrong: empty, a
-    header longer than the file, a header that is not a JSON object of tensors, or tensors that do not end where
-    the file does (a truncated download). Reads the 8-byte length and the header only."""
+def check_safetensors(path: Path) -> dict[str, dict]:
+    """A safetensors file's tensors as its header lists them ({name: {"dtype", "shape", "data_offsets"}}), after
+    refusing a file that safe_open would refuse, in one line naming it and what is wrong: empty, a header longer
+    than the file, a header that is not a JSON object of tensors, or tensors that do not end where the file does
+    (a truncated download). Reads the 8-byte length and the header only."""
     where = f"model weights: {str(path)!r}"
     size = regular_file_size(path, where, ModelLoadError)
     if size == 0:
@@ -189,7 +210,8 @@ def check_safetensors(path: Path) -> None:
             "its length"
         )
     raw = read_head(path, SAFETENSORS_LENGTH_BYTES + header_bytes, where, ModelLoadError)[SAFETENSORS_LENGTH_BYTES:]
-    need = tensors_end(raw, where)
+    tensors = header_tensors(raw, where)
+    need = max((entry["data_offsets"][1] for entry in tensors.values()), default=0)
     have = after_length - header_bytes
     if need > have:
         raise ModelLoadError(
@@ -200,20 +222,19 @@ def check_safetensors(path: Path) -> None:
             f"{where}: its tensors end {need} bytes after the header, but the file holds {have}; not a whole "
             "safetensors file"
         )
+    return tensors
 
 
-def tensors_end(raw: bytes, where: str) -> int:
-    """Where the last tensor of a safetensors header ends, in bytes after the header (0 for no tensors)."""
+def header_tensors(raw: bytes, where: str) -> dict[str, dict]:
+    """The tensors of a safetensors header (its "__metadata__" left out), each with data_offsets [begin, end]."""
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ModelLoadError(f"{where}: its header is not valid JSON ({one_line(exc)})") from None
     if not isinstance(header, dict):
         raise ModelLoadError(f"{where}: its header is not a JSON object (a {type(header).__name__})")
-    end = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
+    tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+    for name, entry in tensors.items():
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         if not (
             isinstance(offsets, list)
@@ -221,8 +242,7 @@ def tensors_end(raw: bytes, where: str) -> int:
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in offsets)
         ):
             raise ModelLoadError(f"{where}: its header's tensor {name!r} has no data_offsets [begin, end]")
-        end = max(end, offsets[1])
-    return end
+    return tensors
 
 
 def check_load_options(attn_implementation: str, device: str, *, local: bool = True) -> torch.device | None:
@@ -246,31 +266,177 @@ def check_model(
     config_overrides: dict[str, Any] | None = None,
     check_device: bool = True,
 ) -> None:
-    """Everything that would make `load_model` fail, checked in the driver without loading a weight: the config,
-    the attention implementation, the device (only where the workers share the driver's machine:
-    `check_device`), the model built on the meta device (head counts, rotary module layout), then the weights'
-    format and safetensors headers (`check_weights`).
+    """Everything that would make `load_model` fail, checked in the driver without loading a weight: the config
+    with its overrides (`model_config`), the attention implementation, the device string (its availability only
+    where the workers share the driver's machine: `check_device`), the model built on the meta device (head
+    counts, rotary module layout), then the weights' format and safetensors headers (`check_weights`) and, with
+    overrides, their tensor shapes against the built model's.
 
     A worker that still fails reports its own exception (see `ScoringWorker`); this check only makes the common
     causes show in a second instead of after every worker has tried and been restarted."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    model_rope(read_model_config(model_dir))
+    file_config = read_model_config(model_dir)
+    model_rope(file_config)
+    rope_with_overrides(file_config, config_overrides)
     check_load_options(attn_implementation, device, local=check_device)
+    config = model_config(model_dir, trust_remote_code=trust_remote_code, config_overrides=config_overrides)
+    try:
+        model = build_on_meta(config, trust_remote_code)
+    except Exception as exc:  # transformers raises many types here; the user needs the message, not the type
+        where = blamed(model_dir, config_overrides, exc, trust_remote_code)
+        raise ModelLoadError(f"{where}: cannot build the model: {one_line(exc)}") from None
+    check_rotary(model)
+    check_weights(model_dir)  # after the build: the config's errors show first, whatever the weights files hold
+    if config_overrides:
+        check_weight_shapes(model, model_dir, config_overrides, trust_remote_code)
+
+
+def model_config(model_dir: Path, *, trust_remote_code: bool = False, config_overrides: dict[str, Any] | None = None):
+    """The transformers config a worker loads: the model's own config class built from config.json with the
+    overrides in it, so that the class validates them (its strict field types, `validate_architecture`,
+    `validate_rope`), then sizes it accepts but no model can have (`check_sizes`).
+
+    transformers' own route, `from_pretrained(dir, **overrides)`, builds the class from the file and then sets
+    each override with setattr (configuration_utils.py, `PreTrainedConfig.from_dict`), which validates nothing:
+    `num_hidden_layers: -1` built a model with no layers and `head_dim: 7` failed only in the workers. A key that
+    is no attribute of the class is refused, as the load refused it (from_pretrained passes it on to the model's
+    constructor, which raises TypeError)."""
+    from transformers import AutoConfig
+
+    overrides = dict(config_overrides or {})
     try:
         with quiet_transformers():
-            config = AutoConfig.from_pretrained(
-                model_dir, local_files_only=True, trust_remote_code=trust_remote_code, **(config_overrides or {})
-            )
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(
-                    config, attn_implementation="eager", trust_remote_code=trust_remote_code
-                )
+            base = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+            file_dict, _ = type(base).get_config_dict(model_dir, local_files_only=True)
     except Exception as exc:  # transformers raises many types here; the user needs the message, not the type
-        where = f"model directory: cannot build the model in {str(model_dir)!r}"
-        raise ModelLoadError(f"{where}: {one_line(exc)}") from None
-    check_rotary(model)
-    check_weights(model_dir)  # last: the config's errors show first, whatever the weights files hold
+        raise ModelLoadError(
+            f"model directory: cannot read the config in {str(model_dir)!r}: {one_line(exc)}"
+        ) from None
+    if not overrides:
+        return base
+    unknown = [key for key in overrides if not hasattr(base, key)]
+    if unknown:
+        raise ModelLoadError(f"{override_names(overrides, unknown)}: {type(base).__name__} has no such attribute")
+    try:
+        with quiet_transformers():
+            config = type(base).from_dict({**file_dict, **overrides})
+    except Exception as exc:  # the class's strict validation: StrictDataclass*ValidationError, ValueError ...
+        raise ModelLoadError(
+            f"{override_names(overrides, mentioned(overrides, exc))}: {type(base).__name__} refuses it: {one_line(exc)}"
+        ) from None
+    check_sizes(config, overrides)
+    return config
+
+
+# Sizes a transformers config class accepts without a word and a model cannot have: a layer count of -1 builds a
+# model with no layers (nn.ModuleList(range(-1)) is empty) that scores as if it were one; a vocabulary or MLP of 0
+# builds too. An override of one must be at least 1 (a config.json's own values are left to the model build).
+POSITIVE_SIZES = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "intermediate_size",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+
+def check_sizes(config, overrides: dict[str, Any]) -> None:
+    """Overridden sizes no model can have: each of POSITIVE_SIZES at least 1, and the query heads in whole groups
+    per key/value head (Llama-family attention repeats each key/value head num_attention_heads // num_key_value_heads
+    times, transformers/models/llama/modeling_llama.py, `repeat_kv`: 4 heads over 3 builds, then fails at the first
+    forward). The error names the override and its value."""
+    for name in POSITIVE_SIZES:
+        value = overrides.get(name)
+        if isinstance(value, int) and value < 1:
+            raise ModelLoadError(f"{override_names(overrides, [name])}: must be at least 1")
+    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads):
+        return
+    if "num_key_value_heads" in overrides:
+        where = override_names(overrides, ["num_key_value_heads"])
+        raise ModelLoadError(f"{where}: must divide num_attention_heads ({heads})")
+    if "num_attention_heads" in overrides:
+        where = override_names(overrides, ["num_attention_heads"])
+        raise ModelLoadError(f"{where}: must be a multiple of num_key_value_heads ({kv_heads})")
+
+
+# safetensors' names of floating-point dtypes: a quantized checkpoint's packed integer tensors are never compared
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def check_weight_shapes(model, model_dir: Path, overrides: dict[str, Any], trust_remote_code: bool) -> None:
+    """Overrides that change a size the checkpoint fixes (`head_dim: 16` on a model trained with 32) build on the
+    meta device, and then every worker's load fails ("You set `ignore_mismatched_sizes` to `False`"). The meta
+    model's tensors are compared with the checkpoint's, read from the safetensors headers only; a mismatch the file's
+    own config has too (a quantized or converted checkpoint) is left to the load."""
+    shapes = checkpoint_shapes(model_dir)
+    wrong = mismatched_weights(model, shapes)
+    if not wrong:
+        return
+    file_model = build_on_meta(model_config(model_dir, trust_remote_code=trust_remote_code), trust_remote_code)
+    if mismatched_weights(file_model, shapes):
+        return
+    name, built, stored = wrong[0]
+    raise ModelLoadError(
+        f"{override_names(overrides, [])}: the model it builds has {name} of shape {list(built)}, the checkpoint's "
+        f"is {list(stored)} ({len(wrong)} tensors differ); an override cannot change a size the weights fix"
+    )
+
+
+def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Each floating-point tensor's shape in the safetensors files transformers reads (every shard), from their
+    headers as `check_weights` read and checked them: no weight is read."""
+    return {
+        name: tuple(entry.get("shape", ()))
+        for path in weight_files(Path(model_dir))
+        for name, entry in check_safetensors(path).items()
+        if entry.get("dtype") in FLOAT_DTYPES
+    }
+
+
+def mismatched_weights(model, shapes: dict[str, tuple[int, ...]]) -> list[tuple[str, tuple, tuple]]:
+    """(name, the model's shape, the checkpoint's) for each tensor both have with different shapes."""
+    return [
+        (name, tuple(tensor.shape), shapes[name])
+        for name, tensor in model.state_dict().items()
+        if name in shapes and tuple(tensor.shape) != shapes[name]
+    ]
+
+
+def override_names(overrides: dict[str, Any], keys: list[str]) -> str:
+    """`model.config_overrides.head_dim = 7` for each key (all overrides when none is known to be the cause)."""
+    keys = keys or list(overrides)
+    return ", ".join(f"model.config_overrides.{key} = {overrides[key]!r}" for key in keys)
+
+
+def mentioned(overrides: dict[str, Any], exc: BaseException) -> list[str]:
+    """The overrides an error message names (transformers names the field it refuses), in the order given."""
+    text = str(exc)
+    return [key for key in overrides if key in text]
+
+
+def blamed(model_dir: Path, overrides: dict[str, Any] | None, exc: BaseException, trust_remote_code: bool) -> str:
+    """Who a failed meta-device build is blamed on: the overrides when the file's own config builds, else the model
+    directory (the file is built again only here, when the build has failed)."""
+    if overrides:
+        try:
+            build_on_meta(model_config(model_dir, trust_remote_code=trust_remote_code), trust_remote_code)
+        except Exception:  # the file's own config fails as well: the overrides are not the cause
+            return f"model directory {str(model_dir)!r}"
+        return override_names(overrides, mentioned(overrides, exc))
+    return f"model directory {str(model_dir)!r}"
+
+
+def build_on_meta(config, trust_remote_code: bool):
+    """The model built on the meta device: every module and shape, no memory, no weight read."""
+    from transformers import AutoModelForCausalLM
+
+    with quiet_transformers(), torch.device("meta"):
+        return AutoModelForCausalLM.from_config(
+            config, attn_implementation="eager", trust_remote_code=trust_remote_code
+        )
 
 
 @contextlib.contextmanager
@@ -325,22 +491,23 @@ def load_model(
     """(model, ModelRope): an eval-mode causal LM on `device`, its rotary frequencies kept in float32.
 
     `config_overrides` change model config attributes at load (e.g. `sliding_window: None` for Mistral, so every
-    token attends to the whole window being scored)."""
+    token attends to the whole window being scored), through the config class as `check_model` checked them."""
     from transformers import AutoModelForCausalLM
 
-    rope = model_rope(read_model_config(model_dir))
+    rope = rope_with_overrides(read_model_config(model_dir), config_overrides)
     check_weights(model_dir)
     torch_device = check_load_options(attn_implementation, device)
+    config = model_config(model_dir, trust_remote_code=trust_remote_code, config_overrides=config_overrides)
     try:
         with no_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(
                 model_dir,
+                config=config,
                 dtype=resolve_dtype(dtype, torch_device),
                 attn_implementation=attn_implementation,
                 trust_remote_code=trust_remote_code,
                 local_files_only=True,
                 use_safetensors=True,
-                **(config_overrides or {}),
             )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"model directory: cannot load {str(model_dir)!r}: {exc}") from None

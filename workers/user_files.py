@@ -8,12 +8,11 @@ log) costs a stat and one bounded read, and ends in one line that says what the 
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from pathlib import Path
 
-NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits (limits.h): one path component, a whole path (bytes)
+from longrope.workers.path_limits import os_error_text
 
 # what a path holds when it is not a regular file, by stat's S_IFMT (the kinds `ls -l` shows)
 KINDS = {
@@ -31,23 +30,6 @@ def file_kind(info: os.stat_result) -> str:
     if stat.S_ISREG(info.st_mode):
         return "a regular file"
     return KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
-
-
-def os_error_text(exc: OSError) -> str:
-    """What an OSError on a path says, in words a user acts on (the errno's own text otherwise)."""
-    if exc.errno == errno.ENAMETOOLONG:
-        return f"path too long for this system (a name is at most {NAME_MAX} bytes, a path {PATH_MAX})"
-    if exc.errno == errno.ELOOP:
-        return "a symbolic link loop (a link that points back to itself)"
-    return f"cannot read ({exc.strerror or exc})"
-
-
-def shown_path(path: str | Path, limit: int = 120) -> str:
-    """A path as an error line shows it: whole up to `limit` characters, else its start and end and its length."""
-    text = str(path)
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit // 2]}...{text[-limit // 2 :]} ({len(text)} characters)"
 
 
 def regular_file_size(path: Path, where: str, error: type[Exception]) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 
 from longrope.workers.atomic_files import atomic_file
 from longrope.workers.documents import TextDocument
-from longrope.workers.errors import DataError
+from longrope.workers.errors import DataError, WindowsCacheError
 from longrope.workers.needles import answer_mask, needle_format, needle_windows
 from longrope.workers.objective_names import OBJECTIVES
 from longrope.workers.tokenization import TextTokenizer
@@ -202,4 +202,4 @@ def _write_cache(path: Path, windows: Windows) -> None:
             )
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise DataError(f"data.cache_dir: cannot write the windows cache {str(path)!r} ({reason})") from None
+        raise WindowsCacheError(f"cannot write the windows cache {str(path)!r} ({reason})") from None
