@@ -19,6 +19,7 @@ from longrope.search.config_yaml import ConfigYamlError, parse_yaml, read_yaml
 from longrope.workers.devices import device_problem
 from longrope.workers.objective_names import OBJECTIVES
 from longrope.workers.path_limits import RUN_DIR_ROOM, SHOWN_CHARACTERS, path_length_problem, shown_path
+from longrope.workers.reference_recipe import REFERENCE_MODEL_DIR
 
 SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
 MAX_LENGTH = 1 << 26  # 67M tokens: past every published context window, far below int32/int64 trouble
@@ -70,6 +71,14 @@ class ModelConfig(Strict):
         description="model config attributes changed at load, through the model's config class, e.g. "
         "{sliding_window: null}; a mapping given with --set replaces this one whole",
     )
+
+    @property
+    def is_reference(self) -> bool:
+        return self.path == REFERENCE_MODEL
+
+    def directory(self) -> Path:
+        """The model's directory: the reference model's inside the installed package, or `path` as given."""
+        return REFERENCE_MODEL_DIR if self.is_reference else Path(self.path)
 
     @field_validator("device")
     @classmethod

@@ -20,12 +20,9 @@ from longrope.search.stages import last_stage
 from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
 from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
-from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.specs import ModelSpec, PoolSpec
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 from longrope.workers.windows import Windows, interleave_windows, load_windows
-
-REFERENCE = "reference"
 
 
 @dataclass
@@ -42,7 +39,7 @@ class JobContext:
 
     @classmethod
     def resolve(cls, config: JobConfig) -> JobContext:
-        model_dir = reference_model_dir() if config.model.path == REFERENCE else Path(config.model.path)
+        model_dir = config.model.directory()
         try:
             file_config = read_model_config(model_dir)
             model_rope(file_config)
@@ -360,7 +357,7 @@ def tokenizer_source(config: JobConfig, model_dir: Path) -> str | Path:
     """Where the job's tokenizer comes from: `data.tokenizer` "bytes" (and always for the byte-level reference
     model), "model" (the model directory), or a directory of its own."""
     choice = config.data.tokenizer
-    if choice == BYTE_TOKENIZER or config.model.path == REFERENCE:
+    if choice == BYTE_TOKENIZER or config.model.is_reference:
         return BYTE_TOKENIZER
     if choice == "model":
         return model_dir

@@ -25,11 +25,10 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from longrope.search.evolution import told_from_json
-from longrope.search.job_config import REFERENCE_MODEL, JobConfig
+from longrope.search.job_config import JobConfig
 from longrope.search.job_record import JOB_FILE, JobRecord, read_job_record
 from longrope.search.objective import ObjectiveMix
 from longrope.search.run_store import (
@@ -128,7 +127,7 @@ def _checked_job(run_dir: RunDir, config: JobConfig) -> JobRecord:
 
 def _job_fields_fixed_by(config: JobConfig, job: JobRecord) -> dict[str, Any]:
     """job.json's fields that config.json fixes (None: the config leaves it to the model)."""
-    model = None if config.model.path == REFERENCE_MODEL else str(Path(config.model.path))
+    model = None if config.model.is_reference else str(config.model.directory())
     return {
         "target_length": config.target_length,
         "original_length": config.original_length,
