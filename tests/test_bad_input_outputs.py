@@ -12,17 +12,16 @@ from __future__ import annotations
 import json
 import os
 import stat
-import zlib
 from pathlib import Path
 
 import pytest
 from cli_checks import cli_error_line, snapshot
+from compare_fakes import FakePool, RefusingPool
 from search_helpers import JOB_RECORD, finished_run
 
 from longrope.search import compare
 from longrope.search.cli import main
 from longrope.workers.reference_recipe import reference_model_dir
-from longrope.workers.scorer import CandidateScore
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 REFERENCE = reference_model_dir()  # 16 rotary pairs, original length 128
@@ -220,11 +219,6 @@ def test_bad_input_is_one_line_and_writes_nothing(make_args, expected, tmp_path,
 # ---- compare: refused before the pool is built ----
 
 
-class RefusingPool:
-    def __init__(self, context, sets):
-        raise AssertionError("bad input must be refused before any window set is scored")
-
-
 COMPARE_CASES = [
     pytest.param(
         lambda t: demo_compare(t, "--factors", str(written(t / "bin.json", b"\x89PNG\r\n\x1a\n" * 10))),
@@ -332,27 +326,6 @@ def test_verify_reads_a_run_directory_as_compare_does(tmp_path, capsys):
 
 
 # ---- compare: provenance and where the job and results come from ----
-
-
-class FakePool:
-    """ComparePool's interface with deterministic scores (a method's NLL depends on its name and the set)."""
-
-    def __init__(self, context, sets):
-        self.sets = sets
-
-    def score(self, methods, set_names, progress=compare.no_progress, phase="scored"):
-        return {s: {name: fake_score(name, s, self.sets[s]) for name in methods} for s in set_names}
-
-    def shutdown(self):
-        pass
-
-
-def fake_score(name: str, set_name: tuple[str, int], windows) -> CandidateScore:
-    level = 1.0 + (zlib.crc32(f"{name}/{set_name}".encode()) % 1000) / 1000
-    count, tokens = len(windows.names), set_name[1]
-    nll = tuple(tokens * (level + 0.01 * k) for k in range(count))
-    misses = tuple(k % 2 for k in range(count)) if set_name[0] == "needle" else None
-    return CandidateScore(nll=nll, tokens=(tokens,) * count, misses=misses)
 
 
 @pytest.fixture

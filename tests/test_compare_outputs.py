@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cli_checks import snapshot
+from compare_fakes import FakePool, RefusingPool
 from matplotlib.colors import to_hex
 from matplotlib.container import ErrorbarContainer
 
@@ -23,7 +23,6 @@ from longrope.search import compare
 from longrope.search.cli import main
 from longrope.search.compare import markdown_table, plot_factors, plot_perplexity
 from longrope.search.needle_report import plot_needle_heatmap
-from longrope.workers.scorer import CandidateScore
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LENGTHS = [128, 256, 512, 1024]
@@ -176,35 +175,6 @@ def test_markdown_says_units_direction_and_window_count_and_bolds_the_best():
 
 
 # --- the command line: labels (item 1) and output directories (item 2) -----------------------------------------
-
-
-class FakePool:
-    """ComparePool's interface with deterministic scores: a method's NLL depends on its name and the set."""
-
-    built = 0
-
-    def __init__(self, context, sets):
-        FakePool.built += 1
-        self.sets = sets
-
-    def score(self, methods, set_names, progress=compare.no_progress, phase="scored"):
-        return {s: {name: fake_score(name, s, self.sets[s]) for name in methods} for s in set_names}
-
-    def shutdown(self):
-        pass
-
-
-class RefusingPool:
-    def __init__(self, context, sets):
-        raise AssertionError("bad input must be refused before any window set is scored")
-
-
-def fake_score(name: str, set_name: tuple[str, int], windows) -> CandidateScore:
-    level = 1.0 + (zlib.crc32(f"{name}/{set_name}".encode()) % 1000) / 1000
-    count, tokens = len(windows.names), set_name[1]
-    nll = tuple(tokens * (level + 0.01 * k) for k in range(count))
-    misses = tuple(k % 2 for k in range(count)) if set_name[0] == "needle" else None
-    return CandidateScore(nll=nll, tokens=(tokens,) * count, misses=misses)
 
 
 def factors_file(path: Path, top: float = 8.0, attention: float = 1.1) -> Path:

@@ -1,8 +1,8 @@
 """compare shows its progress (issue 19, item 21): every result it waits for is counted, per phase (the NTK
 settings tried, then methods x window sets), as a bar with an ETA on a terminal and as plain lines when piped.
 
-The worker pool underneath ComparePool is an in-process fake with WorkerPool's interface (submit, as_completed,
-spans), so ComparePool's own counting runs as it does on Ray."""
+The worker pool underneath ComparePool is an in-process fake with WorkerPool's interface (compare_fakes.
+InProcessPool), so ComparePool's own counting runs as it does on Ray."""
 
 from __future__ import annotations
 
@@ -11,44 +11,14 @@ import re
 from pathlib import Path
 
 import pytest
+from compare_fakes import InProcessPool
 from rich.console import Console
 
 from longrope.search import compare
 from longrope.search.cli import main
 from longrope.search.progress import CountProgress
-from longrope.workers.pool import window_spans
-from longrope.workers.scorer import CandidateScore
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-class InProcessPool:
-    """WorkerPool's interface, scoring in this process: a candidate's NLL per token is 1 + (its key's hash mod 100)
-    / 100 on every window, so results are deterministic; needle sets report no misses."""
-
-    def __init__(self, model_spec, windows, pool_spec, loss_mask=None):
-        self.sets = windows if isinstance(windows, list) else [windows]
-        self.spans = window_spans(self.sets)
-        self.pending: list = []
-
-    def submit(self, candidates, windows=None):
-        self.pending += [(key, windows or (0, sum(len(s) for s in self.sets))) for key, _ in candidates]
-
-    def as_completed(self):
-        while self.pending:
-            key, (start, stop) = self.pending.pop()
-            tokens = next(len(s[0]) - 1 for s, span in zip(self.sets, self.spans, strict=True) if span[0] == start)
-            level = 1.0 + (sum(map(ord, str(key))) % 100) / 100
-            misses = (0,) * (stop - start) if key[0][0] == "needle" else None
-            yield (
-                key,
-                CandidateScore(
-                    nll=(level * tokens,) * (stop - start), tokens=(tokens,) * (stop - start), misses=misses
-                ),
-            )
-
-    def shutdown(self):
-        pass
 
 
 @pytest.fixture
