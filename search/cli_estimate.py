@@ -8,11 +8,13 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from longrope.search.estimate import (
     DEFAULT_MFU,
     KNOWN_MODELS,
     Architecture,
+    DeviceEstimate,
     JobEstimate,
     Rates,
     find_gpu,
@@ -25,6 +27,7 @@ from longrope.search.estimate import (
     resolve_original_length,
     search_budget,
     worker_dtype,
+    worker_threads,
 )
 from longrope.search.job_config import JobConfig, JobConfigError, load_job_config
 from longrope.workers.reference_recipe import reference_model_dir
@@ -57,57 +60,65 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     estimate.set_defaults(handler=run_estimate_command)
 
 
-def resolve_architecture(config: JobConfig, model_config: str | None) -> tuple[Architecture, str]:
-    """--model-config (a file, a directory or a known name), else model.path's config.json, else the known
-    table by model.path's last part: a user pricing a 7B run on a laptop has the config, not the weights."""
+def resolve_architecture(config: JobConfig, model_config: str | None) -> tuple[Architecture, str, dict[str, Any]]:
+    """(architecture, where it came from, the config.json settings it was read from, overrides applied):
+    --model-config (a file, a directory or a known name), else model.path's config.json, else the known table by
+    model.path's last part: a user pricing a 7B run on a laptop has the config, not the weights."""
     overrides = config.model.config_overrides
     if model_config:
         path = model_config_path(model_config)
         if path.is_file():
-            return Architecture.from_hf_config(read_config_json(path, overrides), name=path.parent.name), str(path)
+            settings = read_config_json(path, overrides)
+            return Architecture.from_hf_config(settings, name=path.parent.name), str(path), settings
         return _known(model_config, overrides, f"--model-config {model_config!r}: no such file")
     directory = reference_model_dir() if config.model.path == REFERENCE else Path(config.model.path)
     path = directory / "config.json"
     if path.is_file():
         name = "reference model" if config.model.path == REFERENCE else directory.name
-        return Architecture.from_hf_config(read_config_json(path, overrides), name=name), str(path)
+        settings = read_config_json(path, overrides)
+        return Architecture.from_hf_config(settings, name=name), str(path), settings
     return _known(config.model.path, overrides, f"model.path: no config.json at {str(directory)!r}")
 
 
-def _known(name: str, overrides: dict, problem: str) -> tuple[Architecture, str]:
+def _known(name: str, overrides: dict, problem: str) -> tuple[Architecture, str, dict[str, Any]]:
     key = known_model(name)
     if key is None:
         raise JobConfigError(
             f"{problem}, and it is not a known model ({', '.join(KNOWN_MODELS)}); give --model-config PATH "
             "(the model's config.json)"
         )
-    architecture = Architecture.from_hf_config({**KNOWN_MODELS[key], **overrides}, name=key)
-    return architecture, f"the known architecture of {key} (public config.json numbers; no file read)"
+    settings = {**KNOWN_MODELS[key], **overrides}
+    source = f"the known architecture of {key} (public config.json numbers; no file read)"
+    return Architecture.from_hf_config(settings, name=key), source, settings
 
 
 def device_rates(
-    config: JobConfig, arch: Architecture, names: list[str], mfu: float
+    config: JobConfig, arch: Architecture, settings: dict[str, Any], names: list[str], mfu: float
 ) -> list[tuple[str, Rates, float | None]]:
     """(name, rates, memory GiB) per --gpu: a GPU's datasheet peak x MFU, or this CPU measured at the shapes of
-    the job's longest forward."""
+    the job's longest forward (`settings`: the model's config.json, for the fixed cost of a forward)."""
     if not 0 < mfu <= 1:
         raise JobConfigError(f"--mfu = {mfu}: must be in (0, 1]")
     devices = []
     for name in names:
         if name.lower() == "cpu":
-            devices.append(("cpu", _cpu_rates(config, arch), _ram_gib()))
+            devices.append(("cpu", _cpu_rates(config, arch, settings), _ram_gib()))
         else:
             gpu = find_gpu(name)
             devices.append((gpu.name, gpu_rates(gpu, mfu), gpu.memory_gib))
     return devices
 
 
-def _cpu_rates(config: JobConfig, arch: Architecture) -> Rates:
+def _cpu_rates(config: JobConfig, arch: Architecture, settings: dict[str, Any]) -> Rates:
+    """Timed at the shapes of the job's longest forward, with a worker's torch threads (no more than this machine's
+    CPUs)."""
     from longrope.search.estimate_cpu import measure_cpu_rates
 
     stage = max(search_budget(config, resolve_original_length(config, arch)).stages, key=lambda s: s.length)
     shape = forward_shape(config, stage.length, stage.windows, "cpu")
-    return measure_cpu_rates(arch, shape, worker_dtype(config, "cpu"), config.model.attn_implementation)
+    threads = min(worker_threads(config, os.environ.get("OMP_NUM_THREADS")), os.cpu_count() or 1)
+    dtype, attention = worker_dtype(config, "cpu"), config.model.attn_implementation
+    return measure_cpu_rates(arch, shape, dtype, attention, threads=threads, model_config=settings)
 
 
 def _ram_gib() -> float | None:
@@ -119,8 +130,9 @@ def _ram_gib() -> float | None:
 
 def run_estimate_command(args: argparse.Namespace) -> int:
     config = load_job_config(args.config, args.set)
-    arch, source = resolve_architecture(config, args.model_config)
-    estimate = job_estimate(config, arch, source, device_rates(config, arch, args.gpu or list(DEFAULT_GPUS), args.mfu))
+    arch, source, settings = resolve_architecture(config, args.model_config)
+    devices = device_rates(config, arch, settings, args.gpu or list(DEFAULT_GPUS), args.mfu)
+    estimate = job_estimate(config, arch, source, devices)
     print(json.dumps(estimate.model_dump(mode="json"), indent=2) if args.json else format_estimate(estimate, config))
     return 0
 
@@ -172,31 +184,51 @@ def format_estimate(estimate: JobEstimate, config: JobConfig) -> str:
     total = sum(stage.flops_per_candidate.total * stage.candidates for stage in estimate.stages)
     lines.append(f"total FLOPs    {total:.3g} (upper bound)")
     for device in estimate.devices:
-        memory = device.memory
-        fits = "" if device.fits is None else (" fits" if device.fits else " DOES NOT FIT")
-        capacity = "" if device.memory_capacity_gib is None else f" of {device.memory_capacity_gib:.0f} GiB:{fits}"
-        attention = f", attention matrix {_gib(memory.attention_matrix)}" if memory.attention_matrix else ""
-        lines += [
-            f"\n{device.device}: {device.rates.source}",
-            f"  memory/worker  {_gib(memory.peak)}{capacity} ({device.dtype} weights {_gib(memory.weights)} + the "
-            f"larger of the forward {_gib(memory.forward_peak)} [keys/values {_gib(memory.keys_values)}, layer "
-            f"{_gib(memory.layer_activations)}{attention}] and the loss {_gib(memory.loss_chunk)}; "
-            f"{device.rows_per_forward} sequence(s) a forward)",
-            f"  time           {device.seconds_per_candidate:.3g} s per candidate; {_hours(device.hours)} device time "
-            "for the whole search" + (f" ({_hours(device.hours_racing)} with racing)" if device.hours_racing else ""),
-        ]
-        if device.devices_in_parallel:
-            lines.append(
-                f"  wall           {_hours(device.hours / device.devices_in_parallel)} on the config's "
-                f"{device.devices_in_parallel:g} GPUs"
-            )
-        rates = device.rates
-        if rates.square_matmul:
-            square = rates.square_matmul
-            lines.append(
-                f"  rates          linear {rates.linear / 1e9:.1f}, attention {rates.attention / 1e9:.1f}, "
-                f"lm_head+loss {rates.lm_head / 1e9:.1f} GFLOP/s ({rates.linear / square:.2f}, "
-                f"{rates.attention / square:.2f}, {rates.lm_head / square:.2f} of a 2048^2 matmul's "
-                f"{square / 1e9:.1f}); elementwise {rates.memory / 1e9:.1f} GB/s"
-            )
+        lines += device_lines(device)
     return "\n".join(lines)
+
+
+def device_lines(device: DeviceEstimate) -> list[str]:
+    """One device's block: where its rates come from, memory per worker, time (or why none), and the CPU's rates."""
+    memory = device.memory
+    fits = "" if device.fits is None else (" fits" if device.fits else " DOES NOT FIT")
+    capacity = "" if device.memory_capacity_gib is None else f" of {device.memory_capacity_gib:.0f} GiB:{fits}"
+    attention = f", attention matrix {_gib(memory.attention_matrix)}" if memory.attention_matrix else ""
+    lines = [
+        f"\n{device.device}: {device.rates.source}",
+        f"  memory/worker  {_gib(memory.peak)}{capacity} ({device.dtype} weights {_gib(memory.weights)} + the "
+        f"larger of the forward {_gib(memory.forward_peak)} [keys/values {_gib(memory.keys_values)}, layer "
+        f"{_gib(memory.layer_activations)}{attention}] and the loss {_gib(memory.loss_chunk)}; "
+        f"{device.rows_per_forward} sequence(s) a forward)",
+    ]
+    if device.time_withheld:
+        return [*lines, f"  time           not estimated: {device.time_withheld}", *_rates_lines(device.rates)]
+    racing = f" ({_hours(device.hours_racing)} with racing)" if device.hours_racing else ""
+    lines.append(
+        f"  time           {device.seconds_per_candidate:.3g} s per candidate; {_hours(device.hours)} device time "
+        f"for the whole search{racing}"
+    )
+    if device.devices_in_parallel:
+        lines.append(
+            f"  wall           {_hours(device.hours / device.devices_in_parallel)} on the config's "
+            f"{device.devices_in_parallel:g} GPUs"
+        )
+    return lines + _rates_lines(device.rates, device)
+
+
+def _rates_lines(rates: Rates, device: DeviceEstimate | None = None) -> list[str]:
+    """The CPU's measured rates (none for a GPU): per kind, against a 2048^2 matmul, and a forward's fixed cost."""
+    if not rates.square_matmul:
+        return []
+    square = rates.square_matmul
+    fixed = ""
+    if rates.forward_fixed_cost is not None:
+        fixed = f"; a forward's fixed cost {rates.forward_fixed_cost * 1e3:.2g} ms"
+        if device is not None and device.fixed_cost_share is not None:
+            fixed += f" ({device.forwards_per_candidate:.3g} a candidate, {device.fixed_cost_share:.0%} of its time)"
+    return [
+        f"  rates          linear {rates.linear / 1e9:.1f}, attention {rates.attention / 1e9:.1f}, "
+        f"lm_head+loss {rates.lm_head / 1e9:.1f} GFLOP/s ({rates.linear / square:.2f}, "
+        f"{rates.attention / square:.2f}, {rates.lm_head / square:.2f} of a 2048^2 matmul's "
+        f"{square / 1e9:.1f}); elementwise {rates.memory / 1e9:.1f} GB/s{fixed}"
+    ]

@@ -20,10 +20,15 @@ and GPU here) and flash-attention execute, skipping the blocks above the diagona
 counts causal attention FLOPs the same way); eager attention materialises and multiplies the whole T x T matrix
 (f = 1, which is also what `torch.utils.flop_counter` counts for it). Norms, RoPE and activations are not
 FLOPs here (they are memory-bound; `elementwise_bytes` counts their traffic for the CPU time model).
+
+On a CPU a candidate's time also counts its forwards (`forwards_per_candidate`, as the scorer stacks candidates
+and windows) times a forward's measured fixed cost; where that fixed cost is over FIXED_COST_SHARE_LIMIT of the
+time, no time is given (`withheld_time`): the estimate is not valid for such small forwards.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
@@ -219,14 +224,27 @@ def loss_tokens(objective: str, tokens: int, original_length: int, chunk: int = 
 
 
 def elementwise_bytes(arch: Architecture, tokens: int, dtype_bytes: int) -> float:
-    """Memory traffic of the non-matmul ops of one forward, counted from transformers' Llama layer: per token and
-    layer two RMSNorms (pow, mean, 2 muls: 7 d values read or written each), two residual adds (3 d each), RoPE
-    on q and k (mul, rotate_half's neg and cat, mul, add: 12 values per element), the attention output's
-    transpose copy (2 H Q), SiLU (2 I) and the gate * up product (3 I). A first-principles count, not fitted."""
+    """Memory traffic of the non-matmul ops of forwards over `tokens` positions, counted from transformers' Llama
+    layer: per token and layer two RMSNorms (pow, mean, 2 muls: 7 d values read or written each), two residual
+    adds (3 d each), RoPE on q and k (mul, rotate_half's neg and cat, mul, add: 12 values per element), the
+    attention output's transpose copy (2 H Q), SiLU (2 I) and the gate * up product (3 I); per token once a
+    forward, the embedding lookup (2 d), the final RMSNorm (7 d) and the cos/sin tables (`forward_table_bytes`).
+    A first-principles count, not fitted."""
     d, q_out, kv_out = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     width = arch.intermediate_size
     per_layer = 14 * d + 6 * d + 12 * (q_out + kv_out) + 2 * q_out + 5 * width
-    return float(tokens * arch.num_layers * per_layer * dtype_bytes)
+    per_forward = (2 * d + 7 * d) * dtype_bytes + forward_table_bytes(arch, dtype_bytes)
+    return float(tokens * (arch.num_layers * per_layer * dtype_bytes + per_forward))
+
+
+def forward_table_bytes(arch: Architecture, dtype_bytes: int) -> float:
+    """Bytes per position of the cos/sin tables the rope patch builds once a forward (encodings.rotary_cos_sin, in
+    float32): positions x inv_freq (Q/2 written), the cat (Q read, Q written), cos and sin (2 Q each), the two
+    products with the attention factor (2 Q each) = 10.5 Q float32 values; then both cast to the model's dtype
+    (Q read at 4 bytes and written at dtype bytes, each), which float32 skips."""
+    head = arch.head_dim
+    cast = 0 if dtype_bytes == 4 else 2 * head * (4 + dtype_bytes)
+    return 10.5 * head * 4 + cast
 
 
 # ----------------------------------------------------------------------------------------------------- the search
@@ -323,6 +341,19 @@ def forward_shape(config: JobConfig, tokens: int, windows: int, device: Literal[
     return ForwardShape(tokens=tokens, rows=candidates * stacked)
 
 
+def forwards_per_candidate(config: JobConfig, tokens: int, windows: int, device: Literal["cpu", "gpu"]) -> float:
+    """Forwards per candidate as workers/scorer.py Scorer.score runs a call of batch_size candidates: groups of
+    candidates_per_forward (the last one smaller), each group's windows stacked up to the token budget; the
+    candidates of a group share its forwards (and their fixed cost)."""
+    batch, group = config.workers.batch_size, config.workers.candidates_per_forward
+
+    def group_forwards(size: int) -> int:
+        return math.ceil(windows / max(1, min(windows, TOKENS_PER_FORWARD[device] // (size * tokens))))
+
+    full, rest = divmod(batch, group)
+    return (full * group_forwards(group) + (group_forwards(rest) if rest else 0)) / batch
+
+
 class Memory(Frozen):
     """Bytes a worker holds at its peak (one forward or one loss chunk at a time)."""
 
@@ -384,6 +415,15 @@ def worker_dtype(config: JobConfig, device: Literal["cpu", "gpu"]) -> str:
     return "bfloat16" if device == "gpu" else "float32"
 
 
+def worker_threads(config: JobConfig, omp_num_threads: str | None = None) -> int:
+    """Torch threads a CPU worker scores with: workers/pool.py sets torch's count to OMP_NUM_THREADS, which Ray
+    sets in an actor to floor(num_cpus), at least 1, unless the environment already sets it (ray/_private/utils.py
+    set_omp_num_threads_if_unset); `omp_num_threads` is that environment value, if any."""
+    if omp_num_threads and omp_num_threads.strip().isdigit() and int(omp_num_threads) >= 1:
+        return int(omp_num_threads)
+    return max(1, int(config.workers.num_cpus_per_worker))
+
+
 # ----------------------------------------------------------------------------------------------------- time
 
 
@@ -407,6 +447,11 @@ GPUS = {
     )
 }
 GPU_ALIASES = {"h100": "h100-sxm", "a10g": "a10"}
+# Above this share of a candidate's time in forwards' fixed cost, no time is given (`withheld_time`). Measured by
+# bench/estimate_accuracy.py (reference model, one window a forward, wall and thread-CPU clocks), estimated / real
+# was 0.82-0.83 at 11-19% of fixed cost, 0.79-0.80 at 25-27%, 0.75-0.80 at 35-36% and 0.73-0.74 at 40%: a quarter
+# stays below the shares where it reached the target's 0.75 edge, with a margin for single rounds' +-0.1 spread.
+FIXED_COST_SHARE_LIMIT = 0.25
 # Model FLOPs utilisation assumed when none is given: an assumption, not a measurement (no GPU on the machine
 # that wrote this). Long-context prefill is matmul- and flash-attention-bound; FlashAttention-2 (Dao 2023)
 # reports its forward at 50-73% of an A100's peak and dense bf16 GEMMs reach 60-80%, less the memory-bound
@@ -432,6 +477,7 @@ class Rates(Frozen):
     lm_head: float
     memory: float | None = None  # None: the elementwise traffic is folded into the MFU (GPUs)
     square_matmul: float | None = None  # CPU: a 2048 x 2048 float32 matmul's rate, the efficiencies' yardstick
+    forward_fixed_cost: float | None = None  # CPU: seconds every forward costs whatever its size (estimate_cpu.py)
 
 
 def gpu_rates(gpu: Gpu, mfu: float) -> Rates:
@@ -441,10 +487,12 @@ def gpu_rates(gpu: Gpu, mfu: float) -> Rates:
                  attention=rate, lm_head=rate)  # fmt: skip
 
 
-def seconds(flops: Flops, rates: Rates, traffic_bytes: float = 0.0) -> float:
-    """Each kind of work at its own rate, plus the elementwise traffic at the memory rate (when one is given)."""
+def seconds(flops: Flops, rates: Rates, traffic_bytes: float = 0.0, forwards: float = 0.0) -> float:
+    """Each kind of work at its own rate, plus the elementwise traffic at the memory rate and `forwards` times the
+    fixed cost of a forward (each when the rates give one)."""
     time = flops.linear / rates.linear + flops.attention / rates.attention + flops.lm_head / rates.lm_head
-    return time + (traffic_bytes / rates.memory if rates.memory else 0.0)
+    time += traffic_bytes / rates.memory if rates.memory else 0.0
+    return time + forwards * (rates.forward_fixed_cost or 0.0)
 
 
 def read_config_json(path: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -476,8 +524,11 @@ class DeviceEstimate(Frozen):
     rows_per_forward: int  # at the longest stage
     memory: Memory  # at the longest stage
     memory_capacity_gib: float | None
-    seconds_per_candidate: float  # at the target (last stage)
-    hours: float  # device-hours of the whole job, every candidate on every window (upper bound)
+    forwards_per_candidate: float  # at the target
+    fixed_cost_share: float | None  # the largest share of a candidate's time that is forwards' fixed cost (CPU)
+    time_withheld: str | None  # why the times below are None (`withheld_time`)
+    seconds_per_candidate: float | None  # at the target (last stage)
+    hours: float | None  # device-hours of the whole job, every candidate on every window (upper bound)
     hours_racing: float | None  # with racing: the expected device-hours (README's measured racing share)
     devices_in_parallel: float | None  # GPUs the config's workers use at once (wall hours = hours / this)
 
@@ -531,13 +582,20 @@ def device_estimate(
     config: JobConfig, arch: Architecture, original: int, device: str, rates: Rates, capacity_gib: float | None
 ) -> DeviceEstimate:
     """Time, hours and memory on one device. Time per candidate = sum over kinds of FLOPs / rate (+ traffic /
-    bandwidth on a CPU); hours = sum over stages of candidates x that time (racing: the initial population in
-    full, each child at the measured share of its windows)."""
+    bandwidth and forwards x a forward's fixed cost on a CPU); hours = sum over stages of candidates x that time
+    (racing: the initial population in full, each child at the measured share of its windows). Times are None
+    where `withheld_time` says the model does not hold."""
     kind: Literal["cpu", "gpu"] = "cpu" if device == "cpu" else "gpu"
     dtype = worker_dtype(config, kind)
     stages = stage_estimates(config, arch, original, dtype)
     budget = search_budget(config, original)
-    per_candidate = [seconds(s.flops_per_candidate, rates, s.elementwise_bytes_per_candidate) for s in stages]
+    forwards = [forwards_per_candidate(config, s.length, s.windows, kind) for s in stages]
+    per_candidate = [
+        seconds(s.flops_per_candidate, rates, s.elementwise_bytes_per_candidate, count)
+        for s, count in zip(stages, forwards, strict=True)
+    ]
+    shares = [count * (rates.forward_fixed_cost or 0.0) / t for count, t in zip(forwards, per_candidate, strict=True)]
+    withheld = withheld_time(stages, shares, rates)
     hours = sum(s.candidates * t for s, t in zip(stages, per_candidate, strict=True)) / 3600
     hours_racing = None
     if budget.racing_child_fraction is not None:
@@ -555,10 +613,29 @@ def device_estimate(
         rows_per_forward=shape.rows,
         memory=worker_memory(arch, shape, dtype, config.model.attn_implementation),
         memory_capacity_gib=capacity_gib,
-        seconds_per_candidate=per_candidate[-1],
-        hours=hours,
-        hours_racing=hours_racing,
+        forwards_per_candidate=forwards[-1],
+        fixed_cost_share=max(shares) if rates.forward_fixed_cost is not None else None,
+        time_withheld=withheld,
+        seconds_per_candidate=None if withheld else per_candidate[-1],
+        hours=None if withheld else hours,
+        hours_racing=None if withheld else hours_racing,
         devices_in_parallel=gpus if kind == "gpu" and gpus > 0 else None,
+    )
+
+
+def withheld_time(stages: tuple[StageEstimate, ...], shares: list[float], rates: Rates) -> str | None:
+    """Why no time is given, or None. Above FIXED_COST_SHARE_LIMIT of a candidate's time in a forward's fixed
+    cost, the estimate rests on its least certain term (a difference of two sub-millisecond timings, which leaves
+    out what tiny ops cost beyond dispatch) and bench/estimate_accuracy.py measured it off by more than 25%."""
+    worst = max(range(len(stages)), key=lambda i: shares[i])
+    if shares[worst] <= FIXED_COST_SHARE_LIMIT:
+        return None
+    return (
+        f"at {stages[worst].length} tokens a candidate's time is {shares[worst]:.0%} forwards' fixed cost "
+        f"({(rates.forward_fixed_cost or 0.0) * 1e3:.2g} ms each on this CPU: Python, module calls, op dispatch); "
+        f"above {FIXED_COST_SHARE_LIMIT:.0%} the estimate missed real scoring by over 25% "
+        "(bench/estimate_accuracy.py). Time a short real run instead: longrope search CONFIG --set "
+        "search.generations=0"
     )
 
 

@@ -1,11 +1,15 @@
 """`longrope estimate`: parameter counts against real models, FLOPs against torch's own counter, memory worked
-by hand, the candidate budget, and the command line (one error line, exit 2, the demo config)."""
+by hand, the candidate budget, and the command line (one error line, exit 2, the demo config); for `--gpu cpu`,
+the replayed layer against transformers' own, elementwise bytes and time worked by hand, forwards counted on the
+Scorer, and the time withheld where forwards' fixed cost dominates. No wall-clock limit: the CPU figures'
+accuracy is bench/estimate_accuracy.py's."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,17 +21,26 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from longrope.encodings import LongRope
 from longrope.search.cli import main
 from longrope.search.estimate import (
+    FIXED_COST_SHARE_LIMIT,
     KNOWN_MODELS,
     Architecture,
     ForwardShape,
+    Rates,
+    device_estimate,
+    elementwise_bytes,
+    find_gpu,
     forward_flops,
+    forwards_per_candidate,
+    gpu_rates,
     parameter_count,
     search_budget,
     stage_flops,
     worker_memory,
+    worker_threads,
 )
 from longrope.search.job_config import load_job_config
-from longrope.workers.models import load_model, model_rope
+from longrope.workers.models import load_model, model_rope, read_model_config
+from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,3 +246,184 @@ def test_estimate_modules_import_neither_torch_nor_ray():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------------------------------- CPU time
+
+
+def test_the_replayed_layer_is_transformers_llama_layer():
+    """estimate_cpu.decoder_layer, which the CPU rates are timed on, computes what transformers' LlamaDecoderLayer
+    computes from the same weights (GQA, SDPA and eager, biases): it does the work the scorer's forward does."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from longrope.search.estimate_cpu import Stopwatch, decoder_layer
+
+    for implementation in ("sdpa", "eager"):
+        config = tiny_llama(attention_bias=True)
+        config._attn_implementation = implementation
+        layer = LlamaDecoderLayer(config, layer_idx=0).eval()
+        arch = Architecture.from_hf_config(config.to_dict())
+        attn, mlp = layer.self_attn, layer.mlp
+        modules = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj, "o": attn.o_proj}
+        modules |= {"gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
+        weights = {name: module.weight for name, module in modules.items()}
+        weights |= {f"{name}_bias": module.bias for name, module in modules.items() if module.bias is not None}
+        with torch.no_grad():  # norm weights other than ones, so a swapped or skipped weight shows
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+            layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+        weights |= {"norm_1": layer.input_layernorm.weight, "norm_2": layer.post_attention_layernorm.weight}
+        hidden = torch.randn(2, 24, config.hidden_size)
+        angles = torch.rand(2, 24, config.head_dim)
+        cos, sin = angles.cos(), angles.sin()
+        eager = implementation == "eager"
+        mask = torch.full((24, 24), float("-inf")).triu(1)[None, None] if eager else None  # SDPA: is_causal
+        watch = Stopwatch(time.perf_counter)
+        with torch.inference_mode():
+            expected = layer(hidden, attention_mask=mask, position_embeddings=(cos, sin))
+            replayed = decoder_layer(arch, weights, hidden, cos, sin, 1.0 if eager else 0.5, watch)
+        torch.testing.assert_close(replayed, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_replayed_layer_does_the_counted_flops():
+    """The rates divide forward_flops by the replay's time: torch's counter, on the replayed eager layer, counts
+    one layer's share of those FLOPs (linear + full-matrix attention) for the rows replayed."""
+    from longrope.search.estimate_cpu import Stopwatch, decoder_layer, layer_weights
+
+    arch = Architecture.from_hf_config(tiny_llama().to_dict())
+    rows, tokens = 3, 40
+    weights = layer_weights(arch, "float32")
+    hidden, cos, sin = torch.randn(rows, tokens, arch.hidden_size), *torch.rand(2, rows, tokens, arch.head_dim)
+    watch = Stopwatch(time.perf_counter)
+    counted = counted_flops(lambda: decoder_layer(arch, weights, hidden, cos, sin, 1.0, watch))
+    expected = forward_flops(arch, tokens, causal=1.0) * rows
+    assert counted == pytest.approx((expected.linear + expected.attention) / arch.num_layers, rel=1e-6)
+    assert set(watch.spent) == {"linear", "attention", "elementwise", "outside"} and watch.spent["outside"] == 0
+
+
+def test_elementwise_bytes_worked_by_hand():
+    """d 64, 2 layers, 4 heads and 2 key/value heads of 16, MLP 128; 10 positions."""
+    arch = Architecture(
+        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=100
+    )
+    # per layer and position: norms 2 x 7 x 64, residual adds 2 x 3 x 64, RoPE 12 x (64 + 32), transpose copy
+    # 2 x 64, SiLU 2 x 128 and gate * up 3 x 128 = 896 + 384 + 1152 + 128 + 640 = 3200 values
+    # per forward and position: embedding 2 x 64 + final norm 7 x 64 = 576 values at the dtype, cos/sin tables
+    # 10.5 x 16 = 168 float32 values, and in bfloat16 their cast: 2 x 16 x (4 + 2) bytes
+    assert elementwise_bytes(arch, 10, 4) == 10 * (2 * 3200 * 4 + 576 * 4 + 168 * 4)
+    assert elementwise_bytes(arch, 10, 2) == 10 * (2 * 3200 * 2 + 576 * 2 + 168 * 4 + 2 * 16 * 6)
+
+
+@pytest.mark.parametrize(
+    ("batch", "group", "windows", "tokens", "forwards"),
+    [(2, 4, 8, 1024, 8), (4, 4, 8, 256, 4), (5, 4, 8, 256, 5), (3, 1, 3, 512, 3), (1, 1, 8, 64, 1)],
+)
+def test_forwards_per_candidate_as_the_scorer_runs_them(tmp_path, batch, group, windows, tokens, forwards):
+    """Forwards of one call of `batch` candidates, worked by hand and counted on the project's Scorer (CPU, 2048
+    tokens a forward): the demo's 2 candidates share 8 forwards of 2 rows (one window each); 4 candidates x 2
+    windows of 256 fill a forward (4); 5 in groups of 4 and 1 take 4 + 1 (the last stacks all 8 windows)."""
+    config = load_job_config(
+        None,
+        base={
+            "target_length": tokens,
+            "original_length": 32,
+            "data": {"search_windows": windows},
+            "workers": {"candidates_per_forward": group, "batch_size": batch},
+        },
+    )
+    estimated = forwards_per_candidate(config, tokens, windows, "cpu")
+    assert estimated == pytest.approx(forwards / batch)
+    model = LlamaForCausalLM(tiny_llama(max_position_embeddings=32)).eval()
+    arch = Architecture.from_hf_config(tiny_llama().to_dict())
+    scorer = Scorer(model, torch.randint(0, arch.vocab_size, (windows, tokens + 1)), torch.ones(arch.head_dim // 2),
+                    candidates_per_forward=group)  # fmt: skip
+    calls = []
+    original = model.model.forward
+    model.model.forward = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+    candidate = LongRope.from_factors(torch.ones(arch.head_dim // 2), head_dim=arch.head_dim, original_length=32,
+                                      target_length=tokens)  # fmt: skip
+    scorer.score([candidate] * batch)
+    assert len(calls) == forwards
+
+
+def test_worker_threads_follow_ray():
+    """Ray gives an actor OMP_NUM_THREADS = floor(num_cpus), at least 1, unless the environment sets it."""
+    config = load_job_config(DEMO)
+    assert worker_threads(config) == 1
+    assert worker_threads(load_job_config(DEMO, ["workers.num_cpus_per_worker=2.5"])) == 2
+    assert worker_threads(load_job_config(DEMO, ["workers.num_cpus_per_worker=0.5"])) == 1
+    assert worker_threads(config, "3") == 3 and worker_threads(config, "") == 1 and worker_threads(config, "x") == 1
+
+
+def cpu_rates(fixed_cost: float) -> Rates:
+    return Rates(source="by hand", linear=1e10, attention=1e10, lm_head=1e10, memory=1e10, square_matmul=1e10,
+                 forward_fixed_cost=fixed_cost)  # fmt: skip
+
+
+def small_forward_config():
+    """The reference model (d 128, 4 layers, 4 heads of 32, MLP 384, vocabulary 256), one candidate on one window
+    of 32 tokens: one forward a candidate."""
+    return load_job_config(
+        DEMO,
+        ["original_length=16", "target_length=32", "data.search_windows=1", "workers.batch_size=1"],
+    )
+
+
+# By hand for small_forward_config: linear 2 x 32 x 4 x (4 x 128^2 + 3 x 128 x 384) = 54525952, attention
+# 4 x 4 x 4 x 32 x 32^2 / 2 = 1048576, lm_head 2 x 32 x 128 x 256 = 2097152 FLOPs; bytes per position: 4 layers x
+# 7808 values + embedding and final norm 9 x 128 values, x 4 bytes, + cos/sin tables 10.5 x 32 x 4 = 130880.
+SMALL_FORWARD_FLOPS = 54525952 + 1048576 + 2097152
+SMALL_FORWARD_BYTES = 32 * 130880
+
+
+def test_time_adds_forwards_fixed_cost_worked_by_hand():
+    config = small_forward_config()
+    arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
+    device = device_estimate(config, arch, 16, "cpu", cpu_rates(1e-4), None)
+    assert device.forwards_per_candidate == 1
+    work = SMALL_FORWARD_FLOPS / 1e10 + SMALL_FORWARD_BYTES / 1e10
+    assert device.seconds_per_candidate == pytest.approx(work + 1e-4)
+    assert device.fixed_cost_share == pytest.approx(1e-4 / (work + 1e-4))
+    assert device.time_withheld is None
+
+
+def test_time_is_withheld_where_forwards_fixed_cost_dominates():
+    """Over FIXED_COST_SHARE_LIMIT (a quarter) of a candidate's time in fixed cost, no time: 3 ms of fixed cost
+    against 6.186 ms of work is a 33% share; 2 ms is 24%, under it."""
+    config = small_forward_config()
+    arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
+    device = device_estimate(config, arch, 16, "cpu", cpu_rates(3e-3), None)
+    assert FIXED_COST_SHARE_LIMIT == 0.25 and device.fixed_cost_share == pytest.approx(3 / 9.186, abs=1e-3)
+    assert device.seconds_per_candidate is None and device.hours is None and device.hours_racing is None
+    assert "33% forwards' fixed cost" in device.time_withheld and "above 25%" in device.time_withheld
+    assert "bench/estimate_accuracy.py" in device.time_withheld and "search.generations=0" in device.time_withheld
+    assert device_estimate(config, arch, 16, "cpu", cpu_rates(2e-3), None).seconds_per_candidate > 0
+    gpu = device_estimate(config, arch, 16, "H100-SXM", gpu_rates(find_gpu("H100"), 0.4), 80)
+    assert gpu.time_withheld is None and gpu.fixed_cost_share is None and gpu.seconds_per_candidate > 0
+
+
+def test_cli_says_in_one_line_why_no_time(capsys, monkeypatch):
+    import longrope.search.estimate_cpu as estimate_cpu
+
+    monkeypatch.setattr(estimate_cpu, "measure_cpu_rates", lambda *args, **kwargs: cpu_rates(3e-3))
+    argv = ["estimate", str(DEMO), "--gpu", "cpu", "--set", "original_length=16", "--set", "target_length=32",
+            "--set", "data.search_windows=1", "--set", "workers.batch_size=1"]  # fmt: skip
+    assert main(argv) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("time")]
+    assert len(lines) == 1 and "not estimated: at 32 tokens" in lines[0] and "s per candidate" not in lines[0]
+    assert main([*argv, "--json"]) == 0
+    device = json.loads(capsys.readouterr().out)["devices"][0]
+    assert device["seconds_per_candidate"] is None and device["time_withheld"].startswith("at 32 tokens")
+
+
+@pytest.mark.parametrize("name", ["reference", *KNOWN_MODELS])
+def test_forward_fixed_cost_is_measured_for_each_family(name):
+    """The toy-width model builds and scores for the reference model and every known architecture (Llama,
+    Mistral, Phi-3 with its LongRoPE factors): same model type, layers and head size, one head."""
+    from longrope.search.estimate_cpu import forward_fixed_cost_seconds, toy_model_config
+
+    settings = read_model_config(reference_model_dir()) if name == "reference" else KNOWN_MODELS[name]
+    arch = Architecture.from_hf_config(settings)
+    toy = Architecture.from_hf_config(toy_model_config(settings, arch))
+    assert (toy.num_layers, toy.head_dim, toy.num_heads, toy.hidden_size) == (arch.num_layers, arch.head_dim, 1,
+                                                                              arch.head_dim)  # fmt: skip
+    assert forward_fixed_cost_seconds(settings, arch, "float32", "sdpa", 1, time.perf_counter) >= 0
