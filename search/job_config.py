@@ -215,6 +215,39 @@ class CmaesConfig(Strict):
     )
 
 
+class GradientConfig(Strict):
+    """Gradient descent on the factors (search/gradient.py): perplexity is smooth in every factor, so one backward
+    pass gives the gradient for all pairs. The factors are parametrized so that every step satisfies the official
+    constraints (non-decreasing across pairs, within [1, max_factor]; the attention factor within its bounds), the
+    search windows are split into the gradient's and `holdout_windows` held out for the stopping rule, and every
+    step's point is scored on all of them (a candidate in history.jsonl like any other). Adam (Kingma and Ba 2015)
+    with the default betas. `hybrid` polishes the evolution's best with `polish_steps` of it every `polish_every`
+    generations."""
+
+    steps: int = Field(default=60, ge=0, le=MAX_COUNT, description="gradient steps after the seeds are scored")
+    learning_rate: float = Field(default=0.15, gt=0, le=10, description="Adam's step size, in parameter units")
+    windows_per_step: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description="gradient windows per step, a block cycling through them; null: all of them every step",
+    )
+    holdout_windows: int = Field(
+        default=2, ge=1, le=MAX_COUNT, description="search windows held out from the gradient (the stopping rule's)"
+    )
+    patience: int | None = Field(
+        default=10, ge=1, le=MAX_COUNT, description="stop after this many steps without a held-out gain; null: never"
+    )
+    min_improvement: float = Field(
+        default=1e-4, ge=0, description="a held-out gain, in mean NLL (nats per token), that resets the patience"
+    )
+    polish_every: int = Field(
+        default=5, ge=1, le=MAX_COUNT, description="hybrid: polish the evolution's best every this many generations"
+    )
+    polish_steps: int = Field(default=10, ge=1, le=MAX_COUNT, description="hybrid: gradient steps per polish")
+    polish_learning_rate: float = Field(default=0.05, gt=0, le=10, description="hybrid: Adam's step size to polish")
+
+
 class SearchConfig(Strict):
     population: int = Field(default=64, ge=2, le=MAX_COUNT, description="candidates in generation 0")
     generations: int = Field(default=40, ge=0, le=MAX_COUNT, description="generations after generation 0")
@@ -242,8 +275,10 @@ class SearchConfig(Strict):
         default=AttentionFactorConfig(), description="section: the attention factor (temperature)"
     )
     early_stop: EarlyStopConfig = Field(default=EarlyStopConfig(), description="section: stopping early")
-    optimizer: Literal["dim_mono", "cmaes"] = Field(
-        default="dim_mono", description="dim_mono: the LongRoPE release's evolution; cmaes: CMA-ES (search/cmaes.py)"
+    optimizer: Literal["dim_mono", "cmaes", "gradient", "hybrid"] = Field(
+        default="dim_mono",
+        description="dim_mono: the LongRoPE release's evolution; cmaes: CMA-ES (search/cmaes.py); gradient: descent "
+        "on the factors (search/gradient.py); hybrid: dim_mono with its best polished by gradient steps",
     )
     schedule: Literal["generational", "steady"] = Field(
         default="generational",
@@ -251,6 +286,9 @@ class SearchConfig(Strict):
     )
     racing: RacingConfig = Field(default=RacingConfig(), description="section: racing children on paired windows")
     cmaes: CmaesConfig = Field(default=CmaesConfig(), description="section: CMA-ES settings")
+    gradient: GradientConfig = Field(
+        default=GradientConfig(), description="section: gradient descent settings (optimizer gradient or hybrid)"
+    )
     space: Literal["longrope", "longrope2"] = Field(
         default="longrope",
         description="longrope: every pair searched; longrope2: only pairs >= the critical dimension, within "
@@ -303,6 +341,7 @@ class SearchConfig(Strict):
             raise ValueError("racing.enabled: racing needs optimizer 'dim_mono' (CMA-ES ranks every sample)")
         if self.optimizer == "cmaes" and self.n_hat.enabled:
             raise ValueError("n_hat.enabled: CMA-ES searches factors and the attention factor only, not n_hat")
+        self._gradient_rules()
         if self.parents > self.population:
             raise ValueError(f"parents: must be <= population ({self.population}), got {self.parents}")
         if self.mutations + self.crossovers < 1:
@@ -313,6 +352,23 @@ class SearchConfig(Strict):
                 "search.seed_files, got []"
             )
         return self
+
+    def _gradient_rules(self) -> None:
+        """What descent cannot do: n_hat moves positions between regimes (not differentiable; a GA-only gene),
+        longrope2's derived pairs and a short-factor search's regime are not parametrized, racing and the steady
+        schedule are the evolution's."""
+        if self.optimizer not in ("gradient", "hybrid"):
+            return
+        rules = (
+            (self.n_hat.enabled, "n_hat.enabled: n_hat is not differentiable, a gene of dim_mono only"),
+            (self.space != "longrope", "space: gradient descent searches every pair ('longrope')"),
+            (self.factor != "long", "factor: gradient descent searches the long factors"),
+            (self.racing.enabled, "racing.enabled: racing is dim_mono's; descent scores every window of a step"),
+            (self.schedule != "generational", "schedule: 'steady' needs optimizer 'dim_mono'"),
+        )
+        for broken, message in rules:
+            if broken:
+                raise ValueError(f"{message} (optimizer {self.optimizer!r})")
 
 
 class WorkersConfig(Strict):
@@ -345,6 +401,7 @@ def ray_resource_amount(value: float) -> float:
 
 
 LATER_SEARCH_FIELDS = (
+    "gradient",
     "optimizer",
     "schedule",
     "racing",
@@ -403,6 +460,19 @@ class JobConfig(Strict):
             raise ValueError(
                 f"search.stages: each stage length must lie between original_length ({self.original_length}) and "
                 f"target_length ({self.target_length}), got {bad}"
+            )
+        gradient, windows = self.search.gradient, self.data.search_windows * len(self.data.objective_weights())
+        if self.search.optimizer in ("gradient", "hybrid") and gradient.holdout_windows >= windows:
+            raise ValueError(
+                f"search.gradient.holdout_windows: must leave the gradient at least one of the {windows} search "
+                f"windows, got {gradient.holdout_windows}"
+            )
+        if self.search.optimizer in ("gradient", "hybrid") and (gradient.windows_per_step or 0) > windows - (
+            gradient.holdout_windows
+        ):
+            raise ValueError(
+                f"search.gradient.windows_per_step: at most the {windows - gradient.holdout_windows} gradient windows "
+                f"(search windows less holdout_windows), got {gradient.windows_per_step}"
             )
         racing = self.search.racing
         if racing.enabled and racing.min_windows >= self.data.search_windows:
