@@ -29,6 +29,7 @@ countdown) goes to the console, with a live bar (with an ETA) above it only on a
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -41,6 +42,7 @@ from rich.console import Console
 from longrope.encodings import RopeMethod
 from longrope.search.cli_console import cli_console
 from longrope.search.genome import Genome, Seed
+from longrope.search.gradient import objective_gradient, subset_mix
 from longrope.search.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.job_config import SearchConfig
 from longrope.search.objective import ObjectiveMix
@@ -48,7 +50,16 @@ from longrope.search.optimizers import Optimizer
 from longrope.search.progress import SearchProgress
 from longrope.search.racing import WindowRange, clearly_worse, window_groups
 from longrope.search.run_check import check_history_holds
-from longrope.search.run_store import FINAL_STATUSES, History, RunDir, RunState, RunStoreError, best_of, final_count
+from longrope.search.run_store import (
+    FINAL_STATUSES,
+    History,
+    RunDir,
+    RunState,
+    RunStoreError,
+    best_of,
+    final_count,
+    window_passes,
+)
 from longrope.workers.scorer import CandidateScore
 
 
@@ -88,6 +99,28 @@ class Candidate:
     factors: np.ndarray
     attention_factor: float | None
     method: RopeMethod
+
+
+@dataclass
+class _PointTask:
+    """A descent point being scored: its window ranges' results as they come back, by their first window."""
+
+    point: Any
+    method: RopeMethod
+    parts: dict[int, CandidateScore] = field(default_factory=dict)
+
+    def complete(self, windows: int) -> bool:
+        return sum(len(part.nll) for part in self.parts.values()) == windows
+
+    def assembled(self) -> tuple[list[float], list[int], list]:
+        """(nll, tokens, per-window gradients or None) in window order."""
+        nll, tokens, gradients = [], [], []
+        for start in sorted(self.parts):
+            part = self.parts[start]
+            nll += list(part.nll)
+            tokens += list(part.tokens)
+            gradients += list(part.gradient) if getattr(part, "gradient", None) else [None] * len(part.nll)
+        return nll, tokens, gradients
 
 
 @dataclass
@@ -136,7 +169,14 @@ class Coordinator:
         return self.settings.schedule == "steady"
 
     @property
+    def descent(self) -> bool:
+        return getattr(self.optimizer, "kind", None) == "gradient"
+
+    @property
     def finished(self) -> bool:
+        """Descent's early stop is its own (held-out windows), and it still rounds its best to the grid after."""
+        if self.descent:
+            return self.optimizer.stop()
         return self.stopped_early or self.exhausted or self.optimizer.stop()
 
     def resume(self) -> History:
@@ -169,7 +209,9 @@ class Coordinator:
             if progress.disable:  # no bar: say at once what is being scored, not only when generation 0 ends
                 generation = self._generation_label(self.optimizer.generation)
                 self._log(f"search: scoring {generation}, {done} evaluations done")
-            if self.steady:
+            if self.descent:
+                self._run_descent(self.optimizer, self._end_descent_generation)
+            elif self.steady:
                 self._run_steady()
             else:
                 self._run_generational()
@@ -185,6 +227,7 @@ class Coordinator:
     # ---- the two schedules ----
 
     def _run_generational(self) -> None:
+        self._polish_if_due()  # a resumed hybrid run may stop in the middle of a polish
         while not self.finished:
             started = time.monotonic()
             genomes = self.optimizer.ask()
@@ -196,6 +239,7 @@ class Coordinator:
             self.optimizer.tell(genomes, [scores[g.key] for g in genomes])
             self._end_generation(time.monotonic() - started)
             self._write_state()
+            self._polish_if_due()
 
     def _exhausted(self) -> None:
         """No new candidate can be made: the run is finished (recorded, so a resume does not try again)."""
@@ -256,6 +300,106 @@ class Coordinator:
             now = time.monotonic()
             self._end_generation(now - self.generation_started)
             self.generation_started = now
+
+    # ---- descent: gradient steps, and the hybrid's polish ----
+
+    def _run_descent(self, descent, end_generation) -> None:
+        """Ask, score (a point's gradient windows with a backward pass, split over the workers; the others
+        forward), tell, until the descent has rounded its best point to the grid (`gradient.py`)."""
+        while not descent.stop():
+            started = time.monotonic()
+            points = descent.ask()
+            records = self._score_points(points, self.optimizer.generation)
+            descent.tell(points, records)
+            end_generation(descent, time.monotonic() - started)
+
+    def _end_descent_generation(self, descent, seconds: float) -> None:
+        self.stopped_early = descent.stopped_early
+        self._end_generation(seconds)
+        self._write_state()
+
+    def _polish_if_due(self) -> None:
+        """Hybrid: polish the evolution's best by gradient steps when a polish is due, then adopt the result."""
+        while getattr(self.optimizer, "kind", None) == "hybrid" and self.optimizer.polish_due():
+            polisher = self.optimizer.polisher()
+            self._run_descent(polisher, self._end_polish_step)
+            adopted = self.optimizer.adopt_polish()
+            self._log(f"polish: its best, on the grid, joins the population ({adopted.key})")
+            self._write_state()
+
+    def _end_polish_step(self, polisher, seconds: float) -> None:
+        step, last = polisher.generation - 1, polisher.total_generations - 1
+        _, best_nll = polisher.best()
+        what = "on the grid" if polisher.stop() else f"step {step}/{last - 1}"
+        self._log(f"polish {what}  best ppl {math.exp(best_nll):.4f}  ({seconds:.1f}s)")
+        self.heartbeat.beat()
+        self._write_state()
+
+    def _score_points(self, points: list, generation: int) -> list[dict[str, Any]]:
+        """Each point's history record: found in history.jsonl (a resumed run), or scored now on every search
+        window; a point's gradient windows go out in one task per worker with a backward pass (data-parallel),
+        the other windows forward."""
+        tasks: dict[str, _PointTask] = {}
+        for point in points:
+            record = self.history.get(point.key)
+            if record is not None and record.get("status", "scored") in FINAL_STATUSES:
+                continue
+            method = self.problem.make_candidate(point.factors, attention_factor=point.attention_factor)
+            tasks[point.key] = _PointTask(point, method)
+            for windows, gradient in self._point_ranges(point):
+                self.evaluator.submit([((point.key, windows[0]), method)], windows=windows, gradient=gradient)
+        if tasks:
+            for (key, start), score in self.evaluator.as_completed():
+                task = tasks[key]
+                task.parts[start] = score
+                if task.complete(self.problem.windows):
+                    self._record_point(task, generation)
+        return [self.history[point.key] for point in points]
+
+    def _point_ranges(self, point) -> list[tuple[tuple[int, int], bool]]:
+        """[start, stop) ranges covering the search windows: the gradient windows cut into one chunk per worker
+        (backward), the windows before and after them whole (forward only)."""
+        total = self.problem.windows
+        if point.gradient_windows is None:
+            return [((0, total), False)]
+        first, last = point.gradient_windows
+        chunks = max(1, min(last - first, len(getattr(self.evaluator, "workers", ())) or 1))
+        edges = [first + (last - first) * k // chunks for k in range(chunks + 1)]
+        ranges = [((a, b), True) for a, b in itertools.pairwise(edges)]
+        return [((0, first), False)] * (first > 0) + ranges + [((last, total), False)] * (last < total)
+
+    def _record_point(self, task: _PointTask, generation: int) -> None:
+        point, nll, tokens, gradients = task.point, *task.assembled()
+        mean_nll = self.problem.mix.mean_nll(nll, tokens)
+        finite = math.isfinite(mean_nll)
+        record = {
+            "key": point.key,
+            "status": "scored",
+            "generation": generation,
+            "seed": self.optimizer.seed_names.get(point.key) if point.genome is not None else None,
+            "factors": [round(float(f), 6) for f in point.factors],
+            "n_hat": 0,
+            "attention_factor": task.method.attention_factor,
+            "mean_nll": mean_nll if finite else None,
+            "perplexity": math.exp(mean_nll) if finite else None,
+            "nll": [v if math.isfinite(v) else None for v in nll],
+            "tokens": list(tokens),
+            **({"windows": self.problem.windows_hash} if self.problem.windows_hash else {}),
+        }
+        if point.gradient_windows is not None:
+            first, last = point.gradient_windows
+            objective = subset_mix(self.problem.mix, (first, last))
+            step_gradient = objective_gradient(objective, tokens[first:last], gradients[first:last])
+            record |= {
+                "gradient_windows": [first, last],
+                "backward_windows": last - first,
+                "gradient": [float(v) if math.isfinite(v) else None for v in step_gradient],
+            }
+        self.run_dir.append_history(record)
+        self.history[point.key] = record
+        self.window_evaluations += len(nll)
+        self.progress.update(self.task, advance=1, best=self._best_perplexity_text())
+        self.heartbeat.result()
 
     # ---- one candidate, group by group ----
 
@@ -379,6 +523,7 @@ class Coordinator:
             + f"  best search ppl {perplexity_text(best_nll, previous)}"
             + ("  * new best" if best_nll < previous < math.inf and not countdown else "")
             + countdown
+            + "  windows {} fwd + {} bwd".format(*window_passes(self.history))
             + f"  ({seconds:.1f}s, {self._fresh_in_generation(generation) / max(seconds, 1e-9):.2f} eval/s)"
         )
 
@@ -434,8 +579,16 @@ class Coordinator:
         return f"{best['perplexity']:.4f}" if best else "-"
 
     def _expected_evaluations(self) -> int:
-        per_generation = self.settings.mutations + self.settings.crossovers
-        return self.settings.population + per_generation * self.settings.generations
+        """Candidates the run scores at most: the GA's budget; descent's seeds, steps and rounding; the hybrid's
+        GA budget and each polish's steps and rounding."""
+        settings, gradient = self.settings, self.settings.gradient
+        if self.descent:
+            return len(self.problem.seeds) + gradient.steps + 1
+        per_generation = settings.mutations + settings.crossovers
+        budget = settings.population + per_generation * settings.generations
+        if settings.optimizer == "hybrid":
+            budget += settings.generations // gradient.polish_every * (gradient.polish_steps + 1)
+        return budget
 
     def _progress(self) -> SearchProgress:
         """The live bar only on a terminal: elsewhere rich would print it once, at the end."""

@@ -154,6 +154,13 @@ class DimMonoEvolution:
             self.population = self._best_of([*self.population, *self._generation_keys])
             self.generation += 1
 
+    def adopt(self, genome: Genome, score: float) -> None:
+        """A child made elsewhere (the hybrid's polished best, on the grid) and its score: it joins the parents
+        if it beats the worst of them, as a told child does; the generator is not touched."""
+        self.scores[genome.key] = rank_score(float(score))
+        self.genomes[genome.key] = genome
+        self.population = self._best_of([*self.population, genome.key])
+
     def worst_parent(self) -> str | None:
         """The acceptance threshold: a child worse than the worst parent can never become a parent (elitism).
         None while the parents are not all there with finite scores (then every child may get in)."""
@@ -251,11 +258,15 @@ class DimMonoEvolution:
 
 
 def told_from_json(told: list) -> tuple[dict[str, Genome], dict[str, float]]:
+    """state.json's `told`: [genome, score] pairs (a gradient point, off the grid, is told by its key alone)."""
     genomes, scores = {}, {}
     for genome_json, score in told:
-        genome = Genome.from_json(genome_json)
-        genomes[genome.key] = genome
-        scores[genome.key] = math.inf if score is None else float(score)
+        if isinstance(genome_json, str):
+            key = genome_json
+        else:
+            genome = Genome.from_json(genome_json)
+            key, genomes[genome.key] = genome.key, genome
+        scores[key] = math.inf if score is None else float(score)
     return genomes, scores
 
 

@@ -223,7 +223,12 @@ def _coordinator(config: JobConfig, context: JobContext, run_dir: RunDir, option
         objective=mix,
     )
     optimizer = make_optimizer(
-        config.search, pairs=context.pairs, scale=context.scale, seeds=seeds, critical_dim=context.space().critical_dim
+        config.search,
+        pairs=context.pairs,
+        scale=context.scale,
+        seeds=seeds,
+        critical_dim=context.space().critical_dim,
+        mix=mix,
     )
     heartbeat = HeartbeatWriter(run_dir.file(HEARTBEAT), sigterm_seen=options.sigterm_seen)
     return Coordinator(

@@ -11,7 +11,10 @@ from typing import Any, Protocol
 from longrope.search.cmaes import CmaesOptimizer
 from longrope.search.evolution import DimMonoEvolution
 from longrope.search.genome import Genome, GenomeGrid, Seed
+from longrope.search.gradient import GradientDescent
+from longrope.search.hybrid import HybridSearch
 from longrope.search.job_config import SearchConfig
+from longrope.search.objective import ObjectiveMix
 
 
 class Optimizer(Protocol):
@@ -43,12 +46,25 @@ class Optimizer(Protocol):
 
 
 def make_optimizer(
-    settings: SearchConfig, *, pairs: int, scale: float, seeds: list[Seed], critical_dim: int | None = None
+    settings: SearchConfig,
+    *,
+    pairs: int,
+    scale: float,
+    seeds: list[Seed],
+    critical_dim: int | None = None,
+    mix: ObjectiveMix | None = None,
 ) -> Optimizer:
     """The configured optimizer on its grid. critical_dim: the resolved critical dimension for the longrope2 space
     (`genome.resolve_space(...).critical_dim`, which applies the formula when search.critical_dim is None);
-    None: search.critical_dim as configured. The longrope space ignores it."""
+    None: search.critical_dim as configured. The longrope space ignores it. `mix`: the search windows' objectives,
+    which descent needs to hold some out and to weigh the others' gradients (required for gradient and hybrid)."""
     grid = GenomeGrid(settings, pairs=pairs, scale=scale, critical_dim=critical_dim)
     if settings.optimizer == "cmaes":
         return CmaesOptimizer(settings, grid, seeds)
+    if settings.optimizer in ("gradient", "hybrid"):
+        if mix is None:
+            raise ValueError(f"optimizer {settings.optimizer!r}: the search windows' objective mix is needed")
+        if settings.optimizer == "gradient":
+            return GradientDescent(settings.gradient, grid, seeds, mix)
+        return HybridSearch(settings, grid, seeds, mix)
     return DimMonoEvolution(settings, grid, seeds)

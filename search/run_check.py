@@ -169,6 +169,9 @@ def _record_problem(record, config, job, mix, count, length, reference_tokens) -
         return f"{len(factors)} factors, but the model has {job.pairs} rotary pairs (job.json: head_dim {job.head_dim})"
     if any(b < a - MONOTONE_TOLERANCE for a, b in itertools.pairwise(factors)):
         return "factors decrease across pairs (every candidate of the search is non-decreasing)"
+    gradient = record.get("gradient")
+    if gradient is not None and (not isinstance(gradient, list) or len(gradient) != len(factors) + 1):
+        return f"a gradient of {len(gradient) if isinstance(gradient, list) else '?'} values for {len(factors)} factors"
     if job is not None and record.get("windows") is not None and record["windows"] != job.search_windows_hash:
         return f"scored on other windows (hash {record['windows']}, job.json's {job.search_windows_hash})"
     if (status == "scored" and len(nll) != count) or len(nll) > count:
@@ -250,6 +253,8 @@ def _total_generations_range(config: JobConfig) -> tuple[int, int]:
     CMA-ES's 1 + ceil((budget - seeds) / samples per generation), with the number of distinct seeds between 1 and
     the seeds the config can give (a seed file from a run gives two: `JobContext.seeds_from_file`)."""
     search = config.search
+    if search.optimizer == "gradient":  # the seeds, the steps, the best point rounded to the grid
+        return 2 + search.gradient.steps, 2 + search.gradient.steps
     if search.optimizer != "cmaes":
         return 1 + search.generations, 1 + search.generations
     budget = search.population + (search.mutations + search.crossovers) * search.generations

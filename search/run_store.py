@@ -93,7 +93,7 @@ class EvolutionState(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    kind: Literal["dim_mono", "cmaes"] = "dim_mono"
+    kind: Literal["dim_mono", "cmaes", "gradient", "hybrid"] = "dim_mono"
     generation: int = Field(ge=0)
     rng: dict[str, Any] | None  # dim_mono: the PCG64 generator's state; cmaes: None (rebuilt by replay)
     population: list[str]
@@ -102,6 +102,9 @@ class EvolutionState(BaseModel):
     children_told: int = Field(default=0, ge=0)
     generation_keys: list[str] = []  # what generation 0 / the current round asked
     asked_keys: list[list[str]] = []  # cmaes: the keys each generation asked, for the replay
+    descent: dict[str, Any] | None = None  # gradient: the descent's own state (search/gradient.py)
+    polish: dict[str, Any] | None = None  # hybrid: a polish in progress (a GradientDescent's state), or none
+    polished_through: int = Field(default=0, ge=0)  # hybrid: the last generation whose best was polished
 
 
 class RunState(BaseModel):
@@ -147,6 +150,15 @@ def write_text_atomic(path: Path, text: str) -> None:
 def final_count(history: dict[str, dict[str, Any]]) -> int:
     """Candidates done (scored on every window, or stopped by racing); a racing candidate's partial record is not."""
     return sum(1 for r in history.values() if r.get("status", "scored") in FINAL_STATUSES)
+
+
+def window_passes(history: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """(forward, backward) window passes the run's history holds: every window a record has an NLL for was read
+    forward once; a descent step's gradient windows also once backward. A window-equivalent is one forward pass
+    of one window; what a backward costs in them is measured by bench/backward_cost.py."""
+    forward = sum(len(record["nll"]) for record in history.values())
+    backward = sum(int(record.get("backward_windows", 0)) for record in history.values())
+    return forward, backward
 
 
 def seed_perplexities(history: dict[str, dict[str, Any]]) -> dict[str, float | None]:

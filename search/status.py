@@ -18,7 +18,16 @@ from longrope.search import heartbeat as heartbeats
 from longrope.search.job_config import JobConfig
 from longrope.search.job_record import JobRecord
 from longrope.search.run_check import read_run
-from longrope.search.run_store import CONFIG, HISTORY, STATE, RunDir, RunStoreError, final_count, seed_perplexities
+from longrope.search.run_store import (
+    CONFIG,
+    HISTORY,
+    STATE,
+    RunDir,
+    RunStoreError,
+    final_count,
+    seed_perplexities,
+    window_passes,
+)
 from longrope.search.stages import stage_lengths, started_stages
 
 KILLED = "no clean stop was recorded: killed (SIGKILL, out of memory) or its machine went down"
@@ -53,6 +62,7 @@ def run_status(
         "generation": run.generation_done,
         "generations": run.last_generation,
         "evaluations": final_count(history),
+        **dict(zip(("forward_windows", "backward_windows"), window_passes(history), strict=True)),
         "stopped_by_racing": sum(1 for r in history.values() if r.get("status") == "stopped"),
         "finished": run.finished,
         "stopped_early": bool(run.state and run.state.stopped_early),
@@ -138,7 +148,8 @@ def format_status(status: dict[str, Any]) -> str:
     stage = f" (stage {status['stage']})" if status.get("stage") else ""
     lines = [
         f"run {status['name']} in {status['run_dir']}{stage}",
-        f"  {_generations_text(status)}, {status['evaluations']} evaluations"
+        f"  {_generations_text(status)}, {status['evaluations']} evaluations ({status['forward_windows']} forward "
+        f"and {status['backward_windows']} backward window passes)"
         + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else ""),
         f"  {state_text(status)}",
     ]

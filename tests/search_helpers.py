@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,28 @@ def window_nll(factors: np.ndarray, window: int, windows: int, wobble: float = 0
     return base * weight + 0.1 * window + float(noise) + wobble  # + wobble: an NLL is never below 0
 
 
+def window_nll_gradient(factors: np.ndarray, window: int, windows: int, wobble: float = 0.002) -> np.ndarray:
+    """d window_nll / d (factors, attention factor), by hand: d objective / d f_i = 2 (ln f_i - ln opt_i) / (P f_i),
+    times the window's weight, plus the wobble's d/d f_i = 1000 wobble cos(1000 sum f + 7 j); the objective does not
+    depend on the attention factor (its entry is 0)."""
+    base = 2.0 * (np.log(factors) - np.log(OPTIMUM)) / (len(factors) * factors)
+    if windows == 1:
+        return np.append(base, 0.0)
+    weight = 1.0 + 0.5 * (((window * 0.618) % 1.0) - 0.5)
+    noise = 1000.0 * wobble * np.cos(1000.0 * float(np.sum(factors)) + 7.0 * window)
+    return np.append(base * weight + noise, 0.0)
+
+
+@dataclass(frozen=True)
+class ScoreWithGradient:
+    """CandidateScore's shape with per-window gradients (d nll_j / d factors, then d / d attention factor)."""
+
+    nll: tuple[float, ...]
+    tokens: tuple[int, ...]
+    gradient: tuple[tuple[float, ...], ...] | None = None
+    misses: tuple[int, ...] | None = None
+
+
 def finished_run(run_dir: Path, *overrides: str, **job_changes) -> Path:
     """A finished run directory (cheap objective, no model, one generation) for the commands that read one, with
     its job.json as `longrope search` writes it; `overrides` go to its config, `job_changes` to its job.json."""
@@ -121,7 +144,11 @@ def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem |
 
     search_problem = search_problem or problem(getattr(evaluator, "windows", 1))
     optimizer = make_optimizer(
-        config.search, pairs=search_problem.pairs, scale=search_problem.scale, seeds=search_problem.seeds
+        config.search,
+        pairs=search_problem.pairs,
+        scale=search_problem.scale,
+        seeds=search_problem.seeds,
+        mix=search_problem.mix,
     )
     return Coordinator(
         config.search, search_problem, run_dir, evaluator, optimizer, console=Console(quiet=True), show_progress=False
@@ -131,7 +158,14 @@ def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem |
 class FunctionEvaluator:
     """In-process evaluator with the pool's shape; returns results in reverse order, as a pool may."""
 
-    def __init__(self, fail_on_call: int | None = None, windows: int = 1, capacity: int = 4, wobble: float = 0.002):
+    def __init__(
+        self,
+        fail_on_call: int | None = None,
+        windows: int = 1,
+        capacity: int = 4,
+        wobble: float = 0.002,
+        workers: int = 1,
+    ):
         self.pending: list = []
         self.calls = 0
         self.evaluated = 0  # candidate-window groups scored
@@ -140,9 +174,12 @@ class FunctionEvaluator:
         self.windows = windows
         self.capacity = capacity
         self.wobble = wobble
+        self.backward_windows = 0
+        self.workers = [None] * workers  # a pool's workers: descent cuts a step's gradient windows into one chunk each
 
-    def submit(self, candidates, windows=None):
-        self.pending.extend((key, candidate, windows or (0, self.windows)) for key, candidate in candidates)
+    def submit(self, candidates, windows=None, gradient=False):
+        self.pending.extend((key, candidate, windows or (0, self.windows), gradient) for key, candidate in candidates)
+        self.backward_windows += (windows[1] - windows[0] if windows else self.windows) if gradient else 0
 
     def as_completed(self):
         self.calls += 1
@@ -151,12 +188,15 @@ class FunctionEvaluator:
             yield first[0], self._score(*first[1:])
             raise RuntimeError("simulated coordinator crash in the middle of a generation")
         while self.pending:
-            key, candidate, windows = self.pending.pop()
-            yield key, self._score(candidate, windows)
+            key, candidate, windows, gradient = self.pending.pop()
+            yield key, self._score(candidate, windows, gradient)
 
-    def _score(self, candidate: LongRope, windows: tuple[int, int]) -> CandidateScore:
+    def _score(self, candidate: LongRope, windows: tuple[int, int], gradient: bool = False):
         self.evaluated += 1
         self.window_evaluations += windows[1] - windows[0]
         factors = np.asarray(candidate.long_factor)
         nll = tuple(window_nll(factors, j, self.windows, self.wobble) for j in range(*windows))
-        return CandidateScore(nll=nll, tokens=(1,) * len(nll))
+        if not gradient:
+            return CandidateScore(nll=nll, tokens=(1,) * len(nll))
+        grads = tuple(tuple(window_nll_gradient(factors, j, self.windows, self.wobble)) for j in range(*windows))
+        return ScoreWithGradient(nll=nll, tokens=(1,) * len(nll), gradient=grads)

@@ -551,7 +551,7 @@ CASES = [
     ),
     pytest.param(
         lambda t: search(t, base(t, search={"optimizer": "pso"})),
-        "search.optimizer = 'pso': Input should be 'dim_mono' or 'cmaes'",
+        "search.optimizer = 'pso': Input should be 'dim_mono', 'cmaes', 'gradient' or 'hybrid'",
         id="optimizer-unknown",
     ),
     pytest.param(

@@ -282,6 +282,7 @@ def test_a_run_directory_written_before_racing_still_reads_and_resumes(tmp_path)
     later space/critical_dim/length_scale/factor/long_factors/stages and data.objective), and its hash taken over
     the config without them (computed here from the dump, a second formulation)."""
     later_search = (
+        "gradient",
         "optimizer",
         "schedule",
         "racing",

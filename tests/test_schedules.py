@@ -47,11 +47,11 @@ class QueueEvaluator(FunctionEvaluator):
     def as_completed(self):
         while self.pending:
             self.outstanding.append(len(self.pending))
-            key, candidate, windows = self.pending.pop(0)
+            key, candidate, windows, gradient = self.pending.pop(0)
             if self.kill_after is not None and self.results == self.kill_after:
                 raise KeyboardInterrupt("killed")  # the process dies with this candidate in flight
             self.results += 1
-            yield key, self._score(candidate, windows)
+            yield key, self._score(candidate, windows, gradient)
 
 
 # ---- steady ----
