@@ -261,3 +261,51 @@ def test_sigterm_that_ray_turns_into_a_plain_keyboard_interrupt_still_exits_143(
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     assert cli.main([]) == 128 + signal.SIGTERM
     assert capsys.readouterr().err.strip() == "longrope: stopped by SIGTERM"
+
+
+# ---- gradient descent (issue 20): killed at random points, resumed to the uninterrupted run ----
+
+GRADIENT = {
+    **CONFIG,
+    "name": "fault-gradient",
+    "search": {
+        "optimizer": "gradient",
+        "seed": 3,
+        "attention_factor": {"mode": "searched"},
+        "gradient": {"steps": 5, "holdout_windows": 1, "patience": None},
+    },
+    "workers": {**CONFIG["workers"], "num_workers": 2, "local_num_cpus": 2, "num_cpus_per_worker": 0.5},
+}
+GRADIENT_LINES = 3 + 5 + 1  # the seeds, the steps, the best point rounded to the grid (unless scored already)
+
+
+def test_a_gradient_run_killed_at_random_points_resumes_to_the_uninterrupted_run(tmp_path):
+    """Two workers share each step's gradient windows (data-parallel); SIGKILL before anything is scored, among
+    the seeds and among the steps (drawn with a fixed seed), then resume: the same state and history as a run
+    never stopped, no point scored twice, and every step's line carries its gradient and backward windows."""
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    for folder in (clean, killed):
+        folder.mkdir()
+        (folder / "job.yaml").write_text(yaml.safe_dump({**GRADIENT, "output_dir": "run"}))
+    code, _, err = finish(start(clean, "job.yaml"))
+    assert code == 0, err[-3000:]
+    total = len(history_lines(clean / "run"))
+    assert total <= GRADIENT_LINES
+    rng = np.random.default_rng(11)
+    points = [0, int(rng.integers(1, 3)), int(rng.integers(4, total - 1))]
+    for number, point in enumerate(points):
+        process = start(killed, "job.yaml") if number == 0 else start(killed, "--resume", "run")
+        if point == 0:
+            wait_for(process, lambda: (killed / "run" / "job.json").exists())
+        else:
+            wait_for(process, lambda point=point: len(history_lines(killed / "run")) >= point)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=HANG_GUARD_S)
+        reap(process)
+    code, _, err = finish(start(killed, "--resume", "run"))
+    assert code == 0, err[-3000:]
+    lines = history_lines(killed / "run")
+    assert lines == history_lines(clean / "run"), "the same lines, in the same order: nothing lost, nothing twice"
+    assert evolution_state(killed / "run") == evolution_state(clean / "run")
+    steps = [json.loads(line) for line in lines if "gradient" in json.loads(line)]
+    assert steps and all(r["backward_windows"] == 3 and len(r["gradient"]) == 16 + 1 for r in steps)
