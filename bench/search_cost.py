@@ -230,7 +230,7 @@ class SyntheticWorker:
 
     def score(self, batch):
         results = []
-        for key, method, windows in batch:
+        for key, method, windows, *_ in batch:  # workers/pool.py Task (key, method, windows, gradient)
             start, stop = windows or (0, SIM_WINDOWS)
             seconds = LATENCY_PER_WINDOW_S * (stop - start) * self.random.uniform(1 - JITTER, 1 + JITTER)
             time.sleep(seconds)

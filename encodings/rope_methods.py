@@ -253,6 +253,17 @@ class YarnRope(RopeMethod):
         return interpolation * (1 - keep) + extrapolation * keep
 
 
+def longrope_inv_freq(factors: torch.Tensor, rotary_dim: int, rope_theta: float) -> torch.Tensor:
+    """`1 / (factor_i * theta ** (2i / rotary_dim))`, in transformers' operation order (5.x
+    `_compute_longrope_parameters`: `1.0 / (ext_factors * base ** inv_freq_shape)`), so it agrees bit for bit.
+
+    `factors` is [..., rotary_dim / 2] (one row per candidate, or per batch row) and may carry autograd: the
+    gradient scorer (workers/scorer.py `score_with_gradient`) differentiates through it. The result has the
+    factors' dtype when it is wider than float32 (a float64 finite-difference check), float32 otherwise."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    return 1.0 / (factors * rope_theta**exponents)
+
+
 def float_list(values) -> list[float]:
     """A sequence, numpy array or tensor of factors as Python floats (exact; no torch needed for lists)."""
     return [float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
@@ -406,10 +417,7 @@ class LongRope(RopeMethod):
 
     def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
         chosen = self.long_factor if self.uses_long_factor(seq_len) else self.short_factor
-        ext_factors = torch.tensor(chosen, dtype=torch.float32)
-        d = self.rotary_dim
-        exponents = torch.arange(0, d, 2, dtype=torch.int64).float() / d
-        return 1.0 / (ext_factors * self.rope_theta**exponents)
+        return longrope_inv_freq(torch.tensor(chosen, dtype=torch.float32), self.rotary_dim, self.rope_theta)
 
     def to_hf(self) -> dict[str, Any]:
         block = super().to_hf()

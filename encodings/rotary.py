@@ -62,17 +62,22 @@ def rotary_cos_sin(
     `inv_freq` is [d/2] or [B, d/2]; `positions` is [T] or [B, T]; `attention_factor` and `n_hat` are scalars
     or [B]. Positions below a candidate's `n_hat` keep the original frequencies and an attention factor of 1,
     as the LongRoPE release does (its mixed embedding copies the un-scaled cos/sin of the first n_hat tokens).
-    Everything is computed in float32, as transformers does, whatever the model's dtype.
+    Everything is computed in float32, as transformers does, whatever the model's dtype; a float64 `inv_freq`
+    (a finite-difference check of the gradient) keeps float64 throughout.
+
+    Differentiable in `inv_freq` and `attention_factor`: the gradient scorer passes tensors that carry autograd
+    (one row per batch row) and gets d cos/sin by the same operations the no-grad path runs.
     """
-    inv_freq = inv_freq.to(torch.float32)
+    dtype = torch.promote_types(inv_freq.dtype, torch.float32)
+    inv_freq = inv_freq.to(dtype)
     if inv_freq.ndim == 1:
         inv_freq = inv_freq[None]
     batch = inv_freq.shape[0]
     if positions.ndim == 1:
         positions = positions[None]
-    positions = positions.to(device=inv_freq.device, dtype=torch.float32)
+    positions = positions.to(device=inv_freq.device, dtype=dtype)
     freqs = positions[..., None] * inv_freq[:, None, :]  # [B, T, d/2]
-    scale = _as_rows(attention_factor, batch, torch.float32).to(inv_freq.device)[:, None].expand(freqs.shape[:2])
+    scale = _as_rows(attention_factor, batch, dtype).to(inv_freq.device)[:, None].expand(freqs.shape[:2])
     n_hat_rows = _as_rows(n_hat, batch, torch.int64).to(inv_freq.device)
     if bool((n_hat_rows > 0).any()):
         if original_inv_freq is None:

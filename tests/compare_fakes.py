@@ -53,7 +53,7 @@ class InProcessPool:
         self.spans = window_spans(self.sets)
         self.pending: list = []
 
-    def submit(self, candidates, windows=None):
+    def submit(self, candidates, windows=None, gradient=False):  # WorkerPool.submit's signature
         self.pending += [(key, windows) for key, _ in candidates]
 
     def as_completed(self):

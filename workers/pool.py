@@ -25,6 +25,7 @@ import warnings
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import ray
@@ -38,7 +39,16 @@ from longrope.workers.specs import ModelSpec, PoolSpec
 
 Key = Hashable
 WindowRange = tuple[int, int]  # [start, stop) of the job's windows
-Task = tuple[Key, RopeMethod, WindowRange | None]  # a candidate on some windows (None: all of them)
+
+
+class Task(NamedTuple):
+    """A candidate to score on some windows (None: all of them); with `gradient`, also d NLL / d its factors
+    (`Scorer.score_with_gradient`: one candidate, per window)."""
+
+    key: Key
+    method: RopeMethod
+    windows: WindowRange | None
+    gradient: bool = False
 
 
 class WindowsMissing(RuntimeError):
@@ -125,16 +135,22 @@ class ScoringWorker:
         return {"pid": os.getpid(), "device": self.device, "node": ray.get_runtime_context().get_node_id()}
 
     def score(self, batch: Sequence[Task]) -> list[tuple[Key, CandidateScore]]:
-        """Scores a batch; tasks on the same window range share forward passes (`Scorer.score`)."""
+        """Scores a batch: plain tasks on the same window range share forward passes (`Scorer.score`); a
+        gradient task runs alone (`Scorer.score_with_gradient`: its rows carry its own factor leaves)."""
         self._check_loaded()
+        batch = [Task(*task) for task in batch]
         results: dict[int, CandidateScore] = {}
-        ranges = {windows for _, _, windows in batch}
+        for i, task in enumerate(batch):
+            if task.gradient:
+                scorer, local = self._scorer_for(task.windows)
+                results[i] = scorer.score_with_gradient(task.method, windows=local)
+        ranges = {task.windows for task in batch if not task.gradient}
         for windows in sorted(ranges, key=lambda r: (-1, -1) if r is None else r):
-            indices = [i for i, task in enumerate(batch) if task[2] == windows]
+            indices = [i for i, task in enumerate(batch) if not task.gradient and task.windows == windows]
             scorer, local = self._scorer_for(windows)
-            scores = scorer.score([batch[i][1] for i in indices], windows=local)
+            scores = scorer.score([batch[i].method for i in indices], windows=local)
             results.update(zip(indices, scores, strict=True))
-        return [(task[0], results[i]) for i, task in enumerate(batch)]
+        return [(task.key, results[i]) for i, task in enumerate(batch)]
 
     def _scorer_for(self, windows: WindowRange | None):
         """The scorer of the set that holds the range, and the range within that set."""
@@ -415,9 +431,12 @@ class WorkerPool:
         usable = sum(1 for w in self.workers if w.usable) or 1
         return usable * self.spec.calls_per_worker * max(1, self.spec.batch_size)
 
-    def submit(self, candidates: Iterable[tuple[Key, RopeMethod]], windows: WindowRange | None = None) -> None:
-        """Queue candidates, each to be scored on `windows` ([start, stop) of the pool's windows; None: all)."""
-        self._queue.extend((key, method, windows) for key, method in candidates)
+    def submit(
+        self, candidates: Iterable[tuple[Key, RopeMethod]], windows: WindowRange | None = None, gradient: bool = False
+    ) -> None:
+        """Queue candidates, each to be scored on `windows` ([start, stop) of the pool's windows; None: all); with
+        `gradient`, each result also carries d NLL / d factors per window (`CandidateScore.gradient`)."""
+        self._queue.extend(Task(key, method, windows, gradient) for key, method in candidates)
 
     def as_completed(self) -> Iterator[tuple[Key, CandidateScore]]:
         """Results of everything submitted, as each batch finishes; returns when all are done."""

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from longrope.encodings import RopeMethod, rotary_cos_sin
-from longrope.encodings.rope_methods import candidate_rows
+from longrope.encodings import LongRope, RopeMethod, rotary_cos_sin
+from longrope.encodings.rope_methods import candidate_rows, longrope_inv_freq
 
 
 class CandidateRotaryEmbedding(nn.Module):
@@ -37,8 +37,19 @@ class CandidateRotaryEmbedding(nn.Module):
         self.attention_factor = rows.attention_factor.repeat_interleave(rows_each).to(device)
         self.n_hat = rows.n_hat.repeat_interleave(rows_each).to(device)
 
-    @torch.no_grad()
+    def set_long_factors(self, method: LongRope, factors: torch.Tensor, attention_factor: torch.Tensor) -> None:
+        """The long regime of `method` with its factors and attention factor given as tensors, one row per batch
+        row (`factors` [rows, pairs], `attention_factor` [rows]), which may carry autograd: the gradient scorer's
+        leaves. The frequencies come from the same function `LongRope.inv_freq` uses (`longrope_inv_freq`), so with
+        the method's own values this sets exactly what `set_candidates` sets for it, n_hat 0 at every row."""
+        device = self.original_inv_freq.device
+        self.inv_freq = longrope_inv_freq(factors.to(device), method.rotary_dim, method.rope_theta)
+        self.attention_factor = attention_factor.to(device)
+        self.n_hat = torch.zeros(factors.shape[0], dtype=torch.long, device=device)
+
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """No `torch.no_grad` here: the tables carry autograd exactly when the rows set carry it (the gradient
+        scorer's leaves); under the plain scorer's inference mode nothing is recorded either way."""
         rows = self.inv_freq.shape[0]
         if position_ids.shape[0] not in (1, rows):
             raise ValueError(f"batch of {position_ids.shape[0]} rows but {rows} candidates are set")

@@ -5,19 +5,27 @@ frequencies). The loss is computed from the final hidden states in chunks of pos
 `[tokens, vocab]` logits never exist at once: at 128k tokens and a 128k vocabulary they would be 64 GB.
 Results are summed NLL and token counts per window, so callers can form perplexities, paired differences
 between candidates on the same windows, and confidence intervals.
+
+The NLL is differentiable in a LongRoPE candidate's factors and attention factor: positions reach the model only
+through cos/sin of `p * inv_freq_i / lambda_i`, times the attention factor. `Scorer.score_with_gradient` returns
+that gradient per window, from one backward pass per forward, with the model's weights frozen and every decoder
+layer (and every loss chunk) checkpointed, so a long window costs the forward's memory plus one hidden state per
+layer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-from longrope.encodings import RopeMethod
-from longrope.workers.rope_patch import patch_rotary, restore_rotary
+from longrope.encodings import LongRope, RopeMethod
+from longrope.workers.rope_patch import patch_rotary, patched_rotary, restore_rotary
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,9 @@ class CandidateScore:
     # counted predictions whose argmax is not the target, per window (windows with a loss mask only): 0 means
     # greedy decoding reproduces the counted tokens exactly (a needle's answer retrieved)
     misses: tuple[int, ...] | None = None
+    # `Scorer.score_with_gradient` only: per window, d nll_j / d long_factor[i] for each pair i, then
+    # d nll_j / d attention_factor (pairs + 1 values), where nll_j is that window's summed NLL as in `nll`
+    gradient: tuple[tuple[float, ...], ...] | None = None
 
     @property
     def mean_nll(self) -> float:
@@ -59,27 +70,45 @@ def chunked_loss(
     """(summed NLL, argmax misses) per row of `hidden` [B, T, H] predicting `targets` [B, T], `chunk_tokens`
     positions at a time, counting only the positions where `loss_mask` [B, T] is True (all where None; misses
     are counted only with a mask). Chunks with nothing to count are skipped, so a needle's loss (a few answer
-    tokens) costs almost no lm_head work."""
+    tokens) costs almost no lm_head work.
+
+    Differentiable in `hidden`: when it carries autograd each chunk is checkpointed, so the backward recomputes
+    one chunk's logits at a time instead of keeping every chunk's log-softmax (the [T, vocab] tensor the chunking
+    exists to avoid) alive until the backward."""
     rows = hidden.shape[0]
     total = torch.zeros(rows, dtype=torch.float64, device=hidden.device)
     misses = torch.zeros(rows, dtype=torch.long, device=hidden.device)
     step = max(1, chunk_tokens // rows)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
     for start in range(0, hidden.shape[1], step):
-        chunk_mask = None if loss_mask is None else loss_mask[:, start : start + step]
+        chunk = slice(start, start + step)
+        chunk_mask = None if loss_mask is None else loss_mask[:, chunk]
         if chunk_mask is not None and not bool(chunk_mask.any()):
             continue
-        logits = lm_head(hidden[:, start : start + step]).float()
-        if logit_softcap:
-            logits = torch.tanh(logits / logit_softcap) * logit_softcap
-        chunk_targets = targets[:, start : start + step].reshape(-1)
-        losses = F.cross_entropy(logits.flatten(0, 1), chunk_targets, reduction="none").view(rows, -1).double()
+        args = (hidden[:, chunk], targets[:, chunk], lm_head, logit_softcap, chunk_mask is not None)
+        losses, wrong = checkpoint(chunk_losses, *args, use_reentrant=False) if recompute else chunk_losses(*args)
         if chunk_mask is not None:
             losses = torch.where(chunk_mask, losses, 0.0)  # a masked-out NaN must not reach the sum
-            wrong = logits.argmax(dim=-1) != targets[:, start : start + step]
             misses += (wrong & chunk_mask).sum(dim=1)
-        total += losses.sum(dim=1)
-        del logits, losses  # free this chunk before the next one is computed, so only one exists at a time
+        total = total + losses.sum(dim=1)
+        del losses, wrong  # free this chunk before the next one is computed, so only one exists at a time
     return total, misses
+
+
+def chunk_losses(
+    hidden: torch.Tensor, targets: torch.Tensor, lm_head, logit_softcap: float | None, count_misses: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-position NLL [B, n] (float64) of one chunk, and where the argmax misses the target (when asked).
+    Logits go to float32 at least (a bfloat16 model's log-softmax in float32, as transformers' loss does; a
+    float64 model's stay float64)."""
+    logits = lm_head(hidden)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if logit_softcap:
+        logits = torch.tanh(logits / logit_softcap) * logit_softcap
+    rows = hidden.shape[0]
+    losses = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), reduction="none").view(rows, -1).double()
+    wrong = logits.argmax(dim=-1) != targets if count_misses else None
+    return losses, wrong
 
 
 # Tokens per forward pass when stacking short windows: a CPU runs fastest per token on ~2k-token forwards (bigger
@@ -137,9 +166,7 @@ class Scorer:
 
         Each forward pass reads B candidates x K windows as B*K batch rows, candidate-major, and the rope patch
         gives every row its candidate's frequencies."""
-        begin, end = (0, len(self.windows)) if windows is None else windows
-        if not 0 <= begin < end <= len(self.windows):
-            raise ValueError(f"windows: expected 0 <= start < stop <= {len(self.windows)}, got [{begin}, {end})")
+        begin, end = self.window_range(windows)
         nll = torch.zeros(len(candidates), end - begin, dtype=torch.float64)
         misses = torch.zeros(len(candidates), end - begin, dtype=torch.long)
         patched, original = patch_rotary(self.model, self.original_inv_freq)
@@ -170,6 +197,69 @@ class Scorer:
             for row, missed in zip(nll, misses, strict=True)
         ]
 
+    def window_range(self, windows: tuple[int, int] | None) -> tuple[int, int]:
+        """[start, stop) of the windows to score (None: all), refused when it is not within them."""
+        begin, end = (0, len(self.windows)) if windows is None else windows
+        if not 0 <= begin < end <= len(self.windows):
+            raise ValueError(f"windows: expected 0 <= start < stop <= {len(self.windows)}, got [{begin}, {end})")
+        return begin, end
+
+    def score_with_gradient(self, method: RopeMethod, windows: tuple[int, int] | None = None) -> CandidateScore:
+        """One LongRoPE candidate scored as `score([method], windows)` scores it, with `gradient`: per window,
+        d nll / d long_factor[i] for every pair i, then d nll / d attention_factor.
+
+        Only the long regime is differentiated (`check_differentiable`): long factors at every position, as
+        transformers applies them when max position + 1 > original_max_position_embeddings. Each forward stacks
+        the windows as `score` does for one candidate, every batch row with its own copy of the factors and
+        attention factor (one [rows, pairs + 1] leaf), so the backward of the rows' summed NLL gives each row, i.e.
+        each window, its own gradient in one pass. The weights stay frozen (`frozen_parameters`: no weight
+        gradient is computed or stored) and each decoder layer is checkpointed (`checkpointed_layers`), so memory
+        is the forward's plus one hidden state per layer, and the backward recomputes each layer's forward once."""
+        begin, end = self.window_range(windows)
+        self.check_differentiable(method)
+        pairs = method.rotary_dim // 2
+        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        values = torch.tensor([*method.long_factor, method.attention_factor], dtype=dtype, device=self.device)
+        nll, misses, gradient = [], [], []
+        per_forward = self.windows_per_forward(1, end - begin)
+        with gradient_mode(self.model), patched_rotary(self.model, self.original_inv_freq) as patched:
+            for start in range(begin, end, per_forward):
+                stop = min(start + per_forward, end)
+                leaf = values.repeat(stop - start, 1).requires_grad_()
+                patched.set_long_factors(method, leaf[:, :pairs], leaf[:, pairs])
+                mask = None if self.loss_mask is None else self.loss_mask[start:stop]
+                rows_nll, rows_misses = self._batch_loss(self.windows[start:stop], mask)
+                (rows_gradient,) = torch.autograd.grad(rows_nll.sum(), leaf)
+                nll += rows_nll.detach().cpu().tolist()
+                misses += rows_misses.cpu().tolist()
+                gradient += rows_gradient.double().cpu().tolist()
+        return CandidateScore(
+            nll=tuple(nll),
+            tokens=self.counted_tokens[begin:end],
+            misses=None if self.loss_mask is None else tuple(int(v) for v in misses),
+            gradient=tuple(tuple(row) for row in gradient),
+        )
+
+    def check_differentiable(self, method: RopeMethod) -> None:
+        """A ValueError naming why, unless `method` is a LongRope read in its long regime at this scorer's length
+        with n_hat 0, on this model's pairs: the short regime's factors are not the searched ones, and n_hat moves
+        positions between frequency sets (a step, not differentiable)."""
+        if not isinstance(method, LongRope):
+            raise ValueError(f"score_with_gradient: needs a LongRope method (its factors), got {type(method).__name__}")
+        if method.n_hat:
+            raise ValueError(f"score_with_gradient: n_hat = {method.n_hat} is not differentiable; needs n_hat 0")
+        if not method.uses_long_factor(self.context_length):
+            raise ValueError(
+                f"score_with_gradient: windows of {self.context_length} positions are within the method's "
+                f"original_max_position_embeddings ({method.original_max_position_embeddings}): the short regime, "
+                "whose factors are not differentiated; only the long factors are"
+            )
+        if method.rotary_dim // 2 != self.original_inv_freq.numel():
+            raise ValueError(
+                f"score_with_gradient: the method has {method.rotary_dim // 2} pairs, the model "
+                f"{self.original_inv_freq.numel()}"
+            )
+
     def _batch_loss(self, batch: torch.Tensor, loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # use_cache=False: scoring never decodes on, and a DynamicCache would keep every layer's keys and values
         # alive to the end of the forward (16 GiB for a 7B model at 32k tokens)
@@ -182,3 +272,55 @@ class Scorer:
             logit_softcap=self.logit_softcap,
             loss_mask=loss_mask,
         )
+
+
+@contextmanager
+def gradient_mode(model) -> Iterator[None]:
+    """What a gradient forward runs under: autograd on (even inside a caller's inference mode), the weights
+    frozen, every decoder layer checkpointed."""
+    with torch.inference_mode(False), torch.enable_grad(), frozen_parameters(model), checkpointed_layers(model):
+        yield
+
+
+@contextmanager
+def frozen_parameters(model) -> Iterator[None]:
+    """Every parameter with requires_grad False for the block, each restored after: autograd then computes no
+    weight gradient (each matmul's backward is one matmul, for its input, not two) and no `.grad` is written."""
+    flags = [(param, param.requires_grad) for param in model.parameters()]
+    for param, _ in flags:
+        param.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for param, flag in flags:
+            param.requires_grad_(flag)
+
+
+@contextmanager
+def checkpointed_layers(model) -> Iterator[None]:
+    """Each decoder layer of `model.model.layers` runs under `torch.utils.checkpoint` (non-reentrant) for the
+    block: the forward keeps only each layer's inputs (its hidden state; cos/sin are shared by all layers) and the
+    backward recomputes the layer's activations one layer at a time.
+
+    The layer's instance `forward` is wrapped, not the class and not transformers' own switch
+    (`gradient_checkpointing_enable` acts only in training mode, which would also turn dropout on: transformers 5.x
+    modeling_layers.py `GradientCheckpointingLayer`); module hooks stay outside the checkpoint, as transformers
+    keeps them."""
+    layers = list(model.model.layers)
+    saved = [layer.__dict__.get("forward") for layer in layers]
+    for layer in layers:
+        layer.forward = _checkpointed(layer.forward)
+    try:
+        yield
+    finally:
+        for layer, previous in zip(layers, saved, strict=True):
+            del layer.forward
+            if previous is not None:
+                layer.forward = previous
+
+
+def _checkpointed(forward):
+    def run(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
