@@ -501,7 +501,7 @@ class Coordinator:
         _, best_nll = self.optimizer.best()
         self.generation_seconds.append(seconds)
         self.best_by_generation.append(best_nll)
-        patience = self.settings.early_stop.patience
+        patience = None if self.descent else self.settings.early_stop.patience  # descent stops on held-out windows
         if patience and len(self.best_by_generation) > patience:
             gain = self.best_by_generation[-patience - 1] - best_nll
             # sticky: in steady mode candidates still out are told after the stop and may cross a boundary
@@ -537,6 +537,8 @@ class Coordinator:
         best smaller than that gain does not reset it, hence "gain", not "new best"; such a generation's line
         shows the countdown alone (its perplexity printed with the digits that show the small gain), since "new
         best" beside "no gain" reads as a contradiction."""
+        if self.descent:
+            return self._held_out_countdown_text()
         patience, stale = self.settings.early_stop.patience, self._generations_without_gain()
         if not patience or (not stale and not self.stopped_early):
             return ""
@@ -544,6 +546,15 @@ class Coordinator:
         what = f"no gain >= {minimum:g}" if minimum > 0 else "no improvement"
         stop = ": early stop" if self.stopped_early else ""
         return f"  {what} for {min(stale, patience)}/{patience} generations{stop}"
+
+    def _held_out_countdown_text(self) -> str:
+        """Descent's own early stop: steps since the held-out windows' NLL last gained `min_improvement`."""
+        descent, settings = self.optimizer, self.settings.gradient
+        if not settings.patience or not descent.since_gain:
+            return ""
+        stop = ": early stop" if descent.stopped_early else ""
+        gain = f"no gain >= {settings.min_improvement:g}"
+        return f"  held-out: {gain} for {descent.since_gain}/{settings.patience} steps{stop}"
 
     def _generations_without_gain(self) -> int:
         best, minimum = self.best_by_generation, self.settings.early_stop.min_improvement
