@@ -186,12 +186,12 @@ def measure_memory(model_dir: Path, repeats: int) -> dict:
     for _ in range(repeats):
         for path in runs:
             code = (
-                "import json, sys; sys.path.insert(0, 'bench'); from backward_cost import measure_memory_here; "
+                "import json; from backward_cost import measure_memory_here; "  # run in bench/: its modules import
                 f"print(json.dumps(measure_memory_here({str(model_dir)!r}, {path!r})))"
             )
             env = {**os.environ, **GLIBC_RETURNS_FREED_MEMORY}
-            out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                                 check=True)  # fmt: skip
+            out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "bench", env=env, capture_output=True,
+                                 text=True, check=True)  # fmt: skip
             runs[path].append(json.loads(out.stdout.strip().splitlines()[-1]))
     measured = {path: statistics.median(r["sampled_peak_bytes"] for r in rs) for path, rs in runs.items()}
     config = llama_config(model_dir)
