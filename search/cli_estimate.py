@@ -26,6 +26,7 @@ from longrope.search.estimate import (
     read_config_json,
     resolve_original_length,
     search_budget,
+    seed_count,
     worker_dtype,
     worker_threads,
 )
@@ -157,7 +158,6 @@ def _hours(value: float) -> str:
 
 def format_estimate(estimate: JobEstimate, config: JobConfig) -> str:
     """Plain lines: the model, FLOPs per candidate per stage, the candidate budget, then one block per device."""
-    search = config.search
     lines = [
         f"model          {estimate.model}: {_count(estimate.parameters)} parameters, from {estimate.model_source}",
         f"lengths        original {estimate.original_length} -> target {config.target_length}",
@@ -169,23 +169,48 @@ def format_estimate(estimate: JobEstimate, config: JobConfig) -> str:
             f"{flops.linear / flops.total:.0%}, attention {flops.attention / flops.total:.0%} "
             f"[{config.model.attn_implementation}], lm_head {flops.lm_head / flops.total:.0%})"
         )
-    per_search = f"{search.population} + {search.generations} generations x {search.mutations + search.crossovers}"
     stages = f" x {len(estimate.stages)} stages" if len(estimate.stages) > 1 else ""
     lines.append(
-        f"candidates     {estimate.candidates} ({per_search}{stages}; early stop ignored: an upper bound), "
-        f"{estimate.window_evaluations:.0f} window evaluations"
+        f"candidates     {estimate.candidates} ({per_search_text(config)}{stages}; early stop ignored: an upper "
+        f"bound), {estimate.window_evaluations:.0f} window evaluations"
     )
+    if estimate.backward_window_passes:
+        lines.append(gradient_text(estimate))
     if estimate.racing_child_fraction is not None:
         mean, low, high = estimate.racing_child_fraction
         lines.append(
             f"racing         a child scores {mean:.2f} ({low:.2f}-{high:.2f}) of its windows (measured at 8 windows, "
             f"README 'Search cost'): {estimate.window_evaluations_racing:.0f} window evaluations expected"
         )
-    total = sum(stage.flops_per_candidate.total * stage.candidates for stage in estimate.stages)
+    total = sum(stage.total_flops for stage in estimate.stages)
     lines.append(f"total FLOPs    {total:.3g} (upper bound)")
     for device in estimate.devices:
         lines += device_lines(device)
     return "\n".join(lines)
+
+
+def per_search_text(config: JobConfig) -> str:
+    """How one search's candidate count is made up (estimate.candidates_per_search)."""
+    search, gradient = config.search, config.search.gradient
+    generations = f"{search.population} + {search.generations} generations x {search.mutations + search.crossovers}"
+    if search.optimizer == "gradient":
+        return f"{seed_count(config)} seeds + {gradient.steps} steps"
+    if search.optimizer == "hybrid":
+        polishes = search.generations // gradient.polish_every
+        return f"{generations} + {polishes} polishes x {gradient.polish_steps} steps"
+    return generations
+
+
+def gradient_text(estimate: JobEstimate) -> str:
+    """The backward passes: how many, and what one adds to its window's forward in FLOPs."""
+    stage = estimate.stages[-1]
+    extra = stage.flops_per_backward_window.total
+    forward = stage.flops_per_candidate.total / stage.windows
+    return (
+        f"backward       {estimate.gradient_steps} steps x {estimate.gradient_windows} window(s) a search: "
+        f"{estimate.backward_window_passes} backward window passes, each {extra:.3g} FLOPs beyond its forward "
+        f"({extra / forward:.2g} forwards: the checkpointed forward again, then the backward)"
+    )
 
 
 def device_lines(device: DeviceEstimate) -> list[str]:
@@ -201,12 +226,17 @@ def device_lines(device: DeviceEstimate) -> list[str]:
         f"{_gib(memory.layer_activations)}{attention}] and the loss {_gib(memory.loss_chunk)}; "
         f"{device.rows_per_forward} sequence(s) a forward)",
     ]
+    if device.gradient_memory is not None:
+        lines.append(gradient_memory_line(device))
     if device.time_withheld:
         return [*lines, f"  time           not estimated: {device.time_withheld}", *_rates_lines(device.rates)]
     racing = f" ({_hours(device.hours_racing)} with racing)" if device.hours_racing else ""
+    backward = ""
+    if device.seconds_per_backward_window is not None:
+        backward = f" + {device.seconds_per_backward_window:.3g} s per backward window pass"
     lines.append(
-        f"  time           {device.seconds_per_candidate:.3g} s per candidate; {_hours(device.hours)} device time "
-        f"for the whole search{racing}"
+        f"  time           {device.seconds_per_candidate:.3g} s per candidate{backward}; {_hours(device.hours)} "
+        f"device time for the whole search{racing}"
     )
     if device.devices_in_parallel:
         lines.append(
@@ -214,6 +244,17 @@ def device_lines(device: DeviceEstimate) -> list[str]:
             f"{device.devices_in_parallel:g} GPUs"
         )
     return lines + _rates_lines(device.rates, device)
+
+
+def gradient_memory_line(device: DeviceEstimate) -> str:
+    """A gradient pass's peak (estimate.gradient_memory) and what makes it up."""
+    memory = device.gradient_memory
+    return (
+        f"  memory/grad.   {_gib(memory.peak)} a gradient pass (weights {_gib(memory.weights)} + checkpoints "
+        f"{_gib(memory.checkpoints)} [a hidden state per layer] + the larger of the forward "
+        f"{_gib(memory.forward_peak)} with one layer's backward {_gib(memory.layer_backward)} and the loss "
+        f"{_gib(memory.loss_chunk)}; {device.gradient_rows_per_forward} sequence(s) a forward)"
+    )
 
 
 def _rates_lines(rates: Rates, device: DeviceEstimate | None = None) -> list[str]:

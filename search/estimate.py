@@ -256,6 +256,7 @@ class StageBudget(Frozen):
     length: int
     candidates: int
     windows: int  # windows each candidate is scored on (search_windows x objectives)
+    backward_windows: int = 0  # window passes with a backward (gradient and hybrid optimizers)
 
 
 class SearchBudget(Frozen):
@@ -269,10 +270,42 @@ class SearchBudget(Frozen):
 
 
 def candidates_per_search(config: JobConfig) -> int:
-    """Upper bound (no early stop): the initial population, then generations x (mutations + crossovers). The
-    steady schedule and CMA-ES spend the same budget (README, "Search cost")."""
+    """Upper bound (no early stop, no patience): points scored forward on every search window.
+
+    - dim_mono and CMA-ES: the initial population, then generations x (mutations + crossovers); the steady
+      schedule spends the same budget (README, "Search cost").
+    - gradient: the seeds (`seed_count`), then one point per step (search.gradient.steps): every step's point is
+      scored on all windows, a candidate in history.jsonl like any other.
+    - hybrid: the GA's budget, plus each polish step's point (`gradient_steps`)."""
     search = config.search
-    return search.population + search.generations * (search.mutations + search.crossovers)
+    if search.optimizer == "gradient":
+        return seed_count(config) + gradient_steps(config)
+    return search.population + search.generations * (search.mutations + search.crossovers) + gradient_steps(config)
+
+
+def seed_count(config: JobConfig) -> int:
+    """Seeds a search starts from, at most: each closed form of search.seeds, and two a seed file (a run at
+    another target length gives its best and those factors moved to this target: job_context.py
+    `seeds_from_file`)."""
+    return len(config.search.seeds) + 2 * len(config.search.seed_files)
+
+
+def gradient_steps(config: JobConfig) -> int:
+    """Steps with a backward in one search: search.gradient.steps for `gradient`; for `hybrid`, polish_steps at
+    every polish_every-th generation (generations // polish_every polishes); none for the other optimizers."""
+    search, gradient = config.search, config.search.gradient
+    if search.optimizer == "gradient":
+        return gradient.steps
+    if search.optimizer == "hybrid":
+        return search.generations // gradient.polish_every * gradient.polish_steps
+    return 0
+
+
+def gradient_windows(config: JobConfig) -> int:
+    """Windows a step differentiates: search.gradient.windows_per_step, or every search window less the
+    holdout_windows its stopping rule reads (the rest of a step's windows are scored forward only)."""
+    windows = config.data.search_windows * len(config.data.objective_weights())
+    return config.search.gradient.windows_per_step or windows - config.search.gradient.holdout_windows
 
 
 def search_budget(config: JobConfig, original_length: int) -> SearchBudget:
@@ -290,8 +323,12 @@ def search_budget(config: JobConfig, original_length: int) -> SearchBudget:
         floor = min(1.0, racing.min_windows / config.data.search_windows)
         values = [max(floor, value) for value in RACING_CHILD_FRACTIONS]
         fraction = (sum(values) / len(values), min(values), max(values))
+    backward = gradient_steps(config) * gradient_windows(config)
     return SearchBudget(
-        stages=tuple(StageBudget(length=length, candidates=count, windows=windows) for length in lengths),
+        stages=tuple(
+            StageBudget(length=length, candidates=count, windows=windows, backward_windows=backward)
+            for length in lengths
+        ),
         racing=racing.enabled,
         racing_child_fraction=fraction,
     )
@@ -318,9 +355,58 @@ def objective_loss_tokens(config: JobConfig, tokens: int, original_length: int) 
 
 def stage_flops(config: JobConfig, arch: Architecture, stage: StageBudget, original_length: int) -> Flops:
     """FLOPs of one candidate in a stage: `stage.windows` forwards of `stage.length` tokens."""
+    return window_forward_flops(config, arch, stage, original_length) * stage.windows
+
+
+# FLOPs of a backward per FLOP of the forward, by kind, with the weights frozen (workers/scorer.py
+# `score_with_gradient` sets requires_grad False, so autograd computes input gradients only). A linear layer's
+# backward is then one matmul, for its input, not two: Kaplan et al. 2020's backward = 2 x forward (the 6N of
+# training) counts the weight gradients too. Attention's two matmuls (Q K^T, A V) have activations on both sides,
+# so each backward is two: 2 x with eager attention, which keeps the softmax; flash kernels (SDPA, flash-attention)
+# recompute the scores in the backward, 5 matmuls against the forward's 2: 2.5 x (FlashAttention-2, Dao 2023,
+# section 4.1: "the backward pass FLOPs are 2.5 times the forward"). lm_head: one matmul, for the hidden states.
+BACKWARD_PER_FORWARD = {"linear": 1.0, "attention_eager": 2.0, "attention_flash": 2.5, "lm_head": 1.0}
+# Elementwise traffic of the backward per byte of the forward's: each op's backward reads the incoming gradient and
+# the saved inputs and writes the input gradients, about twice the forward's reads and writes; a first-principles
+# count like `elementwise_bytes`, not fitted.
+BACKWARD_ELEMENTWISE_PER_FORWARD = 2.0
+
+
+def backward_flops(config: JobConfig, arch: Architecture, stage: StageBudget, original_length: int) -> Flops:
+    """FLOPs a window's gradient pass spends beyond its forward (`recompute_flops` + the backward proper,
+    BACKWARD_PER_FORWARD), less what autograd never runs: the first layer's input (the frozen embeddings) carries no
+    gradient, so its q, k and v projections have no backward, and with eager attention neither has A V's value
+    side (v gets no rotation, so no gradient reaches it there; a flash kernel is counted whole). A whole gradient
+    pass comes to about 2.7 forwards (mostly linear) to 4.5 (mostly flash attention). Exact against torch's FLOP
+    counter on the scorer with eager attention (tests/test_estimate.py)."""
+    d, length, layers = arch.hidden_size, stage.length, arch.num_layers
+    forward = window_forward_flops(config, arch, stage, original_length)
+    recompute = recompute_flops(arch, forward, length)
+    eager = attention_fraction(config.model.attn_implementation) == 1.0
+    first_qkv = 2.0 * length * d * (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
+    first_values = forward.attention / layers / 2 if eager else 0.0  # A V (half a layer) backward once, not twice
+    attention = BACKWARD_PER_FORWARD["attention_eager" if eager else "attention_flash"]
+    return Flops(
+        linear=recompute.linear + forward.linear * BACKWARD_PER_FORWARD["linear"] - first_qkv,
+        attention=recompute.attention + forward.attention * attention - first_values,
+        lm_head=recompute.lm_head + forward.lm_head * BACKWARD_PER_FORWARD["lm_head"],
+    )
+
+
+def window_forward_flops(config: JobConfig, arch: Architecture, stage: StageBudget, original_length: int) -> Flops:
+    """One window's forward in a stage (`stage_flops` is a candidate's: this times its windows)."""
     causal = attention_fraction(config.model.attn_implementation)
     lm_tokens = objective_loss_tokens(config, stage.length, original_length)
-    return forward_flops(arch, stage.length, loss_tokens=lm_tokens, causal=causal) * stage.windows
+    return forward_flops(arch, stage.length, loss_tokens=lm_tokens, causal=causal)
+
+
+def recompute_flops(arch: Architecture, forward: Flops, length: int) -> Flops:
+    """The checkpointed forward run again in the backward, less each layer's down projection: non-reentrant
+    torch.utils.checkpoint stops recomputing once every tensor the backward needs is back (its default
+    early_stop), and a frozen linear layer's output is saved by nothing after the MLP's product, so down_proj is
+    never rerun (2 T d I FLOPs a layer)."""
+    down = 2.0 * length * arch.hidden_size * arch.intermediate_size * arch.num_layers
+    return Flops(linear=forward.linear - down, attention=forward.attention, lm_head=forward.lm_head)
 
 
 # ----------------------------------------------------------------------------------------------------- memory
@@ -339,6 +425,13 @@ def forward_shape(config: JobConfig, tokens: int, windows: int, device: Literal[
     candidates = min(config.workers.candidates_per_forward, config.workers.batch_size)
     stacked = max(1, min(windows, TOKENS_PER_FORWARD[device] // (candidates * tokens)))
     return ForwardShape(tokens=tokens, rows=candidates * stacked)
+
+
+def gradient_shape(config: JobConfig, tokens: int, device: Literal["cpu", "gpu"]) -> ForwardShape:
+    """A gradient forward (workers/scorer.py `score_with_gradient`): one candidate, its windows stacked to the same
+    token budget, at most a step's gradient windows (a task may hold fewer)."""
+    stacked = max(1, min(gradient_windows(config), TOKENS_PER_FORWARD[device] // tokens))
+    return ForwardShape(tokens=tokens, rows=stacked)
 
 
 def forwards_per_candidate(config: JobConfig, tokens: int, windows: int, device: Literal["cpu", "gpu"]) -> float:
@@ -362,6 +455,8 @@ class Memory(Frozen):
     layer_activations: float
     attention_matrix: float
     loss_chunk: float
+    checkpoints: float = 0.0  # the gradient path: each decoder layer's input, kept to the backward
+    layer_backward: float = 0.0  # the gradient path: one layer's recomputed activations and gradients
 
     @computed_field
     @property
@@ -371,7 +466,9 @@ class Memory(Frozen):
     @computed_field
     @property
     def peak(self) -> float:
-        return self.weights + max(self.forward_peak, self.loss_chunk)
+        """Weights, the checkpoints (alive from the forward to the backward), and the larger of a layer's forward
+        plus its backward (zero on the forward-only path) and the loss."""
+        return self.weights + self.checkpoints + max(self.forward_peak + self.layer_backward, self.loss_chunk)
 
 
 def worker_memory(arch: Architecture, shape: ForwardShape, dtype: str, attn_implementation: str) -> Memory:
@@ -406,6 +503,55 @@ def worker_memory(arch: Architecture, shape: ForwardShape, dtype: str, attn_impl
         attention_matrix=float(matrix),
         loss_chunk=float(rows * tokens * d * size + logits),
     )
+
+
+def gradient_memory(arch: Architecture, shape: ForwardShape, dtype: str, attn_implementation: str) -> Memory:
+    """Peak memory of a worker's gradient pass (workers/scorer.py `score_with_gradient`): `worker_memory`'s
+    forward, plus
+
+    - checkpoints: each decoder layer runs under torch.utils.checkpoint, so the forward keeps only each layer's
+      input hidden state until the backward, L R T d values (tests/test_gradient_scorer.py counts exactly one
+      hidden state per layer among the tensors autograd saves);
+    - layer_backward: the layer being differentiated, its forward run again with autograd, holds what autograd
+      saves for its backward (`saved_bytes_per_position`) and the gradients in flight, d (the layer output's) +
+      max(3 I: the MLP product's and its two inputs', 2 H Q + 2 K Q: the attention output's and dq, dk, dv); with
+      eager attention also its saved probabilities and their gradient, 2 R H T^2 values;
+    - the loss: the hidden states' gradient (R T d) and one chunk's logits gradient (float32) on top of the
+      forward's loss chunk: the loss chunks are checkpointed too, so only one chunk's logits exist at a time.
+
+    The forward's peak and one layer's backward are added, not maxed: the recomputed layer's transient buffers
+    coexist with the incoming gradient (an upper bound). Not counted: cos/sin and their gradients (4 R T Q
+    float32 values, less than one hidden state), the parameters' gradients (none: frozen)."""
+    forward = worker_memory(arch, shape, dtype, attn_implementation)
+    size, positions, d = DTYPE_BYTES[dtype], shape.rows * shape.tokens, arch.hidden_size
+    q_out, kv_out, width = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.intermediate_size
+    in_flight = (d + max(3 * width, 2 * q_out + 2 * kv_out)) * size
+    matrix = 0.0
+    if attn_implementation == "eager":
+        matrix = 2.0 * shape.rows * arch.num_heads * shape.tokens * shape.tokens * size
+    chunk = min(LOSS_CHUNK_TOKENS, positions)
+    return forward.model_copy(
+        update={
+            "checkpoints": float(arch.num_layers * positions * d * size),
+            "layer_backward": float(positions * (saved_bytes_per_position(arch, dtype) + in_flight) + matrix),
+            "loss_chunk": forward.loss_chunk + positions * d * size + chunk * arch.vocab_size * 4,
+        }
+    )
+
+
+def saved_bytes_per_position(arch: Architecture, dtype: str) -> float:
+    """Bytes autograd saves per position in a transformers Llama decoder layer whose input and cos/sin carry
+    autograd and whose weights are frozen (the gradient path past the first layer), beyond its input, cos/sin and
+    weights: 4 H Q (q before and after RoPE, its rotate_half, the attention output SDPA keeps) + 4 K Q (k likewise,
+    and v) + 3 I (gate, SiLU(gate), up: the MLP's products) at the model's dtype, H float32 (SDPA's logsumexp),
+    two float32 values (the norms' rsqrt), and the norms' inputs: the second's at the dtype (the first's is the
+    layer input) in float32, both as float32 copies otherwise (LlamaRMSNorm upcasts). A frozen linear layer keeps
+    no input: its backward needs only its weight. Counted by storage with torch's saved-tensor hooks, this is exact
+    for float32 and bfloat16 (tests/test_estimate.py)."""
+    size = DTYPE_BYTES[dtype]
+    q_out, kv_out = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    norms = arch.hidden_size * size if size == 4 else 2 * arch.hidden_size * 4
+    return (4 * q_out + 4 * kv_out + 3 * arch.intermediate_size) * size + norms + (arch.num_heads + 2) * 4
 
 
 def worker_dtype(config: JobConfig, device: Literal["cpu", "gpu"]) -> str:
@@ -515,6 +661,15 @@ class StageEstimate(Frozen):
     windows: int
     flops_per_candidate: Flops
     elementwise_bytes_per_candidate: float  # in the model dtype of the first device
+    backward_windows: int = 0  # gradient and hybrid: window passes with a backward, beyond the forwards above
+    flops_per_backward_window: Flops | None = None  # what such a pass adds to its forward (`backward_flops`)
+    elementwise_bytes_per_backward_window: float = 0.0
+
+    @computed_field
+    @property
+    def total_flops(self) -> float:
+        extra = self.flops_per_backward_window.total * self.backward_windows if self.backward_windows else 0.0
+        return self.flops_per_candidate.total * self.candidates + extra
 
 
 class DeviceEstimate(Frozen):
@@ -531,11 +686,17 @@ class DeviceEstimate(Frozen):
     hours: float | None  # device-hours of the whole job, every candidate on every window (upper bound)
     hours_racing: float | None  # with racing: the expected device-hours (README's measured racing share)
     devices_in_parallel: float | None  # GPUs the config's workers use at once (wall hours = hours / this)
+    gradient_memory: Memory | None = None  # gradient and hybrid: a gradient pass at the longest stage
+    gradient_rows_per_forward: int | None = None
+    seconds_per_backward_window: float | None = None  # at the target: a gradient pass beyond its forward
 
     @computed_field
     @property
     def fits(self) -> bool | None:
-        return None if self.memory_capacity_gib is None else self.memory.peak <= self.memory_capacity_gib * 2**30
+        if self.memory_capacity_gib is None:
+            return None
+        peaks = [self.memory.peak] + ([self.gradient_memory.peak] if self.gradient_memory else [])
+        return max(peaks) <= self.memory_capacity_gib * 2**30
 
 
 class JobEstimate(Frozen):
@@ -549,6 +710,9 @@ class JobEstimate(Frozen):
     window_evaluations_racing: float | None
     racing_child_fraction: tuple[float, float, float] | None
     devices: tuple[DeviceEstimate, ...]
+    gradient_steps: int = 0  # per search (stage): steps with a backward (`gradient_steps`)
+    gradient_windows: int = 0  # windows each such step differentiates (`gradient_windows`)
+    backward_window_passes: int = 0  # the whole job: window passes with a backward
 
 
 def resolve_original_length(config: JobConfig, arch: Architecture) -> int:
@@ -573,9 +737,26 @@ def stage_estimates(config: JobConfig, arch: Architecture, original: int, dtype:
             windows=stage.windows,
             flops_per_candidate=stage_flops(config, arch, stage, original),
             elementwise_bytes_per_candidate=elementwise_bytes(arch, stage.length, DTYPE_BYTES[dtype]) * stage.windows,
+            backward_windows=stage.backward_windows,
+            flops_per_backward_window=backward_flops(config, arch, stage, original) if stage.backward_windows else None,
+            elementwise_bytes_per_backward_window=elementwise_bytes(arch, stage.length, DTYPE_BYTES[dtype])
+            * (1 + BACKWARD_ELEMENTWISE_PER_FORWARD)
+            * bool(stage.backward_windows),
         )
         for stage in budget.stages
     )
+
+
+def backward_window_seconds(
+    config: JobConfig, stage: StageEstimate, rates: Rates, device: Literal["cpu", "gpu"]
+) -> float:
+    """Time a gradient pass adds to its window's forward: its FLOPs and elementwise traffic at the device's rates,
+    and on a CPU two forwards' fixed cost per gradient forward (the checkpointed recompute is a forward; the
+    backward walks as many autograd nodes as the forward ran ops), shared by the windows stacked in it."""
+    if not stage.backward_windows:
+        return 0.0
+    rows = gradient_shape(config, stage.length, device).rows
+    return seconds(stage.flops_per_backward_window, rates, stage.elementwise_bytes_per_backward_window, 2 / rows)
 
 
 def device_estimate(
@@ -596,7 +777,9 @@ def device_estimate(
     ]
     shares = [count * (rates.forward_fixed_cost or 0.0) / t for count, t in zip(forwards, per_candidate, strict=True)]
     withheld = withheld_time(stages, shares, rates)
-    hours = sum(s.candidates * t for s, t in zip(stages, per_candidate, strict=True)) / 3600
+    per_backward = [backward_window_seconds(config, s, rates, kind) for s in stages]
+    hours = sum(s.candidates * t + s.backward_windows * b for s, t, b in zip(stages, per_candidate, per_backward,
+                                                                             strict=True)) / 3600  # fmt: skip
     hours_racing = None
     if budget.racing_child_fraction is not None:
         children = config.search.generations * (config.search.mutations + config.search.crossovers)
@@ -620,7 +803,27 @@ def device_estimate(
         hours=None if withheld else hours,
         hours_racing=None if withheld else hours_racing,
         devices_in_parallel=gpus if kind == "gpu" and gpus > 0 else None,
+        **gradient_device_fields(config, arch, longest, dtype, kind, None if withheld else per_backward[-1]),
     )
+
+
+def gradient_device_fields(
+    config: JobConfig,
+    arch: Architecture,
+    longest: StageEstimate,
+    dtype: str,
+    kind: Literal["cpu", "gpu"],
+    seconds_per_backward: float | None,
+) -> dict[str, Any]:
+    """DeviceEstimate's gradient fields: none unless the optimizer takes backward passes."""
+    if not longest.backward_windows:
+        return {}
+    shape = gradient_shape(config, longest.length, kind)
+    return {
+        "gradient_memory": gradient_memory(arch, shape, dtype, config.model.attn_implementation),
+        "gradient_rows_per_forward": shape.rows,
+        "seconds_per_backward_window": seconds_per_backward,
+    }
 
 
 def withheld_time(stages: tuple[StageEstimate, ...], shares: list[float], rates: Rates) -> str | None:
@@ -658,4 +861,7 @@ def job_estimate(
         window_evaluations_racing=None if fraction is None else window_evaluations(config, budget, fraction[0]),
         racing_child_fraction=fraction,
         devices=tuple(device_estimate(config, arch, original, *device) for device in devices),
+        gradient_steps=gradient_steps(config),
+        gradient_windows=gradient_windows(config) if gradient_steps(config) else 0,
+        backward_window_passes=sum(stage.backward_windows for stage in budget.stages),
     )
