@@ -31,10 +31,16 @@ def run(config, run_dir, evaluator=None, *, resume=False):
     store = RunDir(run_dir)
     if not resume:
         store.create(config)
-    coordinator = make_coordinator(config, store, evaluator or FunctionEvaluator(windows=WINDOWS), problem(WINDOWS))
+    coordinator = make_coordinator(config, store, evaluator or smooth(), problem(WINDOWS))
     if resume:
         coordinator.resume()
     return coordinator.run(), coordinator
+
+
+def smooth(**kwargs) -> FunctionEvaluator:
+    """The cheap objective without its wobble: the wobble is a sine of 1000 x sum(factors), whose slope (2 per
+    unit factor) would swamp the objective's, so a descent on it measures the noise, not the objective."""
+    return FunctionEvaluator(windows=kwargs.pop("windows", WINDOWS), wobble=0.0, **kwargs)
 
 
 def history(run_dir) -> list[dict]:
@@ -73,12 +79,14 @@ def test_the_pullback_is_the_gradient_of_the_composed_map(attention):
 
 
 def test_a_seed_is_the_start_it_names():
-    """inverse then forward gives the seed back: YaRN's rising factors, and PI's flat 4s (zero increments kept
-    as a share of 1e-6, so the start is off by at most 16 x 1e-6 x (M - 1))."""
-    param = Parametrization(16, 5.0, (1.0, 1.6))
+    """inverse then forward gives the seed back: NTK's rising factors exactly (every increment above the floor),
+    PI's flat 4s and YaRN's flat ends with each zero increment raised to the floor (half a 0.01 grid step), so off
+    by at most 16 floors."""
+    param = Parametrization(16, 5.0, (1.0, 1.6), 0.005)
     for seed in problem().seeds:
         factors = param.factors(param.inverse(seed.factors, 1.21))
-        assert np.abs(factors - np.clip(seed.factors, 1, 5)).max() < 16 * 1e-6 * 4 + 1e-9, seed.name
+        flat = int(np.sum(np.diff(np.concatenate([[1.0], seed.factors])) < 0.005))
+        assert np.abs(factors - np.clip(seed.factors, 1, 5)).max() <= flat * 0.005 + 1e-9, seed.name
         assert param.attention_factor(param.inverse(seed.factors, 1.21)) == pytest.approx(1.21)
 
 
@@ -117,13 +125,14 @@ def test_descent_improves_on_its_seeds_and_records_every_step(tmp_path):
     lines = (tmp_path / "history.jsonl").read_text().splitlines()
     assert len(lines) == len({json.loads(line)["key"] for line in lines}), "no point scored twice"
     first_step = steps[0]
-    assert first_step["factors"] == pytest.approx(min(seeds, key=lambda r: r["mean_nll"])["factors"], abs=1e-4)
+    best_seed = min(seeds, key=lambda r: r["mean_nll"])["factors"]
+    assert first_step["factors"] == pytest.approx(best_seed, abs=0.005 + 1e-6), "from the best seed, within a floor"
 
 
 def test_the_recorded_gradient_is_the_objective_s_on_the_step_windows(tmp_path):
     """A step's recorded gradient (d mean NLL over its gradient windows / d factors) against the cheap objective's
     hand-derived gradient, averaged over those windows (one token each)."""
-    run(job(tmp_path, "search.gradient.steps=2"), tmp_path, FunctionEvaluator(windows=WINDOWS, wobble=0.0))
+    run(job(tmp_path, "search.gradient.steps=2"), tmp_path, smooth())
     step = next(r for r in history(tmp_path) if "gradient" in r)
     factors = np.asarray(step["factors"])
     expected = np.mean([window_nll_gradient(factors, j, WINDOWS, 0.0) for j in range(2)], axis=0)
@@ -134,9 +143,9 @@ def test_windows_cut_over_more_workers_give_the_same_run(tmp_path):
     """Data-parallel: the step's gradient windows in one chunk, or in one chunk per worker (3 of them), give the
     same history line for line (per-window results, summed in window order)."""
     config = job(tmp_path / "one", "data.search_windows=8")
-    run(config, tmp_path / "one", FunctionEvaluator(windows=8))
+    run(config, tmp_path / "one", smooth(windows=8))
     config = job(tmp_path / "three", "data.search_windows=8")
-    evaluator = FunctionEvaluator(windows=8, workers=3)
+    evaluator = smooth(windows=8, workers=3)
     run(config, tmp_path / "three", evaluator)
     one, three = history(tmp_path / "one"), history(tmp_path / "three")
     assert [(r["key"], r["mean_nll"], r.get("gradient")) for r in one] == [
@@ -152,10 +161,10 @@ def test_a_crash_anywhere_resumes_to_the_uninterrupted_run(tmp_path, fail_on_cal
     clean_best, _ = run(config, tmp_path / "clean")
     crashed = tmp_path / "crash"
     config = config.model_copy(update={"output_dir": str(crashed)})
-    crashing = FunctionEvaluator(fail_on_call=fail_on_call, windows=WINDOWS)
+    crashing = smooth(fail_on_call=fail_on_call)
     with pytest.raises(RuntimeError, match="simulated coordinator crash"):
         run(config, crashed, crashing)
-    resumed = FunctionEvaluator(windows=WINDOWS)
+    resumed = smooth()
     best, _ = run(config, crashed, resumed, resume=True)
     assert best == clean_best
     clean_state = json.loads((tmp_path / "clean" / "state.json").read_text())
@@ -165,7 +174,7 @@ def test_a_crash_anywhere_resumes_to_the_uninterrupted_run(tmp_path, fail_on_cal
 
 
 def test_status_counts_forward_and_backward_window_passes(tmp_path, capsys):
-    evaluator = FunctionEvaluator(windows=WINDOWS)
+    evaluator = smooth()
     run(job(tmp_path), tmp_path, evaluator)
     capsys.readouterr()
     assert main(["status", "--json", str(tmp_path)]) == 0
@@ -240,7 +249,7 @@ def test_hybrid_resumes_exactly_mid_polish(tmp_path, fail_on_call):
     crashed = tmp_path / "crash"
     config = config.model_copy(update={"output_dir": str(crashed)})
     with pytest.raises(RuntimeError, match="simulated coordinator crash"):
-        run(config, crashed, FunctionEvaluator(fail_on_call=fail_on_call, windows=WINDOWS))
+        run(config, crashed, smooth(fail_on_call=fail_on_call))
     best, _ = run(config, crashed, resume=True)
     assert best == clean_best
     assert [r["key"] for r in history(crashed)] == [r["key"] for r in history(tmp_path / "clean")]
