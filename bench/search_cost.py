@@ -86,6 +86,7 @@ VARIANTS = {  # explicit, whatever configs/demo.yaml ships with
 }
 DEFAULT_VARIANTS = ("official_ga", "gradient", "hybrid")
 REFERENCE = "official_ga"
+MODEL_TITLE = "demo scale, 128 -> 1024"
 LENGTH_16X = 2048
 BUDGETS = (0.5, 1.0)  # fractions of the GA's whole window-equivalents at which a run's best so far is tested
 TARGET_A = (0.5, 1.01)  # within 1% of the GA's test perplexity at <= 0.5x its window-equivalents
@@ -348,7 +349,8 @@ def model_benchmark(variants: list[str], seeds: list[int], c: float, out_dir: Pa
         runs = run_all(variants, seeds, Path(work), [], c, "model")
         context = JobContext.resolve(runs[REFERENCE, seeds[0]]["config"])
         rows = model_rows(runs, variants, seeds, context)
-    plot_trajectories(runs, variants, seeds, out_dir / f"{stem}.png", "demo scale, 128 -> 1024", c)
+    trajectories = {key: [(p.cost, p.best_nll) for p in run["points"]] for key, run in runs.items()}
+    plot_trajectories(trajectories, variants, seeds, out_dir / f"{stem}.png", MODEL_TITLE, c)
     return {
         "rows": rows,
         "seeds": seeds,
@@ -359,26 +361,65 @@ def model_benchmark(variants: list[str], seeds: list[int], c: float, out_dir: Pa
     }
 
 
-def plot_trajectories(runs: dict, variants: list[str], seeds: list[int], path: Path, title: str, c: float) -> None:
+Trajectory = list[tuple[float, float]]  # (window-equivalents so far, best search NLL so far), one per history line
+
+
+def best_at(trajectory: Trajectory, cost: float) -> float:
+    """The best search perplexity a run had within `cost` window-equivalents (nan before its first score)."""
+    within = [best for spent, best in trajectory if spent <= cost and math.isfinite(best)]
+    return math.exp(within[-1]) if within else math.nan
+
+
+def plot_trajectories(
+    trajectories: dict[tuple[str, int], Trajectory],
+    variants: list[str],
+    seeds: list[int],
+    path: Path,
+    title: str,
+    c: float,
+) -> None:
+    """One panel per seed (the end game: generation 0 starts far above) and one of the median over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(seeds), figsize=(4.6 * len(seeds), 4), squeeze=False)
-    for axis, seed in zip(axes[0], seeds, strict=True):
+    columns = 3
+    rows = math.ceil((len(seeds) + 1) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.9 * rows), squeeze=False)
+    colours = dict(zip(variants, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    panels = [*seeds, "median"]
+    for axis, seed in zip(axes.flat, panels, strict=False):
+        keys = [(name, s) for name in variants for s in seeds] if seed == "median" else [(n, seed) for n in variants]
         for name in variants:
-            points = [(p.cost, p.best_nll) for p in runs[name, seed]["points"] if math.isfinite(p.best_nll)]
-            axis.step([e for e, _ in points], [math.exp(b) for _, b in points], where="post", label=name)
-        ga = runs[REFERENCE, seed]
-        ga_final, ga_cost = ga["best"]["perplexity"], ga["points"][-1].cost
+            if seed == "median":
+                # up to this variant's largest spend; a run that ended sooner keeps its final best
+                grid = np.linspace(0.0, max(trajectories[name, s][-1][0] for s in seeds), 600)
+                curves = [[best_at(trajectories[name, s], x) for x in grid] for s in seeds]
+                curve = np.median(np.asarray(curves), axis=0)  # nan until every seed has a score
+                axis.plot(grid, curve, color=colours[name], label=name)
+            else:
+                points = [(e, b) for e, b in trajectories[name, seed] if math.isfinite(b)]
+                axis.step(
+                    [e for e, _ in points],
+                    [math.exp(b) for _, b in points],
+                    where="post",
+                    color=colours[name],
+                    label=name,
+                )
+        ga = [trajectories[REFERENCE, s] for s in (seeds if seed == "median" else [seed])]
+        ga_final = float(np.median([math.exp(t[-1][1]) for t in ga]))
+        ga_cost = float(np.median([t[-1][0] for t in ga]))
         axis.axhline(ga_final, color="grey", linestyle=":", linewidth=1, label="GA final")
         for fraction in BUDGETS:
             axis.axvline(fraction * ga_cost, color="grey", linestyle="--", linewidth=0.8)
-        finals = [runs[name, seed]["best"]["perplexity"] for name in variants]
-        axis.set_ylim(0.99 * min(finals), max(1.10 * ga_final, 1.05 * max(finals)))  # the end game
-        axis.set(title=f"seed {seed}", xlabel="window-equivalents", ylabel="best search perplexity")
+        finals = [math.exp(trajectories[key][-1][1]) for key in keys]
+        axis.set_ylim(0.99 * min(finals), max(1.10 * ga_final, 1.05 * max(finals)))
+        label = "median over seeds" if seed == "median" else f"seed {seed}"
+        axis.set(title=label, xlabel="window-equivalents", ylabel="best search perplexity")
         axis.legend(fontsize=8)
+    for axis in list(axes.flat)[len(panels) :]:
+        axis.set_visible(False)
     figure.suptitle(
         f"{title}: best search perplexity against window-equivalents (forward + {c:.2f} x backward windows); "
         "dashed: 0.5x and 1x the GA's spend"
@@ -556,8 +597,9 @@ def benchmark_16x(variants: list[str], seeds: list[int], c: float, out_dir: Path
                     "ratio_to_ga_spend": None if reach is None else reach / ga["points"][-1].cost,
                     "dnll_vs_ga": list(paired_difference(nll[name], nll[f"{REFERENCE}/{seed}"])),
                 }
+    trajectories = {key: [(p.cost, p.best_nll) for p in run["points"]] for key, run in runs.items()}
     if runs:
-        plot_16x(runs, variants, seeds, methods, best_baseline, out_dir / "search_cost_16x.png", c)
+        plot_16x(trajectories, variants, seeds, methods, best_baseline, out_dir / "search_cost_16x.png", c)
     return {
         "target_length": LENGTH_16X,
         "original_length": context.original_length,
@@ -572,13 +614,13 @@ def benchmark_16x(variants: list[str], seeds: list[int], c: float, out_dir: Path
         "best_baseline": best_baseline,
         "best_baseline_ppl": best_ppl,
         "methods": methods,
-        "trajectories": {
-            f"{n}/{s}": [(round(p.cost, 2), p.best_nll) for p in r["points"]] for (n, s), r in runs.items()
-        },
+        "trajectories": {f"{n}/{s}": [(round(e, 2), b) for e, b in t] for (n, s), t in trajectories.items()},
     }
 
 
-def plot_16x(runs, variants, seeds, methods, best_baseline, path: Path, c: float) -> None:
+def plot_16x(trajectories, variants, seeds, methods, best_baseline, path: Path, c: float) -> None:
+    """Left: every run's best search perplexity against window-equivalents; right: every method's test perplexity
+    at 2048 with its interval, the best baseline and the 0.6x target marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -586,8 +628,8 @@ def plot_16x(runs, variants, seeds, methods, best_baseline, path: Path, c: float
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1.3]})
     colours = dict(zip(variants, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for (name, seed), run in runs.items():
-        points = [(p.cost, p.best_nll) for p in run["points"] if math.isfinite(p.best_nll)]
+    for (name, seed), trajectory in trajectories.items():
+        points = [(e, b) for e, b in trajectory if math.isfinite(b)]
         left.step(
             [e for e, _ in points],
             [math.exp(b) for _, b in points],
@@ -596,7 +638,8 @@ def plot_16x(runs, variants, seeds, methods, best_baseline, path: Path, c: float
             alpha=0.8,
             label=name if seed == seeds[0] else None,
         )
-    left.set_yscale("log")
+    finals = [math.exp(t[-1][1]) for t in trajectories.values()]
+    left.set_ylim(0.97 * min(finals), 1.4 * max(finals))  # the end game: generation 0 starts far above
     left.set(
         title=f"16x (128 -> {LENGTH_16X}): best search perplexity, every seed",
         xlabel=f"window-equivalents (forward + {c:.2f} x backward)",
@@ -605,7 +648,7 @@ def plot_16x(runs, variants, seeds, methods, best_baseline, path: Path, c: float
     left.legend(fontsize=8)
     names = list(methods)
     ppl = np.array([methods[n]["test_ppl"] for n in names])
-    bars = right.bar(
+    right.bar(
         range(len(names)),
         ppl[:, 0],
         color=["tab:grey" if methods[n]["kind"] == "baseline" else colours[n.split("/")[0]] for n in names],
@@ -626,7 +669,6 @@ def plot_16x(runs, variants, seeds, methods, best_baseline, path: Path, c: float
     right.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
     right.set(title=f"test perplexity at {LENGTH_16X} (24 windows, 95% intervals)", ylabel="perplexity")
     right.legend(fontsize=8)
-    del bars
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -834,6 +876,21 @@ def provenance() -> dict[str, Any]:
     }
 
 
+def replot(out: Path, stem: str) -> None:
+    """The plots again from the saved results (trajectories are saved with them), without running anything."""
+    model_file, big_file = out / f"{stem}.json", out / "search_cost_16x.json"
+    if model_file.exists():
+        model = json.loads(model_file.read_text())["model"]
+        trajectories = {(r["variant"], r["seed"]): r["trajectory"] for r in model["rows"]}
+        plot_trajectories(trajectories, model["variants"], model["seeds"], out / f"{stem}.png", MODEL_TITLE, model["c"])
+    if big_file.exists():
+        big = json.loads(big_file.read_text())["x16"]
+        trajectories = {(k.split("/")[0], int(k.split("/")[1])): t for k, t in big["trajectories"].items()}
+        if trajectories:
+            path = out / "search_cost_16x.png"
+            plot_16x(trajectories, big["variants"], big["seeds"], big["methods"], big["best_baseline"], path, big["c"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -843,11 +900,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds that measure c")
     parser.add_argument("--stem", default="search_cost", help="the model part's output name (.json, .png)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results")
+    parser.add_argument("--replot", action="store_true", help="redraw the plots from the saved JSON, run nothing")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override every search")
     args = parser.parse_args()
     EXTRA.extend(args.set)
     if REFERENCE not in args.variants:
         parser.error(f"--variants: {REFERENCE} is the reference every cost and interval is measured against")
+    if args.replot:
+        replot(args.out, args.stem)
+        return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(width=WIDTH)
