@@ -12,6 +12,7 @@
      official_ga    search.optimizer dim_mono, generational, no racing (the release's search: the reference)
      gradient       search.optimizer gradient (search.gradient.*: 60 steps, lr 0.15, 2 held-out windows, patience 10)
      hybrid         search.optimizer hybrid (the GA, its best polished by 10 steps at lr 0.05 every 5 generations)
+     ga_final_polish  the hybrid with polish_every 20: the GA's 20 generations untouched, then its final best polished
    and, with --variants, the earlier ones (racing, racing_steady, cmaes; their results are in
    bench/results/search_cost_ga_variants.json). The variants run in a rotated order per seed, so the machine's load
    drifts over all of them alike. Per run: window-equivalents until the GA's final search NLL of the same seed
@@ -80,6 +81,14 @@ VARIANTS = {  # explicit, whatever configs/demo.yaml ships with
     "official_ga": [*GA, "search.racing.enabled=false"],
     "gradient": ["search.optimizer=gradient", "search.schedule=generational", "search.racing.enabled=false"],
     "hybrid": ["search.optimizer=hybrid", "search.schedule=generational", "search.racing.enabled=false"],
+    # the GA untouched until its last generation, then one polish of its final best (polish_every = the demo's 20
+    # generations): the probe, as a run; the shipped hybrid polishes every 5 generations
+    "ga_final_polish": [
+        "search.optimizer=hybrid",
+        "search.schedule=generational",
+        "search.racing.enabled=false",
+        "search.gradient.polish_every=20",
+    ],
     "racing": [*GA, "search.racing.enabled=true"],
     "racing_steady": ["search.optimizer=dim_mono", "search.racing.enabled=true", "search.schedule=steady"],
     "cmaes": ["search.optimizer=cmaes", "search.schedule=generational", "search.racing.enabled=false"],

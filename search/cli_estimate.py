@@ -196,7 +196,7 @@ def per_search_text(config: JobConfig) -> str:
     if search.optimizer == "gradient":
         return f"{seed_count(config)} seeds + {gradient.steps} steps"
     if search.optimizer == "hybrid":
-        polishes = search.generations // gradient.polish_every
+        polishes = gradient.polishes(search.generations)
         return f"{generations} + {polishes} polishes x {gradient.polish_steps} steps"
     return generations
 

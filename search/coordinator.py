@@ -174,9 +174,12 @@ class Coordinator:
 
     @property
     def finished(self) -> bool:
-        """Descent's early stop is its own (held-out windows), and it still rounds its best to the grid after."""
+        """Descent's early stop is its own (held-out windows), and it still rounds its best to the grid after; a
+        hybrid run that stopped early still polishes its final best."""
         if self.descent:
             return self.optimizer.stop()
+        if self._polish_pending():
+            return False
         return self.stopped_early or self.exhausted or self.optimizer.stop()
 
     def resume(self) -> History:
@@ -240,6 +243,7 @@ class Coordinator:
             self._end_generation(time.monotonic() - started)
             self._write_state()
             self._polish_if_due()
+        self._polish_if_due()  # the last one after an early stop or an exhausted population
 
     def _exhausted(self) -> None:
         """No new candidate can be made: the run is finished (recorded, so a resume does not try again)."""
@@ -320,12 +324,16 @@ class Coordinator:
 
     def _polish_if_due(self) -> None:
         """Hybrid: polish the evolution's best by gradient steps when a polish is due, then adopt the result."""
-        while getattr(self.optimizer, "kind", None) == "hybrid" and self.optimizer.polish_due():
+        while self._polish_pending():
             polisher = self.optimizer.polisher()
             self._run_descent(polisher, self._end_polish_step)
             adopted = self.optimizer.adopt_polish()
             self._log(f"polish: its best, on the grid, joins the population ({adopted.key})")
             self._write_state()
+
+    def _polish_pending(self) -> bool:
+        ending = self.stopped_early or self.exhausted
+        return getattr(self.optimizer, "kind", None) == "hybrid" and self.optimizer.polish_due(ending)
 
     def _end_polish_step(self, polisher, seconds: float) -> None:
         step, last = polisher.generation - 1, polisher.total_generations - 1
@@ -598,7 +606,7 @@ class Coordinator:
         per_generation = settings.mutations + settings.crossovers
         budget = settings.population + per_generation * settings.generations
         if settings.optimizer == "hybrid":
-            budget += settings.generations // gradient.polish_every * (gradient.polish_steps + 1)
+            budget += gradient.polishes(settings.generations) * (gradient.polish_steps + 1)
         return budget
 
     def _progress(self) -> SearchProgress:

@@ -292,12 +292,12 @@ def seed_count(config: JobConfig) -> int:
 
 def gradient_steps(config: JobConfig) -> int:
     """Steps with a backward in one search: search.gradient.steps for `gradient`; for `hybrid`, polish_steps at
-    every polish_every-th generation (generations // polish_every polishes); none for the other optimizers."""
+    every polish_every-th generation and after the last (GradientConfig.polishes); none for the other optimizers."""
     search, gradient = config.search, config.search.gradient
     if search.optimizer == "gradient":
         return gradient.steps
     if search.optimizer == "hybrid":
-        return search.generations // gradient.polish_every * gradient.polish_steps
+        return gradient.polishes(search.generations) * gradient.polish_steps
     return 0
 
 

@@ -222,7 +222,8 @@ class GradientConfig(Strict):
     search windows are split into the gradient's and `holdout_windows` held out for the stopping rule, and every
     step's point is scored on all of them (a candidate in history.jsonl like any other). Adam (Kingma and Ba 2015)
     with the default betas. `hybrid` polishes the evolution's best with `polish_steps` of it every `polish_every`
-    generations."""
+    generations and always once more when the evolution ends (its last generation, an early stop), unless that
+    generation's best was just polished."""
 
     steps: int = Field(default=60, ge=0, le=MAX_COUNT, description="gradient steps after the seeds are scored")
     learning_rate: float = Field(default=0.15, gt=0, le=10, description="Adam's step size, in parameter units")
@@ -241,11 +242,24 @@ class GradientConfig(Strict):
     min_improvement: float = Field(
         default=1e-4, ge=0, description="a held-out gain, in mean NLL (nats per token), that resets the patience"
     )
-    polish_every: int = Field(
-        default=5, ge=1, le=MAX_COUNT, description="hybrid: polish the evolution's best every this many generations"
+    polish_every: int | None = Field(
+        default=5,
+        ge=1,
+        le=MAX_COUNT,
+        description="hybrid: polish the evolution's best every this many generations; its final best always; "
+        "null: the final best only",
     )
     polish_steps: int = Field(default=10, ge=1, le=MAX_COUNT, description="hybrid: gradient steps per polish")
     polish_learning_rate: float = Field(default=0.05, gt=0, le=10, description="hybrid: Adam's step size to polish")
+
+    def polishes(self, generations: int) -> int:
+        """The hybrid's polishes in a run of `generations` that is not stopped early: one after every
+        polish_every-th generation, and one after the last if that is not such a generation already (an early
+        stop ends with one polish too, so this is also the most a run can do)."""
+        every = self.polish_every or generations + 1
+        if generations == 0:
+            return 0
+        return generations // every + (generations % every != 0)
 
 
 class SearchConfig(Strict):

@@ -15,7 +15,7 @@ from search_helpers import OPTIMUM, FunctionEvaluator, make_coordinator, objecti
 from longrope.search.cli import main
 from longrope.search.genome import Genome
 from longrope.search.gradient import Parametrization, objective_gradient, subset_mix
-from longrope.search.job_config import load_job_config
+from longrope.search.job_config import GradientConfig, load_job_config
 from longrope.search.objective import ObjectiveMix
 from longrope.search.run_store import RunDir
 
@@ -240,6 +240,59 @@ def test_hybrid_polishes_every_k_generations_and_adopts_the_result(tmp_path):
     assert best["mean_nll"] <= min(r["mean_nll"] for r in records if r["mean_nll"] is not None)
 
 
+def polish_runs(records: list[dict]) -> list[int]:
+    """The lengths of the runs of consecutive polish-step lines (lines with a gradient) in history order."""
+    runs, length = [], 0
+    for record in records:
+        if "gradient" in record:
+            length += 1
+        elif length:
+            runs, length = [*runs, length], 0
+    return [*runs, length] if length else runs
+
+
+def test_hybrid_polishes_its_final_best_when_the_last_generation_is_no_multiple(tmp_path):
+    """polish_every 3 in 4 generations: after generation 3, and after 4 (the last) although 4 is no multiple."""
+    run(hybrid(tmp_path, "search.gradient.polish_every=3"), tmp_path)
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["evolution"]["polished_through"] == 4 and state["finished"]
+    assert polish_runs(history(tmp_path)) == [3, 3]
+
+
+def test_hybrid_with_polish_every_null_polishes_the_final_best_only(tmp_path):
+    run(hybrid(tmp_path, "search.gradient.polish_every=null"), tmp_path)
+    records = history(tmp_path)
+    assert polish_runs(records) == [3]
+    first_step = next(k for k, r in enumerate(records) if "gradient" in r)
+    assert first_step == 16 + 4 * (4 + 4), "the polish starts after every GA child of generations 0-4 is scored"
+
+
+def test_hybrid_stopped_early_still_polishes_its_final_best(tmp_path):
+    """Early stop after generation 1 (no gain of 10 nats can happen): the run ends with one polish of its best,
+    and state.json says finished only after it."""
+    config = hybrid(tmp_path, "search.early_stop.patience=1", "search.early_stop.min_improvement=10")
+    run(config, tmp_path)
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["stopped_early"] and state["finished"] and state["evolution"]["polished_through"] == 1
+    assert polish_runs(history(tmp_path)) == [3]
+
+
+@pytest.mark.parametrize("fail_on_call", [3, 4])
+def test_hybrid_stopped_early_resumes_into_its_final_polish(tmp_path, fail_on_call):
+    """Calls: generations 0-1 (1-2, the early stop after 2), the final polish's steps (3-5): a kill in it is not
+    a finished run; the resumed run polishes to the uninterrupted run's lines."""
+    overrides = ("search.early_stop.patience=1", "search.early_stop.min_improvement=10")
+    clean_best, _ = run(hybrid(tmp_path / "clean", *overrides), tmp_path / "clean")
+    crashed = tmp_path / "crash"
+    config = hybrid(crashed, *overrides)
+    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+        run(config, crashed, smooth(fail_on_call=fail_on_call))
+    assert not json.loads((crashed / "state.json").read_text())["finished"]
+    best, _ = run(config, crashed, resume=True)
+    assert best == clean_best
+    assert [r["key"] for r in history(crashed)] == [r["key"] for r in history(tmp_path / "clean")]
+
+
 @pytest.mark.parametrize("fail_on_call", [3, 5, 7, 12])
 def test_hybrid_resumes_exactly_mid_polish(tmp_path, fail_on_call):
     """Calls: generations 0-2 (1-3), the first polish's steps (4-6) and rounding (7), generations 3-4 (8-9), the
@@ -288,3 +341,13 @@ def test_objective_helpers_stay_consistent_with_the_cheap_objective():
     numeric = np.array([(objective(factors + e) - objective(factors - e)) / 2e-6 for e in np.eye(len(factors)) * 1e-6])
     assert np.allclose(window_nll_gradient(factors, 0, 1, 0.0)[:-1], numeric, atol=1e-8)
     assert math.isfinite(objective(factors))
+
+
+@pytest.mark.parametrize(
+    ("every", "generations", "polishes"),
+    [(5, 20, 4), (3, 20, 7), (None, 20, 1), (20, 20, 1), (30, 20, 1), (5, 0, 0), (1, 3, 3)],
+)
+def test_polish_count_by_hand(every, generations, polishes):
+    """after generations 5, 10, 15, 20 | 3, 6, ..., 18 and the last, 20 | the last only | ... | none in a run
+    without generations | after each of 3."""
+    assert GradientConfig(polish_every=every).polishes(generations) == polishes
