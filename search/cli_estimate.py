@@ -194,10 +194,10 @@ def per_search_text(config: JobConfig) -> str:
     search, gradient = config.search, config.search.gradient
     generations = f"{search.population} + {search.generations} generations x {search.mutations + search.crossovers}"
     if search.optimizer == "gradient":
-        return f"{seed_count(config)} seeds + {gradient.steps} steps"
+        return f"{seed_count(config)} seeds + {gradient.steps} steps + 1 on the grid"
     if search.optimizer == "hybrid":
         polishes = gradient.polishes(search.generations)
-        return f"{generations} + {polishes} polishes x {gradient.polish_steps} steps"
+        return f"{generations} + {polishes} polishes x ({gradient.polish_steps} steps + 1 on the grid)"
     return generations
 
 

@@ -275,12 +275,22 @@ def candidates_per_search(config: JobConfig) -> int:
     - dim_mono and CMA-ES: the initial population, then generations x (mutations + crossovers); the steady
       schedule spends the same budget (README, "Search cost").
     - gradient: the seeds (`seed_count`), then one point per step (search.gradient.steps): every step's point is
-      scored on all windows, a candidate in history.jsonl like any other.
-    - hybrid: the GA's budget, plus each polish step's point (`gradient_steps`)."""
+      scored on all windows, a candidate in history.jsonl like any other; then its best rounded to the grid.
+    - hybrid: the GA's budget, plus each polish step's point (`gradient_steps`) and each polish's rounded best."""
+    search = config.search
+    descent = gradient_steps(config) + grid_points(config)
+    if search.optimizer == "gradient":
+        return seed_count(config) + descent
+    return search.population + search.generations * (search.mutations + search.crossovers) + descent
+
+
+def grid_points(config: JobConfig) -> int:
+    """A descent ends by scoring its best point rounded to the search grid (search/gradient.py): one for
+    `gradient`, one a polish for `hybrid` (GradientConfig.polishes), none for the other optimizers."""
     search = config.search
     if search.optimizer == "gradient":
-        return seed_count(config) + gradient_steps(config)
-    return search.population + search.generations * (search.mutations + search.crossovers) + gradient_steps(config)
+        return 1
+    return search.gradient.polishes(search.generations) if search.optimizer == "hybrid" else 0
 
 
 def seed_count(config: JobConfig) -> int:

@@ -243,7 +243,7 @@ class GradientConfig(Strict):
         default=1e-4, ge=0, description="a held-out gain, in mean NLL (nats per token), that resets the patience"
     )
     polish_every: int | None = Field(
-        default=5,
+        default=None,
         ge=1,
         le=MAX_COUNT,
         description="hybrid: polish the evolution's best every this many generations; its final best always; "

@@ -438,19 +438,25 @@ def test_forward_fixed_cost_is_measured_for_each_family(name):
 
 def test_gradient_budget_worked_by_hand():
     """The demo (8 search windows, seeds pi/ntk/yarn, 20 generations of 16 after 32) with the gradient optimizers:
-    gradient: 3 seeds + 60 steps = 63 points on all 8 windows = 504 window evaluations, and 60 steps x (8 - 2
-    held out) = 360 backward window passes (240 with 4 windows a step); two seed files add at most 2 seeds each;
-    hybrid: 32 + 20 x 16 = 352 GA candidates + 20 // 5 = 4 polishes x 10 steps = 392 points, 40 x 6 = 240 passes."""
+    gradient: 3 seeds + 60 steps + the best on the grid = 64 points on all 8 windows = 512 window evaluations,
+    and 60 steps x (8 - 2 held out) = 360 backward window passes (240 with 4 windows a step); two seed files add
+    at most 2 seeds each; hybrid: 32 + 20 x 16 = 352 GA candidates + 1 polish of the final best x (10 steps + 1 on
+    the grid) = 363 points, 10 x 6 = 60 passes; polishing every 5 generations: 20 / 5 = 4 polishes, 352 + 44 =
+    396 points, 240 passes; every 3: after 3, 6, .., 18 and the last, 7 polishes, 352 + 77 = 429, 420 passes."""
     gradient = load_job_config(DEMO, ["search.optimizer=gradient"])
     stage = search_budget(gradient, 128).stages[-1]
-    assert (stage.candidates, stage.windows, stage.backward_windows) == (63, 8, 360)
-    assert window_evaluations(gradient, search_budget(gradient, 128)) == 504
+    assert (stage.candidates, stage.windows, stage.backward_windows) == (64, 8, 360)
+    assert window_evaluations(gradient, search_budget(gradient, 128)) == 512
     fewer = load_job_config(DEMO, ["search.optimizer=gradient", "search.gradient.windows_per_step=4"])
     assert search_budget(fewer, 128).stages[-1].backward_windows == 240
     files = load_job_config(DEMO, ["search.optimizer=gradient", "search.seed_files=[a.json, b]"])
-    assert search_budget(files, 128).stages[-1].candidates == 3 + 4 + 60
+    assert search_budget(files, 128).stages[-1].candidates == 3 + 4 + 60 + 1
     hybrid = search_budget(load_job_config(DEMO, ["search.optimizer=hybrid"]), 128).stages[-1]
-    assert (hybrid.candidates, hybrid.backward_windows) == (392, 240)
+    assert (hybrid.candidates, hybrid.backward_windows) == (363, 60)
+    for every, candidates, passes in [(5, 396, 240), (3, 429, 420)]:
+        config = load_job_config(DEMO, ["search.optimizer=hybrid", f"search.gradient.polish_every={every}"])
+        stage = search_budget(config, 128).stages[-1]
+        assert (stage.candidates, stage.backward_windows) == (candidates, passes)
     assert search_budget(load_job_config(DEMO), 128).stages[-1].backward_windows == 0, "the GA takes no backward"
 
 
@@ -532,7 +538,7 @@ def test_gradient_memory_worked_by_hand():
 def test_gradient_time_and_memory_per_device():
     """The demo with the gradient optimizer on a CPU priced by hand (rates 1e10, fixed cost 1 ms): a backward
     window pass costs its FLOPs and 3 x the forward's elementwise bytes at those rates, plus 2 fixed costs per
-    gradient forward shared by its 2 stacked windows of 1024; the job's hours add 360 of them to 63 candidates."""
+    gradient forward shared by its 2 stacked windows of 1024; the job's hours add 360 of them to 64 candidates (3 seeds, 60 steps, the best on the grid)."""
     config = load_job_config(DEMO, ["search.optimizer=gradient"])
     arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
     device = device_estimate(config, arch, 128, "cpu", cpu_rates(1e-3), None)
@@ -540,7 +546,7 @@ def test_gradient_time_and_memory_per_device():
     extra = backward_flops(config, arch, stage, 128)
     backward = extra.total / 1e10 + 3 * elementwise_bytes(arch, 1024, 4) / 1e10 + 2 * 1e-3 / 2
     assert device.gradient_rows_per_forward == 2 and device.seconds_per_backward_window == pytest.approx(backward)
-    assert device.hours == pytest.approx((63 * device.seconds_per_candidate + 360 * backward) / 3600)
+    assert device.hours == pytest.approx((64 * device.seconds_per_candidate + 360 * backward) / 3600)
     assert device.gradient_memory == gradient_memory(arch, ForwardShape(tokens=1024, rows=2), "float32", "sdpa")
     assert device_estimate(load_job_config(DEMO), arch, 128, "cpu", cpu_rates(1e-3), None).gradient_memory is None
 
@@ -548,8 +554,8 @@ def test_gradient_time_and_memory_per_device():
 def test_cli_prints_the_gradient_budget(capsys):
     assert main(["estimate", str(DEMO), "--set", "search.optimizer=gradient", "--gpu", "H100"]) == 0
     text = capsys.readouterr().out
-    assert "63 (3 seeds + 60 steps" in text and "360 backward window passes" in text and "memory/grad." in text
+    assert "64 (3 seeds + 60 steps + 1 on the grid" in text and "360 backward window passes" in text and "memory/grad." in text
     assert main(["estimate", str(DEMO), "--set", "search.optimizer=hybrid", "--json", "--gpu", "H100"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["backward_window_passes"] == 240 and result["candidates"] == 392
+    assert result["backward_window_passes"] == 60 and result["candidates"] == 363
     assert result["devices"][0]["gradient_memory"]["checkpoints"] > 0
