@@ -197,7 +197,8 @@ def per_search_text(config: JobConfig) -> str:
         return f"{seed_count(config)} seeds + {gradient.steps} steps + 1 on the grid"
     if search.optimizer == "hybrid":
         polishes = gradient.polishes(search.generations)
-        return f"{generations} + {polishes} polishes x ({gradient.polish_steps} steps + 1 on the grid)"
+        polish_word = "polish" if polishes == 1 else "polishes"
+        return f"{generations} + {polishes} {polish_word} x ({gradient.polish_steps} steps + 1 on the grid)"
     return generations
 
 
