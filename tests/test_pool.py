@@ -15,15 +15,11 @@ from search_helpers import unloadable_safetensors
 from longrope.encodings import LongRope
 from longrope.workers.errors import ModelLoadError, WorkerPoolError
 from longrope.workers.models import load_model
-from longrope.workers.pool import (
-    ModelSpec,
-    PoolSpec,
-    WorkerPool,
-    check_reachable,
-    placeable_workers,
-    workers_to_start,
-)
+from longrope.workers.placement import actor_resources, placeable_workers, workers_to_start
+from longrope.workers.pool import WorkerPool
+from longrope.workers.ray_start import check_reachable
 from longrope.workers.scorer import Scorer
+from longrope.workers.specs import ModelSpec, PoolSpec
 
 pytestmark = pytest.mark.slow
 
@@ -135,8 +131,6 @@ def test_no_worker_left_is_one_clear_error(local_ray, tiny_llama_dir, windows):
 
 
 def test_actor_resources_fit_the_cluster():
-    from longrope.workers.pool import actor_resources
-
     gpu_spec = PoolSpec(num_workers=2, num_gpus_per_worker=0.5, num_cpus_per_worker=1)
     assert actor_resources(gpu_spec, {"CPU": 16, "GPU": 8}) == (1, 0.5)
     with pytest.warns(UserWarning, match="has no GPU; scoring on CPUs"):
@@ -194,7 +188,8 @@ def test_an_unreachable_address_fails_at_once():
 def test_the_embedded_ray_never_joins_another_cluster(tmp_path):
     """RAY_ADDRESS pointing at a dead cluster is what a plain ray.init() would join; embedded starts its own."""
     script = (
-        "from longrope.workers.pool import PoolSpec, ensure_ray\n"
+        "from longrope.workers.ray_start import ensure_ray\n"
+        "from longrope.workers.specs import PoolSpec\n"
         "import ray\n"
         "ensure_ray(PoolSpec(local_num_cpus=1))\n"
         "print('nodes', len(ray.nodes()))\n"
