@@ -29,10 +29,8 @@ Results: bench/results/backward_cost.json. About 3 min on 2 cores:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -44,8 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from estimate_accuracy import random_llama  # the d1024 Llama bench/estimate_accuracy.py times
-from scoring import candidate_set  # bench/scoring.py: the same candidates the scoring bench times
+from benchlib import RESULTS, ROOT, candidate_set, d1024_llama, one_window_config, provenance, save_json
 
 from longrope.search.estimate import (
     Architecture,
@@ -62,8 +59,7 @@ from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "backward_cost.json"
+OUT = RESULTS / "backward_cost.json"
 DEMO = ROOT / "configs" / "demo.yaml"
 THREADS = 1
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -133,16 +129,9 @@ def demo_case() -> Case:
     return Case("reference (configs/demo.yaml), 1024 tokens", reference_model_dir(), load_job_config(DEMO))
 
 
-def llama_config(model_dir: Path, tokens: int = 2048) -> JobConfig:
-    """One candidate a call on one window of `tokens` (bench/estimate_accuracy.py's `search_config`)."""
-    base = {
-        "target_length": tokens,
-        "original_length": 1024,
-        "model": {"path": str(model_dir), "device": "cpu"},
-        "data": {"search_windows": 1},
-        "workers": {"candidates_per_forward": 1, "batch_size": 1},
-    }
-    return load_job_config(None, base=base)
+def llama_config(model_dir: Path) -> JobConfig:
+    """One candidate a call on one window of 2048 tokens of the d1024 Llama (trained, as it were, at 1024)."""
+    return one_window_config(2048, 1024, str(model_dir))
 
 
 # ----------------------------------------------------------------------------------------------------- memory
@@ -222,42 +211,25 @@ def measure_memory(model_dir: Path, repeats: int) -> dict:
     return result
 
 
-def machine() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "torch_threads_per_side": THREADS,
-        "load_average_1_5_15": list(os.getloadavg()),
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--memory-repeats", type=int, default=2)
-    parser.add_argument("--no-save", action="store_true", help=f"do not write {RESULTS.relative_to(ROOT)}")
+    parser.add_argument("--no-save", action="store_true", help="print only, save nothing")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"where to save (default {OUT.relative_to(ROOT)})")
     args = parser.parse_args()
-    started = machine()
+    started = provenance()
+    started["machine"]["torch_threads_per_side"] = THREADS
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {THREADS} torch thread; ratio = gradient / forward")
     cases = [run_case(demo_case(), args.rounds)]
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = random_llama(Path(tmp) / "llama")
+        model_dir = d1024_llama(Path(tmp) / "llama")
         cases.append(run_case(Case("random Llama d1024 x2, 2048 tokens", model_dir, llama_config(model_dir)),
                               args.rounds))  # fmt: skip
         memory = measure_memory(model_dir, args.memory_repeats)
     if not args.no_save:
-        run = {
-            "command": " ".join([".venv/bin/python", "bench/backward_cost.py", *sys.argv[1:]]),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": started | {"load_average_at_end": list(os.getloadavg())},
-            "rounds": args.rounds,
-            "cases": cases,
-            "memory_d1024_2048": memory,
-        }
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(run, indent=2) + "\n")
-        print(f"saved {RESULTS.relative_to(ROOT)}")
+        run = {**started, "rounds": args.rounds, "cases": cases, "memory_d1024_2048": memory}
+        save_json(args.out, run)
     return 0
 
 

@@ -18,18 +18,17 @@ advises); ratio = estimated / measured. Target: within 25% (0.75-1.25) wherever 
 
 `--clock cpu` times both sides in this thread's CPU time (time.thread_time) instead of wall time: with one torch
 thread every op runs on the calling thread, so it leaves out the time other processes hold the core, which on a
-shared machine is most of the noise. Results go to bench/results/estimate_accuracy.json, one entry per clock.
+shared machine is most of the noise. Results go to bench/results/estimate_accuracy.json (or --out), one entry per
+clock, each with its command, date, commit and machine.
 
-Run: .venv/bin/python bench/estimate_accuracy.py [--rounds 3] [--clock wall|cpu] [--quick]
+Run: .venv/bin/python bench/estimate_accuracy.py [--rounds 3] [--clock wall|cpu] [--quick] [--out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scoring import candidate_set  # bench/scoring.py: the same candidates the scoring bench times
+from benchlib import RESULTS, ROOT, candidate_set, d1024_llama, one_window_config, provenance
 
 from longrope.search.estimate import (
     Architecture,
@@ -57,29 +56,8 @@ from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "estimate_accuracy.json"
+OUT = RESULTS / "estimate_accuracy.json"
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
-
-
-def random_llama(out: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=128,
-        max_position_embeddings=1024,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=False,
-    )
-    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
-    return out
 
 
 class Case:
@@ -131,18 +109,6 @@ class Case:
             return (self.clock() - start) / len(self.batch)
 
 
-def search_config(tokens: int, original: int, model: str = "reference") -> JobConfig:
-    """One candidate a call on one window of `tokens`: each forward is one row, its smallest."""
-    base = {
-        "target_length": tokens,
-        "original_length": original,
-        "model": {"path": model, "device": "cpu"},
-        "data": {"search_windows": 1},
-        "workers": {"candidates_per_forward": 1, "batch_size": 1},
-    }
-    return load_job_config(None, base=base)
-
-
 def run_case(case: Case, rounds: int) -> dict:
     case.measured()  # warm-up: the first forward grows the allocator's pools
     estimates, measures = [], []
@@ -185,23 +151,13 @@ def print_case(result: dict) -> None:
     sys.stdout.flush()
 
 
-def machine() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "torch_threads_of_this_process": torch.get_num_threads(),
-        "load_average_1_5_15": list(os.getloadavg()),
-    }
-
-
-def save(clock: str, run: dict) -> None:
-    """Into RESULTS under this clock's key, keeping the other clock's last run."""
-    saved = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+def save(path: Path, clock: str, run: dict) -> None:
+    """Into `path` under this clock's key, keeping the other clock's last run."""
+    saved = json.loads(path.read_text()) if path.is_file() else {}
     saved.setdefault("runs", {})[clock] = run
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
-    print(f"saved {RESULTS.relative_to(ROOT)} [runs][{clock}]")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+    print(f"saved {path} [runs][{clock}]")
 
 
 def main() -> int:
@@ -209,22 +165,23 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--quick", action="store_true", help="the demo, 2048 tokens and one small forward only")
-    parser.add_argument("--no-save", action="store_true", help=f"do not write {RESULTS.relative_to(ROOT)}")
+    parser.add_argument("--no-save", action="store_true", help="print only, save nothing")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"where to save (default {OUT.relative_to(ROOT)})")
     args = parser.parse_args()
-    started = machine()
+    started = provenance()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, clock {args.clock}; ratio = estimated / measured")
     results = []
     demo = Case("reference (configs/demo.yaml)", reference_model_dir(), load_job_config(ROOT / "configs/demo.yaml"),
                 args.clock)  # fmt: skip
     results.append(run_case(demo, args.rounds))
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = random_llama(Path(tmp) / "llama")
+        model_dir = d1024_llama(Path(tmp) / "llama")
         for tokens in (2048,) if args.quick else (2048, 4096, 8192):
-            config = search_config(tokens, 1024, str(model_dir))
+            config = one_window_config(tokens, 1024, str(model_dir))
             results.append(run_case(Case(f"random Llama d1024 x2, {tokens} tokens", model_dir, config, args.clock),
                                     args.rounds))  # fmt: skip
     for tokens in (64,) if args.quick else (16, 32, 64, 128, 256):
-        case = Case(f"reference, 1 window of {tokens} tokens", reference_model_dir(), search_config(tokens, 8),
+        case = Case(f"reference, 1 window of {tokens} tokens", reference_model_dir(), one_window_config(tokens, 8),
                     args.clock)  # fmt: skip
         results.append(run_case(case, args.rounds))
     printed = [r for r in results if not r["time_withheld"]]
@@ -232,15 +189,14 @@ def main() -> int:
     print(f"target (0.75-1.25 wherever a time is printed): {'met' if met else 'MISSED'} on {len(printed)} cases")
     if not args.no_save:
         run = {
-            "command": " ".join([".venv/bin/python", "bench/estimate_accuracy.py", *sys.argv[1:]]),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": started | {"load_average_at_end": list(os.getloadavg())},
+            **started,
+            "machine": started["machine"] | {"load_average_at_end": list(os.getloadavg())},
             "clock": args.clock,
             "rounds": args.rounds,
             "target_met_where_printed": met,
             "cases": results,
         }
-        save(args.clock, run)
+        save(args.out, args.clock, run)
     return 0
 
 

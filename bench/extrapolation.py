@@ -7,7 +7,7 @@ encoding's forward costs next to RoPE's.
 2. cost: one 16x window (2048 tokens) through each checkpoint, alternating the encodings in rounds; the median
    seconds of each and its ratio to the RoPE model's, measured side by side in the same rounds.
 
-Writes OUT/extrapolation.{json,md,png} (the command's outputs) and OUT/bench.json.
+Writes OUT/extrapolation.{json,md,png} (the command's outputs) and OUT/bench.json (with the command, date and machine).
 Run: .venv/bin/python bench/extrapolation.py [--documents 16] [--rounds 3] [--out bench/results/extrapolation]
 """
 
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib import provenance
 from pydantic import BaseModel
 
 from longrope.search.cli import main
@@ -26,11 +27,13 @@ from longrope.search.cli_extrapolation import DEFAULT_DOCUMENTS
 from longrope.search.extrapolation import evaluation_tokens
 from longrope.workers.reference_recipe import ENCODING_NAMES
 from longrope.workers.suite_training import load_suite_model, suite_model_dir
+from longrope.workers.timing import alternating_times
 
 TARGET_SECONDS = 600
 
 
 class ExtrapolationBench(BaseModel):
+    provenance: dict  # the command, date, commit and machine (bench/benchlib.py `provenance`)
     documents: int
     threads: int
     wall_seconds: float
@@ -43,13 +46,9 @@ def forward_seconds(rounds: int) -> dict[str, float]:
     """Median seconds of one 2048-token forward per encoding, the encodings alternating within each round."""
     models = {name: load_suite_model(suite_model_dir(name)) for name in ENCODING_NAMES if name != "learned"}
     ids = torch.from_numpy(evaluation_tokens(128, 1)[:, :-1])
-    times: dict[str, list[float]] = {name: [] for name in models}
     with torch.inference_mode():
-        for _ in range(rounds):
-            for name, model in models.items():
-                started = time.perf_counter()
-                model(ids)
-                times[name].append(time.perf_counter() - started)
+        forwards = {name: lambda m=model: m(ids) for name, model in models.items()}
+        times = alternating_times(forwards, rounds, warm_up=False)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -59,6 +58,7 @@ def main_bench() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/extrapolation"))
     args = parser.parse_args()
+    measured_on = provenance()
     started = time.monotonic()
     argv = ["extrapolation", "-o", str(args.out), "--overwrite", "--documents", str(args.documents)]
     if main(argv) != 0:
@@ -71,6 +71,7 @@ def main_bench() -> None:
     for name, value in seconds.items():
         print(f"  {name:<11} {value:7.3f} s  {ratios[name]:5.2f}x")
     result = ExtrapolationBench(
+        provenance=measured_on,
         documents=args.documents,
         threads=torch.get_num_threads(),
         wall_seconds=round(wall, 1),

@@ -6,45 +6,38 @@
 3. Ray pool overhead: the pool's throughput vs calling the scorer directly in this process;
 4. achieved FLOP/s of the scoring forward pass vs a plain 2048x2048 float32 matmul.
 
-Run: .venv/bin/python bench/scoring.py [--repeats 5] [--quick] [--only NAME]. Numbers are medians over the
-repeats, the two sides of each ratio timed in alternating rounds.
+Run: .venv/bin/python bench/scoring.py [--repeats 5] [--quick] [--only NAME] [--out PATH]. Numbers are medians
+over the repeats, the two sides of each ratio timed in alternating rounds. Saves bench/results/scoring.json: one
+entry per part under "parts", each with its command, date, commit and machine (a run with --only replaces its
+part and keeps the others).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from benchlib import RESULTS, ROOT, candidate_set, provenance
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from longrope.encodings import LongRope
-from longrope.search.estimate_cpu import median_seconds
 from longrope.workers.models import load_model
+from longrope.workers.random_llama import llama_config, save_random_llama
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
+from longrope.workers.timing import alternating_times, median_seconds
 
-
-def candidate_set(count: int, rope, target: int) -> list[LongRope]:
-    pairs = rope.rotary_dim // 2
-    return [
-        LongRope.from_factors(
-            torch.linspace(1.0, 1.0 + 0.5 * (i + 1), pairs),
-            head_dim=rope.head_dim,
-            original_length=rope.original_length,
-            target_length=target,
-        )
-        for i in range(count)
-    ]
+OUT = RESULTS / "scoring.json"
 
 
 def plain_scoring(model, windows: torch.Tensor, candidates: list[LongRope]) -> list[float]:
@@ -66,24 +59,11 @@ def plain_scoring(model, windows: torch.Tensor, candidates: list[LongRope]) -> l
     return totals
 
 
-def interleaved_times(fns: dict[str, object], repeats: int) -> dict[str, list[float]]:
-    """Seconds of each function per round, timed in alternating rounds so drifting load hits all alike."""
-    for fn in fns.values():
-        fn()  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def interleaved_medians(fns: dict[str, object], repeats: int) -> dict[str, float]:
-    return {name: statistics.median(values) for name, values in interleaved_times(fns, repeats).items()}
+    return {name: statistics.median(values) for name, values in alternating_times(fns, repeats).items()}
 
 
-def bench_throughput(repeats: int, quick: bool) -> None:
+def bench_throughput(repeats: int, quick: bool) -> dict:
     print(
         "\n## 1. candidates/s: project scorer vs plain full-logits scoring (reference model, 4 windows, 8 candidates)"
     )
@@ -92,6 +72,7 @@ def bench_throughput(repeats: int, quick: bool) -> None:
     lengths = (128, 256, 1024) if quick else (128, 256, 512, 1024, 2048)
     batches = (1, 2, 4, 8)
     print(f"{'length':>6} {'batch':>5} {'plain cand/s':>13} {'ours cand/s':>12} {'ratio':>6}")
+    rows = []
     for length in lengths:
         windows = torch.from_numpy(rng.integers(0, 256, size=(4, length + 1)))
         candidates = candidate_set(8, rope, max(length, rope.original_length * 2))
@@ -101,10 +82,25 @@ def bench_throughput(repeats: int, quick: bool) -> None:
             fns[batch] = lambda s=scorer, c=candidates: s.score(c)
         seconds = interleaved_medians(fns, repeats)
         for batch in batches:
+            row = {
+                "length": length,
+                "batch": batch,
+                "plain_candidates_per_s": len(candidates) / seconds["plain"],
+                "ours_candidates_per_s": len(candidates) / seconds[batch],
+                "ratio": seconds["plain"] / seconds[batch],
+            }
+            rows.append(row)
             print(
-                f"{length:>6} {batch:>5} {len(candidates) / seconds['plain']:>13.2f} "
-                f"{len(candidates) / seconds[batch]:>12.2f} {seconds['plain'] / seconds[batch]:>6.2f}"
+                f"{length:>6} {batch:>5} {row['plain_candidates_per_s']:>13.2f} {row['ours_candidates_per_s']:>12.2f} "
+                f"{row['ratio']:>6.2f}"
             )
+    return {
+        "windows": 4,
+        "candidates": 8,
+        "repeats": repeats,
+        "statistic": "median of alternating rounds",
+        "rows": rows,
+    }
 
 
 class PeakTensorMemory(TorchDispatchMode):
@@ -164,26 +160,20 @@ def _status_kib(field: str) -> int:
 
 
 def random_llama(tmp: Path, *, hidden: int, layers: int, vocab: int, heads: int, max_positions: int) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab,
+    """A random-weight Llama of this width; its MLP is 8/3 of it rounded down to a multiple of 64 (Llama's SwiGLU
+    sizing, roughly), no key/value grouping."""
+    config = llama_config(
         hidden_size=hidden,
         intermediate_size=hidden * 4 * 2 // 3 // 64 * 64,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=hidden // heads,
+        vocab_size=vocab,
         max_position_embeddings=max_positions,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=False,
     )
-    LlamaForCausalLM(config).save_pretrained(tmp, safe_serialization=True)
-    return tmp
+    return save_random_llama(tmp, config)
 
 
-def bench_memory(tmp: Path) -> None:
+def bench_memory(tmp: Path) -> dict:
     print("\n## 2. peak memory scoring one 8192-token window, 32k vocabulary (random Llama, 2 layers, d 256)")
     model_dir = random_llama(tmp / "mem", hidden=256, layers=2, vocab=32000, heads=4, max_positions=1024)
     model, rope = load_model(model_dir, device="cpu")
@@ -205,9 +195,19 @@ def bench_memory(tmp: Path) -> None:
             f"{name:18s}: full logits {peaks['full']:6.0f} MiB   chunked loss ({scorer.loss_chunk_tokens} tokens a "
             f"chunk) {peaks['chunked']:6.0f} MiB   ratio chunked/full {peaks['chunked'] / peaks['full']:.3f}"
         )
+    return {
+        "tokens": 8192,
+        "vocab_size": 32000,
+        "loss_chunk_tokens": scorer.loss_chunk_tokens,
+        "peak_live_tensors_mib": tensors,
+        "peak_resident_mib": rss,
+        "peak_resident_mib_rounds": rss_runs,
+        "ratio_live_tensors": tensors["chunked"] / tensors["full"],
+        "ratio_resident": rss["chunked"] / rss["full"],
+    }
 
 
-def bench_pool(repeats: int) -> None:
+def bench_pool(repeats: int) -> dict:
     import ray
 
     from longrope.workers.pool import WorkerPool
@@ -228,7 +228,7 @@ def bench_pool(repeats: int) -> None:
         )
         pool.worker_info()
         keyed = list(enumerate(candidates))
-        times = interleaved_times(
+        times = alternating_times(
             {"direct": lambda: scorer.score(candidates), "pool": lambda: list(pool.imap(keyed))}, repeats
         )
         direct, pooled = statistics.median(times["direct"]), statistics.median(times["pool"])
@@ -241,6 +241,15 @@ def bench_pool(repeats: int) -> None:
         pool.shutdown()
     finally:
         ray.shutdown()
+    return {
+        "candidates": len(candidates),
+        "repeats": repeats,
+        "direct_candidates_per_s": len(candidates) / direct,
+        "pool_candidates_per_s": len(candidates) / pooled,
+        "overhead_percent_median_of_rounds": statistics.median(overheads),
+        "overhead_percent_rounds": overheads,
+        "seconds": times,
+    }
 
 
 def forward_flops(config, tokens: int, batch: int) -> float:
@@ -254,7 +263,7 @@ def forward_flops(config, tokens: int, batch: int) -> float:
     return 2.0 * batch * tokens * (per_token + attention)
 
 
-def bench_flops(repeats: int, tmp: Path) -> None:
+def bench_flops(repeats: int, tmp: Path) -> dict:
     print("\n## 4. achieved FLOP/s of the scoring forward vs a 2048x2048 float32 matmul")
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     matmul = 2 * 2048**3 / median_seconds(lambda: a @ b, repeats * 3)
@@ -265,6 +274,7 @@ def bench_flops(repeats: int, tmp: Path) -> None:
             tmp / "flops", hidden=1024, layers=2, vocab=32000, heads=8, max_positions=1024
         ),
     }
+    rows = []
     for name, model_dir in models.items():
         model, rope = load_model(model_dir, device="cpu")
         for tokens, batch in ((1024, 1), (1024, 4), (2048, 4)):
@@ -273,10 +283,25 @@ def bench_flops(repeats: int, tmp: Path) -> None:
             candidates = candidate_set(batch, rope, tokens)
             seconds = median_seconds(lambda s=scorer, c=candidates: s.score(c), repeats)
             achieved = forward_flops(model.config, tokens, batch) / seconds
+            rows.append({"model": name, "tokens": tokens, "batch": batch, "seconds": seconds, "flop_per_s": achieved,
+                         "share_of_matmul": achieved / matmul})  # fmt: skip
             print(
                 f"{name:42s} T={tokens:5d} B={batch}: {achieved / 1e9:6.1f} GFLOP/s = "
                 f"{achieved / matmul * 100:5.1f}% of matmul"
             )
+    return {"repeats": repeats, "matmul_2048_flop_per_s": matmul, "rows": rows}
+
+
+def save(path: Path, parts: dict[str, dict]) -> None:
+    """Each part measured into `path` under its name, with this run's command, date and machine; the parts a
+    run with `--only` did not measure keep their last saved run."""
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    run = provenance()
+    for name, result in parts.items():
+        saved.setdefault("parts", {})[name] = {**run, **result}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+    print(f"saved {path} [parts][{', '.join(parts)}]")
 
 
 def main() -> int:
@@ -284,8 +309,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="fewer lengths")
     parser.add_argument("--only", choices=["throughput", "memory", "pool", "flops"])
+    parser.add_argument("--no-save", action="store_true", help="print only, save nothing")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"where to save (default {OUT.relative_to(ROOT)})")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, python {sys.version.split()[0]}")
+    measured: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         steps = {
             "throughput": lambda: bench_throughput(args.repeats, args.quick),
@@ -295,7 +323,9 @@ def main() -> int:
         }
         for name, step in steps.items():
             if args.only in (None, name):
-                step()
+                measured[name] = step()
+    if not args.no_save:
+        save(args.out, measured)
     return 0
 
 

@@ -39,24 +39,20 @@ Run: .venv/bin/python bench/search_cost.py --seeds 0 1 2 3 4 [--seeds-16x 0 1 2]
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 import torch
+from benchlib import CostPoint, cost_trajectory, provenance
 from rich.console import Console
 
 from longrope.encodings import LongRope, NtkRope, YarnRope
@@ -104,7 +100,6 @@ WIDE_ATTENTION_FACTORS = tuple(round(1.0 + 0.05 * k, 2) for k in range(13))  # 1
 # compare's NTK optimum at 16x sits on its x4 edge, a first wide grid's on x8; a probe (x8..x64) found x12
 WIDE_SCALE_MULTIPLIERS = (*NTK_SCALE_MULTIPLIERS, 6.0, 8.0, 12.0, 16.0)
 WIDTH = 170  # the tables' console width (rich would wrap them at 80 columns in a log file)
-EXTRA: list[str] = []  # --set overrides for every search (a smoke run's small budget; never in a reported run)
 
 
 # ---- 0. what a backward pass costs ----
@@ -172,39 +167,6 @@ def backward_cost(length: int, rounds: int, work: Path) -> dict[str, Any]:
 # ---- trajectories from history.jsonl ----
 
 
-def history_trajectory(run_dir: Path) -> list[tuple[int, float]]:
-    """(window evaluations so far, best fully scored NLL so far) after each history line, in the order written.
-    (bench/search_quality.py reads this; window evaluations are forward windows.)"""
-    return [(point.forward, point.best_nll) for point in cost_trajectory(run_dir, 0.0)]
-
-
-@dataclass(frozen=True)
-class CostPoint:
-    forward: int  # window forwards so far
-    backward: int  # of which also had a backward pass
-    cost: float  # window-equivalents so far: forward + c x backward
-    best_nll: float  # best fully scored mean NLL so far
-    best: dict | None  # its record
-
-
-def cost_trajectory(run_dir: Path, c: float) -> list[CostPoint]:
-    """One CostPoint after each history line, in the order written: a line's new windows are its NLLs not
-    counted before (a raced candidate's line may be written twice), its backward windows `backward_windows`."""
-    done: dict[str, int] = {}
-    forward, backward, best, points = 0, 0, None, []
-    for line in (run_dir / "history.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        forward += len(record["nll"]) - done.get(record["key"], 0)
-        backward += int(record.get("backward_windows", 0)) if record["key"] not in done else 0
-        done[record["key"]] = len(record["nll"])
-        scored = record.get("status", "scored") == "scored" and record["mean_nll"] is not None
-        if scored and (best is None or (record["mean_nll"], record["key"]) < (best["mean_nll"], best["key"])):
-            best = record  # best_of's rule: lowest mean NLL, ties by key
-        best_nll = math.inf if best is None else best["mean_nll"]
-        points.append(CostPoint(forward, backward, forward + c * backward, best_nll, best))
-    return points
-
-
 def evaluations_to_reach(points: list[tuple[int, float]], target: float) -> int | None:
     return next((evaluations for evaluations, best in points if best <= target + 1e-12), None)
 
@@ -224,7 +186,7 @@ def best_within(points: list[CostPoint], budget: float) -> dict | None:
 
 def run_variant(name: str, seed: int, work: Path, extra: list[str], c: float) -> dict:
     out = work / f"{name}-seed{seed}"
-    overrides = [*VARIANTS[name], *extra, *EXTRA, f"search.seed={seed}", f"output_dir={out}"]
+    overrides = [*VARIANTS[name], *extra, f"search.seed={seed}", f"output_dir={out}"]
     config = load_job_config(ROOT / "configs/demo.yaml", overrides)
     started = time.perf_counter()
     best = run_search(config, show_progress=False, console=Console(quiet=True))
@@ -353,9 +315,11 @@ def verdicts(rows: list[dict], variants: list[str]) -> dict[str, dict]:
     return result
 
 
-def model_benchmark(variants: list[str], seeds: list[int], c: float, out_dir: Path, stem: str) -> dict:
+def model_benchmark(
+    variants: list[str], seeds: list[int], c: float, out_dir: Path, stem: str, settings: list[str]
+) -> dict:
     with tempfile.TemporaryDirectory() as work:
-        runs = run_all(variants, seeds, Path(work), [], c, "model")
+        runs = run_all(variants, seeds, Path(work), settings, c, "model")
         context = JobContext.resolve(runs[REFERENCE, seeds[0]]["config"])
         rows = model_rows(runs, variants, seeds, context)
     trajectories = {key: [(p.cost, p.best_nll) for p in run["points"]] for key, run in runs.items()}
@@ -545,11 +509,11 @@ def tune_on_search_split(context: JobContext, grids: dict[str, dict]) -> dict[st
     return tuned
 
 
-def benchmark_16x(variants: list[str], seeds: list[int], c: float, out_dir: Path) -> dict:
+def benchmark_16x(variants: list[str], seeds: list[int], c: float, out_dir: Path, settings: list[str]) -> dict:
     console = Console(width=WIDTH)
     extra = [f"target_length={LENGTH_16X}"]
     with tempfile.TemporaryDirectory() as work:
-        runs = run_all(variants, seeds, Path(work), extra, c, "16x") if seeds else {}
+        runs = run_all(variants, seeds, Path(work), [*extra, *settings], c, "16x") if seeds else {}
         config = load_job_config(ROOT / "configs/demo.yaml", [*extra, f"output_dir={Path(work) / 'baselines'}"])
         context = JobContext.resolve(config)
         console.print("16x: tuning NTK and YaRN on the search split ...")
@@ -746,7 +710,7 @@ class SyntheticWorker:
 
     def score(self, batch):
         results = []
-        for key, method, windows, *_ in batch:  # workers/pool.py Task (key, method, windows, gradient)
+        for key, method, windows, *_ in batch:  # workers/scoring_worker.py Task (key, method, windows, gradient)
             start, stop = windows or (0, SIM_WINDOWS)
             seconds = LATENCY_PER_WINDOW_S * (stop - start) * self.random.uniform(1 - JITTER, 1 + JITTER)
             time.sleep(seconds)
@@ -855,37 +819,6 @@ def print_cluster_table(result: dict) -> None:
 # ---- the run ----
 
 
-def provenance() -> dict[str, Any]:
-    """What the figures were measured with: the command, when, on what, at which commit."""
-    cpu = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if "model name" in line
-            ),
-            platform.processor(),
-        )
-        if Path("/proc/cpuinfo").exists()
-        else platform.processor()
-    )
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return {
-        "command": " ".join([".venv/bin/python", *sys.argv]),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": commit,
-        "machine": {
-            "cpu": cpu,
-            "cpus": os.cpu_count(),
-            "load_average_at_start": os.getloadavg(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "ray": ray.__version__,
-            "platform": platform.platform(),
-        },
-    }
-
-
 def replot(out: Path, stem: str) -> None:
     """The plots again from the saved results (trajectories are saved with them), without running anything."""
     model_file, big_file = out / f"{stem}.json", out / "search_cost_16x.json"
@@ -913,7 +846,6 @@ def main() -> None:
     parser.add_argument("--replot", action="store_true", help="redraw the plots from the saved JSON, run nothing")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override every search")
     args = parser.parse_args()
-    EXTRA.extend(args.set)
     if REFERENCE not in args.variants:
         parser.error(f"--variants: {REFERENCE} is the reference every cost and interval is measured against")
     if args.replot:
@@ -941,7 +873,7 @@ def main() -> None:
         (args.out / f"{args.stem}_cluster.json").write_text(json.dumps(result, indent=1, default=str))
     if "model" in args.parts:
         started = time.perf_counter()
-        model = model_benchmark(args.variants, args.seeds, costs[1024]["c"], args.out, args.stem)
+        model = model_benchmark(args.variants, args.seeds, costs[1024]["c"], args.out, args.stem, args.set)
         result = {
             **meta,
             "machine": dict(meta["machine"]),
@@ -954,7 +886,7 @@ def main() -> None:
         (args.out / f"{args.stem}.json").write_text(json.dumps(result, indent=1, default=str))
     if "16x" in args.parts:
         started = time.perf_counter()
-        big = benchmark_16x(args.variants, args.seeds_16x, costs[LENGTH_16X]["c"], args.out)
+        big = benchmark_16x(args.variants, args.seeds_16x, costs[LENGTH_16X]["c"], args.out, args.set)
         result = {
             **meta,
             "machine": dict(meta["machine"]),

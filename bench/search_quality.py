@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+from benchlib import history_trajectory
 from rich.console import Console
-from search_cost import history_trajectory
 
 from longrope.encodings import RopeMethod
 from longrope.search.compare import paired_difference, score_all, window_means
@@ -53,13 +53,12 @@ COMBINATIONS = {
 PROGRESSIVE = ["search.stages=[256, 512]"]
 
 
-EXTRA: list[str] = []  # --set overrides for every search (a quick smoke run, a bigger budget)
-
-
-def search(name: str, overrides: list[str], seed: int, work: Path) -> dict:
+def search(name: str, overrides: list[str], seed: int, work: Path, settings: list[str]) -> dict:
+    """One search as configs/demo.yaml runs it with `overrides`, then `settings` (the command's --set, for every
+    search), the seed and a folder of its own."""
     out = work / name.replace("/", "-")
     config = load_job_config(
-        ROOT / "configs/demo.yaml", [*overrides, *EXTRA, f"search.seed={seed}", f"output_dir={out}"]
+        ROOT / "configs/demo.yaml", [*overrides, *settings, f"search.seed={seed}", f"output_dir={out}"]
     )
     started = time.perf_counter()
     best = run_search(config, show_progress=False, console=Console(quiet=True))
@@ -149,13 +148,13 @@ def progressive_row(progressive: dict, plain: dict, reading: dict) -> dict:
     }
 
 
-def short_factor_row(plain: dict, seed: int, work: Path) -> dict:
+def short_factor_row(plain: dict, seed: int, work: Path, settings: list[str]) -> dict:
     """Plain 8x's export kept as the long factors; its short factors searched at 128."""
     long_file = work / "plain-8x.json"
     long_file.write_text(factors_file_of_run(RunDir(plain["dir"])).model_dump_json())
     # the attention factor is the long factors' (transformers applies it in both regimes): not searched here
     overrides = ["search.factor=short", f"search.long_factors={long_file}", "search.attention_factor.mode=longrope"]
-    short = search("short", overrides, seed, work)
+    short = search("short", overrides, seed, work, settings)
     exported = factors_file_of_run(RunDir(short["dir"])).rope_parameters
     context = JobContext.resolve(short["config"])
     kept = context.longrope(exported.long_factor, attention_factor=exported.attention_factor)
@@ -263,7 +262,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override for every search")
     args = parser.parse_args()
-    EXTRA.extend(args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console()
     runs: dict[str, dict] = {}
@@ -271,14 +269,14 @@ def main() -> None:
         work = Path(folder)
         for name, overrides in {**COMBINATIONS, "progressive": PROGRESSIVE}.items():
             console.print(f"searching {name} ...")
-            runs[name] = search(name, overrides, args.seed, work)
+            runs[name] = search(name, overrides, args.seed, work, args.set)
             console.print(f"  {runs[name]['evaluations']} window evaluations, {runs[name]['wall_s']:.0f} s")
         context = JobContext.resolve(runs[PLAIN]["config"])
         methods = {name: best_method(context, run["best"]) for name, run in runs.items()}
         console.print("reading every best on the test split ...")
         reading = test_reading(context, methods, args.needles)
         console.print("short-factor search ...")
-        short = short_factor_row(runs[PLAIN], args.seed, work)
+        short = short_factor_row(runs[PLAIN], args.seed, work, args.set)
     combinations = {name: run for name, run in runs.items() if name != "progressive"}
     result = {
         "seed": args.seed,

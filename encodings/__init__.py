@@ -1,8 +1,9 @@
 """The positional-encoding suite: the one place in longrope-search where positional-encoding math lives.
 
-Pure torch, no I/O, no Ray. RoPE variants reduce to `inv_freq` + `attention_factor` (`rope_methods`,
-read from transformers configs by `hf_params`); the other families plug into a decoder block through the
-uniform `PositionalEncoding` interface (`interface`).
+Pure torch, no I/O, no Ray, and no import of ours outside this folder. RoPE variants reduce to `inv_freq` +
+`attention_factor` (`rope_methods/`, one file per method family, read from transformers configs by `hf_params`);
+the other families (sinusoidal, learned, ALiBi, CoPE, NoPE, multi-axis RoPE) plug into a decoder block through
+the uniform `PositionalEncoding` interface (`interface`).
 """
 
 from longrope.encodings.critical_dim import critical_dim, pair_periods

@@ -15,7 +15,7 @@ class MethodInfo:
     kind: EncodingKind
     hf_rope_type: str | None  # the transformers rope_type, where transformers has the method
     summary: str
-    where: str  # the class or function that implements it
+    where: str  # the class or function that implements it, as module.name under longrope.encodings
 
 
 METHODS: tuple[MethodInfo, ...] = (
@@ -24,26 +24,40 @@ METHODS: tuple[MethodInfo, ...] = (
         "rotary",
         "default",
         "plain RoPE (RoFormer), rotate-half or interleaved pairs",
-        "rope_methods.RopeMethod",
+        "rope_methods.base.RopeMethod",
     ),
     MethodInfo(
-        "linear", "rotary", "linear", "Position Interpolation: every frequency / factor", "rope_methods.LinearRope"
+        "linear",
+        "rotary",
+        "linear",
+        "Position Interpolation: every frequency / factor",
+        "rope_methods.linear.LinearRope",
     ),
     MethodInfo(
-        "ntk", "rotary", None, "NTK-aware static base change (exported as default + rope_theta)", "rope_methods.NtkRope"
+        "ntk",
+        "rotary",
+        None,
+        "NTK-aware static base change (exported as default + rope_theta)",
+        "rope_methods.ntk.NtkRope",
     ),
     MethodInfo(
-        "dynamic", "rotary", "dynamic", "Dynamic NTK: base grows with sequence length", "rope_methods.DynamicNtkRope"
+        "dynamic",
+        "rotary",
+        "dynamic",
+        "Dynamic NTK: base grows with sequence length",
+        "rope_methods.ntk.DynamicNtkRope",
     ),
-    MethodInfo("yarn", "rotary", "yarn", "YaRN: ramped interpolation + attention temperature", "rope_methods.YarnRope"),
+    MethodInfo(
+        "yarn", "rotary", "yarn", "YaRN: ramped interpolation + attention temperature", "rope_methods.yarn.YarnRope"
+    ),
     MethodInfo(
         "longrope",
         "rotary",
         "longrope",
         "LongRoPE: searched per-pair factors (short/long), n_hat",
-        "rope_methods.LongRope",
+        "rope_methods.longrope.LongRope",
     ),
-    MethodInfo("llama3", "rotary", "llama3", "Llama 3.1 wavelength-band scaling", "rope_methods.Llama3Rope"),
+    MethodInfo("llama3", "rotary", "llama3", "Llama 3.1 wavelength-band scaling", "rope_methods.llama3.Llama3Rope"),
     MethodInfo(
         "mrope",
         "rotary",

@@ -5,9 +5,17 @@ All RoPE variants differ only in the frequencies (`inv_freq`, one per rotary pai
 cos/sin tables (with a leading candidate dimension so one forward pass can score several candidates), and the
 rotation itself in both pairing conventions.
 
-Conventions (REFERENCE.md section 1): pair i runs from the highest frequency (i = 0) to the lowest.
-"rotate_half" (GPT-NeoX, HF Llama) pairs dims (i, i + d/2); "interleaved" (GPT-J, Meta's original) pairs
-dims (2i, 2i + 1).
+Conventions: pair i runs from the highest frequency (i = 0) to the lowest. A pair (a, c) at angle phi becomes
+`(a cos phi - c sin phi, c cos phi + a sin phi)` (a complex multiplication, RoFormer, arXiv 2104.09864), so
+`<R(p) q, R(p') k>` depends only on p - p'. The two layouts share the frequencies and differ in which dims pair:
+- "rotate_half" (GPT-NeoX, transformers' Llama `rotate_half` / `apply_rotary_pos_emb` in
+  models/llama/modeling_llama.py, vLLM's `rotate_neox`) pairs dims (i, i + d/2); cos/sin hold the d/2 angles
+  written twice, [phi_0 .. phi_{d/2-1}, phi_0 .. phi_{d/2-1}];
+- "interleaved" (GPT-J's `rotate_every_two`, Meta's original meta-llama/llama `llama/model.py`
+  `precompute_freqs_cis` / `apply_rotary_emb`, vLLM's `is_neox_style=False`) pairs dims (2i, 2i + 1); cos/sin
+  hold each angle twice side by side, [phi_0, phi_0, phi_1, phi_1, ...].
+They are not interchangeable at run time without permuting the q/k projection rows
+(`interleaved_to_rotate_half_permutation`).
 """
 
 from __future__ import annotations
@@ -130,9 +138,12 @@ def apply_rotary(
 
 
 def interleaved_to_rotate_half_permutation(rotary_dim: int) -> torch.Tensor:
-    """Index list `perm` with interleaved-RoPE(x) == rotate-half-RoPE(x[perm]) up to the same permutation.
+    """Index list `perm` with interleaved-RoPE(x) == rotate-half-RoPE(x[perm]) up to the same permutation:
+    `perm = [0, 2, 4, ..., d-2, 1, 3, ..., d-1]`.
 
     Permuting the rows of a q/k projection by `perm` (per head) turns a Meta-layout checkpoint into an HF one,
-    which is what transformers' Llama converter does with its `permute` function.
+    which is what transformers' Llama converter does once on the weights (`permute` in
+    models/llama/convert_llama_weights_to_hf.py: the per-head view (n_heads, d/2, 2, in) transposed to
+    (n_heads, 2, d/2, in), applied to wq and wk, not wv).
     """
     return torch.cat((torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)))

@@ -31,9 +31,8 @@ How they are timed is what makes the figure hold (one thread, thread CPU time, a
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from longrope.search.estimate import (
@@ -48,36 +47,14 @@ from longrope.search.estimate import (
     linear_weights_per_layer,
 )
 from longrope.workers.errors import one_line
+from longrope.workers.timing import Clock, least_seconds
 
-Clock = Callable[[], float]
 # the stopwatch's kinds: the three of the time model, and "outside" the layers (embedding, cos/sin, final norm)
 STOPWATCH_KINDS = ("linear", "attention", "elementwise", "outside")
 # Distinct layer weights the replay cycles through at most: more than a CPU's last-level cache (480 MiB of L3 on
 # this machine's Xeon, lscpu), so a model too big to replay whole still meets its weights from memory.
 REPLAY_WEIGHT_BYTES = 2**30
 TOY_TOKENS = 8
-
-
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of `fn` over `repeats` calls after one warm-up call (bench/scoring.py's timer)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def least_seconds(fn: Callable[[], object], repeats: int, clock: Clock = time.perf_counter) -> float:
-    """Least time of `fn` over `repeats` calls after one warm-up call (module docstring: timeit's advice)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return min(times)
 
 
 class Stopwatch:

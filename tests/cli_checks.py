@@ -1,15 +1,22 @@
 """What every bad-input test checks, in one place: a snapshot of a folder (so "nothing written" is a comparison)
 and the one-line-error contract of the CLI (exit 2, exactly one `longrope: error:` line naming the problem,
-nothing on stdout, nothing written)."""
+nothing on stdout, nothing written); and the factors files the CLI tests hand to `compare`, `verify` and
+`search`, written as `longrope export` writes them."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import stat
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+# the provenance a hand-written factors file carries (export's fields, no run behind it)
+TEST_PROVENANCE = {"created_by": "test", "method": "x", "method_rope_parameters": {}}
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -55,3 +62,33 @@ def cli_error_line(args: list[str], capsys, caplog, *, folder: Path) -> str:
     assert out == ""
     assert snapshot(folder) == before, "bad input must not write or overwrite anything"
     return lines[0]
+
+
+def longrope_block(
+    long_factor: Sequence[float], *, original: int, factor: float, attention_factor: float
+) -> dict[str, Any]:
+    """A transformers `rope_parameters` block of rope_type longrope (theta 10000, short factors all ones)."""
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "long_factor": list(long_factor),
+        "short_factor": [1.0] * len(long_factor),
+        "original_max_position_embeddings": original,
+        "factor": factor,
+        "attention_factor": attention_factor,
+    }
+
+
+def write_factors_file(
+    path: Path, rope_parameters: dict[str, Any], *, max_position_embeddings: int, provenance: dict | None = None
+) -> Path:
+    """A factors file (search/factors_file.py `FactorsFile`: the block, the length it is for, its provenance) at
+    `path`, its folder made."""
+    document = {
+        "rope_parameters": rope_parameters,
+        "max_position_embeddings": max_position_embeddings,
+        "provenance": TEST_PROVENANCE if provenance is None else provenance,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document))
+    return path

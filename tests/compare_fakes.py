@@ -3,15 +3,17 @@ its name and the window set, so two runs agree and rows differ.
 
 - FakePool stands in for ComparePool (no windows are scored, only cut);
 - InProcessPool stands in for the Ray WorkerPool under the real ComparePool (its counting and progress run);
-- RefusingPool fails if it is ever built: bad input must be refused before any window set is scored."""
+- RefusingPool fails if it is ever built: bad input must be refused before any window set is scored.
+
+The fixtures that put them in place are `fake_pool`, `refusing_pool` and `in_process_pool` in conftest.py."""
 
 from __future__ import annotations
 
 import zlib
 
 from longrope.search import compare
-from longrope.workers.pool import window_spans
 from longrope.workers.scorer import CandidateScore
+from longrope.workers.scoring_worker import window_spans
 
 
 def fake_score(name: str, set_name: tuple[str, int], count: int) -> CandidateScore:

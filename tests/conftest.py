@@ -11,15 +11,17 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
+from longrope.workers.random_llama import llama_config, save_random_llama
+
 
 def hf_config(rope_parameters: dict[str, Any], *, head_dim: int, max_position_embeddings: int) -> LlamaConfig:
-    return LlamaConfig(
+    """A one-layer Llama config around this rope_parameters block, as a user's model would carry it."""
+    return llama_config(
         hidden_size=head_dim * 4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=head_dim,
         intermediate_size=64,
         num_hidden_layers=1,
+        num_attention_heads=4,
+        head_dim=head_dim,
         vocab_size=32,
         max_position_embeddings=max_position_embeddings,
         rope_parameters=dict(rope_parameters),
@@ -52,27 +54,20 @@ def generator() -> torch.Generator:
 def save_tiny_llama(
     path, *, rope_parameters=None, max_position_embeddings=64, vocab_size=96, seed=0, head_dim=32, layers=2
 ):
-    """A randomly initialised small Llama checkpoint (config.json + model.safetensors) in `path`."""
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
+    """A randomly initialised small Llama checkpoint (config.json + model.safetensors) in `path`, its weights 4x
+    transformers' init so that positions visibly matter."""
+    config = llama_config(
         hidden_size=4 * head_dim,
         intermediate_size=96,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=head_dim,
+        vocab_size=vocab_size,
         max_position_embeddings=max_position_embeddings,
-        rope_parameters=dict(rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}),
+        rope_parameters=rope_parameters,
     )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # larger weights than the default init, so that positions visibly matter
-        for param in model.parameters():
-            param.mul_(4.0)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+    return save_random_llama(path, config, seed=seed, weight_scale=4.0)
 
 
 @pytest.fixture(scope="session")
@@ -100,3 +95,32 @@ def local_ray():
     )
     yield
     ray.shutdown()
+
+
+# ---- compare's worker pool replaced by the fakes of compare_fakes.py. Each imports compare_fakes when it runs:
+# compare imports Ray, which only the tests that use these fixtures need to pay for. ----
+
+
+@pytest.fixture
+def fake_pool(monkeypatch):
+    """compare's ComparePool replaced by FakePool (its count of pools built reset)."""
+    from compare_fakes import FakePool, compare
+
+    FakePool.built = 0
+    monkeypatch.setattr(compare, "ComparePool", FakePool)
+
+
+@pytest.fixture
+def refusing_pool(monkeypatch):
+    """compare's ComparePool replaced by RefusingPool: bad input must be refused before any pool is built."""
+    from compare_fakes import RefusingPool, compare
+
+    monkeypatch.setattr(compare, "ComparePool", RefusingPool)
+
+
+@pytest.fixture
+def in_process_pool(monkeypatch):
+    """The Ray WorkerPool under compare's real ComparePool replaced by InProcessPool."""
+    from compare_fakes import InProcessPool, compare
+
+    monkeypatch.setattr(compare, "WorkerPool", InProcessPool)

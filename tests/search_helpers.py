@@ -33,8 +33,8 @@ JOB_RECORD = {
 
 def unloadable_safetensors() -> bytes:
     """A model.safetensors that the driver's check finds whole (a JSON header whose tensors end where the file
-    does, `models.check_weights`) but of a dtype safetensors does not know, so only loading it fails: how a test
-    reaches a worker's own load error."""
+    does, `safetensors_check.check_weights`) but of a dtype safetensors does not know, so only loading it fails:
+    how a test reaches a worker's own load error."""
     header = json.dumps({"w": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}).encode()
     return len(header).to_bytes(8, "little") + header + bytes(4)
 

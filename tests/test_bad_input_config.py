@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_checks import cli_error_line
+from cli_checks import cli_error_line, longrope_block, write_factors_file
 
 from longrope.search.cli import build_parser, main
 from longrope.search.job_config import load_job_config
@@ -58,18 +58,8 @@ def write(path: Path, text: str) -> Path:
 
 def factors_file(t: Path) -> Path:
     """A factors file for the reference model (16 pairs, original length 128, target 1024)."""
-    block = {
-        "rope_type": "longrope",
-        "rope_theta": 10000.0,
-        "long_factor": [1.0 + i / 4 for i in range(16)],
-        "short_factor": [1.0] * 16,
-        "original_max_position_embeddings": 128,
-        "factor": 8.0,
-        "attention_factor": 1.2,
-    }
-    provenance = {"created_by": "test", "method": "x", "method_rope_parameters": {}}
-    document = {"rope_parameters": block, "max_position_embeddings": 1024, "provenance": provenance}
-    return write(t / "factors.json", json.dumps(document))
+    block = longrope_block([1.0 + i / 4 for i in range(16)], original=128, factor=8.0, attention_factor=1.2)
+    return write_factors_file(t / "factors.json", block, max_position_embeddings=1024)
 
 
 # ---- the table: id -> (argv builder, a substring of the one error line, or a tuple of them) ----

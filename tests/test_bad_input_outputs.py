@@ -15,8 +15,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from cli_checks import cli_error_line, snapshot
-from compare_fakes import FakePool, RefusingPool
+from cli_checks import cli_error_line, longrope_block, snapshot, write_factors_file
 from search_helpers import JOB_RECORD, finished_run
 
 from longrope.search import compare
@@ -68,19 +67,11 @@ def link(path: Path, target: str | Path) -> Path:
 def reference_factors(path: Path, *, target: int = 1024, original: int = 128, **provenance) -> Path:
     """A factors file for the reference model's shape, searched (so its provenance says) for `target` tokens."""
     scale = target / original
-    block = {
-        "rope_type": "longrope",
-        "rope_theta": 10000.0,
-        "long_factor": [round(1.0 + (scale - 1.0) * i / 15, 3) for i in range(16)],
-        "short_factor": [1.0] * 16,
-        "original_max_position_embeddings": original,
-        "factor": scale,
-        "attention_factor": 1.1,
-    }
+    long_factor = [round(1.0 + (scale - 1.0) * i / 15, 3) for i in range(16)]
+    block = longrope_block(long_factor, original=original, factor=scale, attention_factor=1.1)
     made = {"created_by": "longrope export", "method": "longrope-search", "method_rope_parameters": block}
     made.update({"model": str(REFERENCE), "original_length": original, "target_length": target, **provenance})
-    path.write_text(json.dumps({"rope_parameters": block, "max_position_embeddings": target, "provenance": made}))
-    return path
+    return write_factors_file(path, block, max_position_embeddings=target, provenance=made)
 
 
 def model_copy(t: Path, weights: bytes | None, name: str = "model") -> Path:
@@ -250,9 +241,8 @@ COMPARE_CASES = [
 
 
 @pytest.mark.parametrize(("make_args", "expected"), COMPARE_CASES)
-def test_compare_refuses_before_scoring(make_args, expected, tmp_path, capsys, caplog, monkeypatch):
+def test_compare_refuses_before_scoring(make_args, expected, tmp_path, capsys, caplog, monkeypatch, refusing_pool):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(compare, "ComparePool", RefusingPool)
     line = cli_error_line(make_args(tmp_path), capsys, caplog, folder=tmp_path)
     assert expected in line
 
@@ -326,11 +316,6 @@ def test_verify_reads_a_run_directory_as_compare_does(tmp_path, capsys):
 
 
 # ---- compare: provenance and where the job and results come from ----
-
-
-@pytest.fixture
-def fake_pool(monkeypatch):
-    monkeypatch.setattr(compare, "ComparePool", FakePool)
 
 
 def written_directory(err: str) -> Path:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_checks import snapshot
-from compare_fakes import FakePool, RefusingPool
+from cli_checks import longrope_block, snapshot, write_factors_file
+from compare_fakes import FakePool
 from matplotlib.colors import to_hex
 from matplotlib.container import ErrorbarContainer
 
@@ -178,19 +178,9 @@ def test_markdown_says_units_direction_and_window_count_and_bolds_the_best():
 
 
 def factors_file(path: Path, top: float = 8.0, attention: float = 1.1) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    block = {
-        "rope_type": "longrope",
-        "rope_theta": 10000.0,
-        "long_factor": np.round(np.geomspace(1.0, top, 16), 2).tolist(),
-        "short_factor": [1.0] * 16,
-        "original_max_position_embeddings": 128,
-        "factor": 8.0,
-        "attention_factor": attention,
-    }
-    provenance = {"created_by": "test", "method": "x", "method_rope_parameters": {}}
-    path.write_text(json.dumps({"rope_parameters": block, "max_position_embeddings": 1024, "provenance": provenance}))
-    return path
+    long_factor = np.round(np.geomspace(1.0, top, 16), 2).tolist()
+    block = longrope_block(long_factor, original=128, factor=8.0, attention_factor=attention)
+    return write_factors_file(path, block, max_position_embeddings=1024)
 
 
 def run_compare_cli(tmp_path: Path, *args: str) -> list[str]:
@@ -198,17 +188,6 @@ def run_compare_cli(tmp_path: Path, *args: str) -> list[str]:
     settings = [f"output_dir={tmp_path / 'out'}", "data.search_windows=2", "data.test_windows=4"]
     sets = [part for setting in settings for part in ("--set", setting)]
     return ["compare", str(CONFIGS / "demo.yaml"), *sets, "--lengths", "128,256", *args]
-
-
-@pytest.fixture
-def fake_pool(monkeypatch):
-    FakePool.built = 0
-    monkeypatch.setattr(compare, "ComparePool", FakePool)
-
-
-@pytest.fixture
-def refusing_pool(monkeypatch):
-    monkeypatch.setattr(compare, "ComparePool", RefusingPool)
 
 
 def written_directory(stderr: str) -> Path:

@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-from compare_fakes import InProcessPool
 from rich.console import Console
 
 from longrope.search import compare
@@ -19,11 +18,6 @@ from longrope.search.cli import main
 from longrope.search.progress import CountProgress
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-@pytest.fixture
-def in_process_pool(monkeypatch):
-    monkeypatch.setattr(compare, "WorkerPool", InProcessPool)
 
 
 def test_compare_pool_reports_every_result_of_a_phase(in_process_pool):

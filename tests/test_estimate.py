@@ -44,6 +44,7 @@ from longrope.search.estimate import (
 )
 from longrope.search.job_config import load_job_config
 from longrope.workers.models import load_model, model_rope, read_model_config
+from longrope.workers.random_llama import llama_config, save_random_llama
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
 
@@ -52,18 +53,9 @@ DEMO = ROOT / "configs" / "demo.yaml"
 
 
 def tiny_llama(**changes) -> LlamaConfig:
-    settings = dict(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    return LlamaConfig(**{**settings, **changes})
+    shape = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4)
+    shape.update(num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=128)
+    return llama_config(**{**shape, **changes})
 
 
 def meta_parameters(config) -> int:
@@ -120,7 +112,7 @@ def test_forward_flops_match_torchs_counter(tokens):
 
 def test_candidate_flops_match_the_scorer_under_torchs_counter(tmp_path):
     """A candidate's FLOPs as the project's Scorer spends them (rope patch, chunked loss) on a job's windows."""
-    LlamaForCausalLM(tiny_llama()).save_pretrained(tmp_path, safe_serialization=True)
+    save_random_llama(tmp_path, tiny_llama())
     model, rope = load_model(tmp_path, device="cpu", attn_implementation="eager")
     config = load_job_config(
         None,
@@ -462,7 +454,7 @@ def test_gradient_budget_worked_by_hand():
 
 def gradient_flop_counts(tmp_path, attn_implementation: str) -> tuple[int, int]:
     """torch's counter on the project's Scorer: (one window's forward, its gradient pass), 256 tokens."""
-    LlamaForCausalLM(tiny_llama()).save_pretrained(tmp_path, safe_serialization=True)
+    save_random_llama(tmp_path, tiny_llama())
     model, rope = load_model(tmp_path, device="cpu", attn_implementation=attn_implementation)
     scorer = Scorer(model, torch.randint(0, 300, (1, 257)), rope.method.original_inv_freq())
     candidate = LongRope.from_factors(torch.linspace(1, 2, 8), head_dim=16, original_length=128, target_length=256)
@@ -538,8 +530,8 @@ def test_gradient_memory_worked_by_hand():
 def test_gradient_time_and_memory_per_device():
     """The demo with the gradient optimizer on a CPU priced by hand (rates 1e10, fixed cost 1 ms): a backward
     window pass costs its FLOPs and 3 x the forward's elementwise bytes at those rates, plus 2 fixed costs per
-    gradient forward shared by its 2 stacked windows of 1024; the job's hours add 360 of them to 64 candidates (3
-    seeds, 60 steps, the best on the grid)."""
+    gradient forward shared by its 2 stacked windows of 1024; the job's hours add 360 of them to 64 candidates
+    (3 seeds, 60 steps, the best on the grid)."""
     config = load_job_config(DEMO, ["search.optimizer=gradient"])
     arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
     device = device_estimate(config, arch, 128, "cpu", cpu_rates(1e-3), None)

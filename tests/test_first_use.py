@@ -18,15 +18,18 @@ import pytest
 import ray
 import torch
 import yaml
+from cli_checks import longrope_block, write_factors_file
 from conftest import save_tiny_llama
 from search_helpers import JOB_RECORD, finished_run, unloadable_safetensors
 
 from longrope.encodings import LongRope
 from longrope.search.cli import main
 from longrope.workers.models import load_model
-from longrope.workers.pool import ModelSpec, PoolSpec, WindowsMissing, WorkerPool
+from longrope.workers.pool import WorkerPool
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
+from longrope.workers.scoring_worker import WindowsMissing
+from longrope.workers.specs import ModelSpec, PoolSpec
 
 pytestmark = pytest.mark.slow
 LONGROPE = shutil.which("longrope", path=str(Path(sys.executable).parent))
@@ -186,18 +189,8 @@ print(json.dumps({"code": code, "loaded": [m for m in HEAVY if m in sys.modules]
 
 
 def factors_file(path: Path, long_factor: list[float]) -> Path:
-    block = {
-        "rope_type": "longrope",
-        "rope_theta": 10000.0,
-        "long_factor": long_factor,
-        "short_factor": [1.0] * len(long_factor),
-        "original_max_position_embeddings": 8192,
-        "factor": 8.0,
-        "attention_factor": 1.2,
-    }
-    provenance = {"created_by": "test", "method": "x", "method_rope_parameters": {}}
-    path.write_text(json.dumps({"rope_parameters": block, "max_position_embeddings": 65536, "provenance": provenance}))
-    return path
+    block = longrope_block(long_factor, original=8192, factor=8.0, attention_factor=1.2)
+    return write_factors_file(path, block, max_position_embeddings=65536)
 
 
 def test_validate_offline_needs_neither_the_model_nor_the_data_nor_torch(tmp_path):

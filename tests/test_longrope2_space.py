@@ -33,7 +33,9 @@ def first_pair_reaching(theta: float, d: int, length: int) -> int:
 
 
 def test_critical_dim_worked_by_hand():
-    # Llama-3-8B: log(8192 / 2pi) / log(5e5) * 64 = 7.1731 / 13.1224 * 64 = 34.98 -> ceil 35, minus 1 (REFERENCE 6d)
+    # LongRoPE2 (arXiv 2502.20082, sec. 3; microsoft/LongRoPE evolution/search.py at 5e669a53):
+    # d_cd = ceil(log_theta(L0 / 2pi) * d/2) - 1. Llama-3-8B: log(8192 / 2pi) / log(5e5) * 64 = 7.1731 / 13.1224 * 64
+    # = 34.98 -> ceil 35, minus 1 (the official example script overrides it by hand to 33)
     assert critical_dim(5e5, 128, 8192) == 34
     # our reference model (theta 1e4, d 32, L0 128): log(128 / 2pi) / log(1e4) * 16 = 3.0143 / 9.2103 * 16 = 5.236
     # -> ceil 6, minus 1 = 5. By the periods: pair 5 turns once in 2pi 1e4^(10/32) = 111.7 tokens (< 128), pair 6

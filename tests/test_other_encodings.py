@@ -148,7 +148,7 @@ def test_nope_encoder_is_permutation_equivariant(generator):
 
 def test_catalog_names_real_classes_of_the_stated_kind():
     for info in METHODS:
-        module_name, _, attr = info.where.partition(".")
+        module_name, _, attr = info.where.rpartition(".")
         target = getattr(importlib.import_module(f"longrope.encodings.{module_name}"), attr)
         if isinstance(target, type) and issubclass(target, PositionalEncoding):
             assert target.kind == info.kind, info.name

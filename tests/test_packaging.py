@@ -31,8 +31,9 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_holds_every_module(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder, package in CODE_FOLDERS.items():
-        for module in (ROOT / folder).glob("*.py"):
-            assert f"{package}/{module.name}" in names, f"{module} missing from the wheel"
+        for module in (ROOT / folder).rglob("*.py"):  # sub-packages too: each needs its pyproject.toml entries
+            relative = module.relative_to(ROOT / folder).as_posix()
+            assert f"{package}/{relative}" in names, f"{module} missing from the wheel"
     for data in ("config.json", "model.safetensors"):
         assert f"longrope/workers/reference_model/{data}" in names, f"reference model {data} missing from the wheel"
         for encoding in ("sinusoidal", "learned", "alibi", "cope", "nope", "rope"):

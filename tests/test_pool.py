@@ -15,15 +15,11 @@ from search_helpers import unloadable_safetensors
 from longrope.encodings import LongRope
 from longrope.workers.errors import ModelLoadError, WorkerPoolError
 from longrope.workers.models import load_model
-from longrope.workers.pool import (
-    ModelSpec,
-    PoolSpec,
-    WorkerPool,
-    check_reachable,
-    placeable_workers,
-    workers_to_start,
-)
+from longrope.workers.placement import actor_resources, placeable_workers, workers_to_start
+from longrope.workers.pool import WorkerPool
+from longrope.workers.ray_start import check_reachable
 from longrope.workers.scorer import Scorer
+from longrope.workers.specs import ModelSpec, PoolSpec
 
 pytestmark = pytest.mark.slow
 
@@ -135,8 +131,6 @@ def test_no_worker_left_is_one_clear_error(local_ray, tiny_llama_dir, windows):
 
 
 def test_actor_resources_fit_the_cluster():
-    from longrope.workers.pool import actor_resources
-
     gpu_spec = PoolSpec(num_workers=2, num_gpus_per_worker=0.5, num_cpus_per_worker=1)
     assert actor_resources(gpu_spec, {"CPU": 16, "GPU": 8}) == (1, 0.5)
     with pytest.warns(UserWarning, match="has no GPU; scoring on CPUs"):
@@ -194,7 +188,8 @@ def test_an_unreachable_address_fails_at_once():
 def test_the_embedded_ray_never_joins_another_cluster(tmp_path):
     """RAY_ADDRESS pointing at a dead cluster is what a plain ray.init() would join; embedded starts its own."""
     script = (
-        "from longrope.workers.pool import PoolSpec, ensure_ray\n"
+        "from longrope.workers.ray_start import ensure_ray\n"
+        "from longrope.workers.specs import PoolSpec\n"
         "import ray\n"
         "ensure_ray(PoolSpec(local_num_cpus=1))\n"
         "print('nodes', len(ray.nodes()))\n"
@@ -217,6 +212,18 @@ class _FakeActor:
         self.ready = type("M", (), {"remote": staticmethod(lambda: _FakeRef("ready"))})
 
 
+def one_fake_worker_pool(spec: PoolSpec) -> WorkerPool:
+    """A WorkerPool holding one `_FakeActor` worker, built without Ray (its calls go to the test's ray.wait/get)."""
+    import longrope.workers.pool as pool_module
+
+    pool = WorkerPool.__new__(WorkerPool)
+    pool.spec = spec
+    pool.workers = [pool_module._Worker(_FakeActor(), 0)]
+    pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
+    pool.started_at, pool.answered, pool.start_warned = 0.0, False, False
+    return pool
+
+
 def test_a_transient_failure_with_a_call_still_in_flight_is_probed_back(monkeypatch):
     """Two calls in flight; the first fails as ActorUnavailableError (the actor is only unreachable), the second
     succeeds. The worker must be probed back into service, not left neither usable nor dead (a busy loop)."""
@@ -224,11 +231,7 @@ def test_a_transient_failure_with_a_call_still_in_flight_is_probed_back(monkeypa
 
     import longrope.workers.pool as pool_module
 
-    pool = WorkerPool.__new__(WorkerPool)
-    pool.spec = PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, restart_timeout_s=3600)
-    pool.workers = [pool_module._Worker(_FakeActor(), 0)]
-    pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
-    pool.started_at, pool.answered, pool.start_warned = 0.0, False, False
+    pool = one_fake_worker_pool(PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, restart_timeout_s=3600))
     gets = []
 
     def fake_get(ref):
@@ -249,11 +252,7 @@ def test_workers_that_never_answer_are_reported_once(monkeypatch):
     """Actors Ray holds pending (a shared cluster's resources taken) must not be waited on in silence."""
     import longrope.workers.pool as pool_module
 
-    pool = WorkerPool.__new__(WorkerPool)
-    pool.spec = PoolSpec(num_workers=1, batch_size=1, start_warning_s=0.0)
-    pool.workers = [pool_module._Worker(_FakeActor(), 0)]
-    pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
-    pool.started_at, pool.answered, pool.start_warned = 0.0, False, False
+    pool = one_fake_worker_pool(PoolSpec(num_workers=1, batch_size=1, start_warning_s=0.0))
     waits = []
 
     def fake_wait(refs, num_returns, timeout):
@@ -273,11 +272,8 @@ def test_a_death_after_a_transient_failure_still_counts(monkeypatch):
 
     import longrope.workers.pool as pool_module
 
-    pool = WorkerPool.__new__(WorkerPool)
-    pool.spec = PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, max_restarts=0, restart_timeout_s=3600)
-    pool.workers = [pool_module._Worker(_FakeActor(), 0)]
-    pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
-    pool.started_at, pool.answered, pool.start_warned = 0.0, False, False
+    spec = PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, max_restarts=0, restart_timeout_s=3600)
+    pool = one_fake_worker_pool(spec)
     errors = [ActorUnavailableError("unreachable for a moment", None), ActorDiedError()]
 
     def fake_get(ref):

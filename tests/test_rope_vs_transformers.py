@@ -186,10 +186,16 @@ def test_longrope_switch_is_at_original_length():
     torch.testing.assert_close(method.inv_freq(None), short)
 
 
-# ---- The test vectors of REFERENCE.md, worked independently of transformers ----
+# ---- Published test vectors, worked independently of transformers ----
+# Each was checked numerically against transformers 5.24 when it was written down; here they are worked from the
+# formulas alone, so a change in transformers cannot move both sides of the comparison.
 
 
 def test_yarn_reference_vector():
+    """YaRN (Peng et al. 2023, arXiv 2309.00071; transformers `_compute_yarn_parameters`) at d 128, b 1e4, L0 4096,
+    s 8: cdim(r) = d ln(L0 / (2 pi r)) / (2 ln b) gives cdim(32) = 20.944 -> floor 20 and cdim(1) = 45.027 -> ceil
+    46; pairs up to 20 kept, from 46 divided by 8, a ramp linear in the pair index between; attention factor
+    0.1 ln 8 + 1."""
     method = from_hf(
         {"rope_type": "yarn", "factor": 8, "original_max_position_embeddings": 4096},
         head_dim=128,
@@ -206,6 +212,10 @@ def test_yarn_reference_vector():
 
 
 def test_llama3_reference_vector():
+    """Llama 3.1 (Meta llama-models `models/llama3/model.py` `apply_scaling`; transformers
+    `_compute_llama3_parameters`) at d 128, b 5e5, s 8, bands 1 / 4, L0 8192: wavelengths below 2048 tokens kept
+    (i <= 28), above 8192 divided by 8 (i >= 35), and between theta' = (1 - g) theta / s + g theta with
+    g = (L0 / wavelength - 1) / (4 - 1)."""
     method = from_hf(
         {
             "rope_type": "llama3",
@@ -226,8 +236,9 @@ def test_llama3_reference_vector():
 
 def test_dynamic_reference_bases():
     method = from_hf({"rope_type": "dynamic", "factor": 2}, head_dim=128, max_position_embeddings=4096)
-    # By hand: b' = 1e4 * (2 * L / 4096 - 1) ** (128 / 126); REFERENCE.md quotes 30527.7 and 72195.7
-    # (the latter as transformers' float32 computation rounds it).
+    # transformers `_compute_dynamic_ntk_parameters`: b' = b (s L / L0 - (s - 1)) ** (d / (d - 2)); by hand
+    # b' = 1e4 * (2 * L / 4096 - 1) ** (128 / 126): 30527.7 at 8192 and 72195.7 at 16384 (the latter as
+    # transformers' float32 computation rounds it).
     assert method.scaled_theta(8192) == pytest.approx(1e4 * 3 ** (128 / 126), rel=1e-12)
     assert method.scaled_theta(8192) == pytest.approx(30527.7, abs=0.1)
     assert method.scaled_theta(16384) == pytest.approx(1e4 * 7 ** (128 / 126), rel=1e-12)
@@ -236,6 +247,8 @@ def test_dynamic_reference_bases():
 
 
 def test_longrope_phi3_attention_factor():
+    """transformers `_compute_longrope_parameters` without `factor`: s = max_position_embeddings / L0 (the Phi-3
+    convention), attention factor sqrt(1 + ln s / ln L0); Phi-3-mini-128k's s = 131072 / 4096 = 32."""
     method = from_hf(
         {
             "rope_type": "longrope",
@@ -250,6 +263,9 @@ def test_longrope_phi3_attention_factor():
 
 
 def test_deepseek_v3_yarn_cos_sin_factor_is_one():
+    """DeepSeek-V3's YaRN block (transformers models/deepseek_v3): the cos/sin factor is
+    get_mscale(s, mscale) / get_mscale(s, mscale_all_dim), 1 when the two are equal (its softmax scale carries
+    the temperature instead)."""
     method = from_hf(
         {
             "rope_type": "yarn",

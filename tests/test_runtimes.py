@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from cli_checks import write_factors_file
 from search_helpers import JOB_RECORD, finished_run
 
 from longrope.encodings import LongRope, from_hf
@@ -28,14 +29,9 @@ def searched(attention_factor: float | None = 1.37) -> LongRope:
 
 def factors_file(method: LongRope, path) -> str:
     block = method.to_hf()
-    path.write_text(
-        json.dumps(
-            {
-                "rope_parameters": block,
-                "max_position_embeddings": method.max_position_embeddings,
-                "provenance": {"created_by": "test", "method": "longrope", "method_rope_parameters": block},
-            }
-        )
+    provenance = {"created_by": "test", "method": "longrope", "method_rope_parameters": block}
+    path = write_factors_file(
+        path, block, max_position_embeddings=method.max_position_embeddings, provenance=provenance
     )
     return str(path)
 

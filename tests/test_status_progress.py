@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_checks import snapshot
 from rich.console import Console
 from search_helpers import FunctionEvaluator, finished_run, make_coordinator
 
@@ -248,7 +249,7 @@ def test_resuming_a_finished_run_says_so_without_starting_ray(tmp_path):
     """Neither Ray nor a cluster is touched: `ray` is never imported, and a dead cluster address is not even
     tried (it would fail the resume with "nothing answers there")."""
     run_dir = finished_run(tmp_path / "run")
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    before = snapshot(run_dir)
     result = subprocess.run(
         [sys.executable, "-c", RESUMER.format(), str(run_dir)],
         capture_output=True,
@@ -259,7 +260,7 @@ def test_resuming_a_finished_run_says_so_without_starting_ray(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report == {"codes": [0, 0], "ray_imported": False}, result.stderr
     assert result.stderr.count("finished already") == 2, result.stderr
-    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    assert snapshot(run_dir) == before, "resuming a finished run writes nothing"
 
 
 # ---- item 4: progress off a terminal and on one ----

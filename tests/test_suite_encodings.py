@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from torch.nn import functional
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from longrope.encodings.absolute import LearnedAbsoluteEncoding, SinusoidalEncoding
 from longrope.encodings.alibi import ALiBiEncoding
@@ -27,7 +27,7 @@ from longrope.search.extrapolation import (
     markdown_table,
 )
 from longrope.workers.reference_recipe import ENCODING_NAMES, TrainingRecipe
-from longrope.workers.suite_model import SuiteDecoder, SuiteModelConfig
+from longrope.workers.suite_model import SuiteDecoder, SuiteModelConfig, suite_config
 from longrope.workers.suite_training import load_suite_model, suite_model_dir, train_suite_model
 
 SHAPE = {"hidden_size": 64, "intermediate_size": 96, "num_layers": 2, "num_heads": 2, "head_dim": 32}
@@ -48,21 +48,7 @@ SUITE_MODULES = {
 
 def llama_twin(model: SuiteDecoder, rope_parameters: dict, max_position_embeddings: int) -> LlamaForCausalLM:
     """transformers' Llama with the suite decoder's weights and the given rope_parameters."""
-    c = model.config
-    config = LlamaConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_heads,
-        head_dim=c.head_dim,
-        max_position_embeddings=max_position_embeddings,
-        rope_parameters=rope_parameters,
-        tie_word_embeddings=True,
-        rms_norm_eps=c.rms_norm_eps,
-    )
-    twin = LlamaForCausalLM(config).eval()
+    twin = LlamaForCausalLM(model.config.llama_config(rope_parameters, max_position_embeddings)).eval()
     missing, unexpected = twin.load_state_dict(model.state_dict(), strict=False)
     assert missing == ["lm_head.weight"] and not unexpected  # tied to embed_tokens
     return twin
@@ -269,8 +255,6 @@ def test_extrapolation_refuses_factors_of_another_model(tmp_path, capsys):
 def test_sinusoidal_model_adds_the_papers_table_to_scaled_embeddings():
     """Vaswani et al. sec. 3.4/3.5 worked by hand: layer 0 reads sqrt(d) * E[token] + PE[p], with
     PE[p, 2k] = sin(p / 10000^(2k/d)) and PE[p, 2k+1] = cos(p / 10000^(2k/d))."""
-    from longrope.workers.suite_training import suite_config
-
     recipe = TrainingRecipe(hidden_size=16, head_dim=8, num_heads=2, num_layers=1, intermediate_size=32)
     model = SuiteDecoder(suite_config("sinusoidal", recipe)).eval()
     assert suite_config("rope", recipe).embedding_scale == 1.0

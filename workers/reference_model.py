@@ -19,32 +19,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longrope.workers.byte_tokenizer import BYTE_VOCAB_SIZE, encode_bytes
+from longrope.workers.byte_tokenizer import encode_bytes
 from longrope.workers.corpus import Split, corpus_documents, corpus_provenance
 from longrope.workers.needles import answer_mask, needle_windows
 from longrope.workers.reference_recipe import TrainingRecipe
 from longrope.workers.scorer import chunked_loss
+from longrope.workers.suite_model import suite_config
 from longrope.workers.training_loop import BYTES, train_steps
 
 
 def reference_config(recipe: TrainingRecipe):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=BYTE_VOCAB_SIZE,
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_layers,
-        num_attention_heads=recipe.num_heads,
-        num_key_value_heads=recipe.num_heads,
-        head_dim=recipe.head_dim,
-        max_position_embeddings=recipe.train_length,
-        rope_parameters={"rope_type": "default", "rope_theta": recipe.rope_theta},
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
+    """transformers' LlamaConfig of the recipe's shape (`suite_model.suite_config`, the shape the suite's `rope`
+    checkpoint shares)."""
+    return suite_config("rope", recipe).llama_config()
 
 
 def split_tokens(split: Split) -> list[np.ndarray]:

@@ -13,6 +13,7 @@ embeddings (GPT-2's `wpe`); CoPE's position table once per attention layer (Golo
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -25,7 +26,8 @@ from longrope.encodings.alibi import ALiBiEncoding
 from longrope.encodings.cope import CoPEEncoding
 from longrope.encodings.interface import NoPE, PositionalEncoding, RotaryEncoding, reference_attention
 from longrope.encodings.rope_methods import RopeMethod
-from longrope.workers.reference_recipe import EncodingName
+from longrope.workers.byte_tokenizer import BYTE_VOCAB_SIZE
+from longrope.workers.reference_recipe import EncodingName, TrainingRecipe
 
 
 class SuiteModelConfig(BaseModel):
@@ -35,7 +37,7 @@ class SuiteModelConfig(BaseModel):
 
     architecture: Literal["SuiteDecoder"] = "SuiteDecoder"
     encoding: EncodingName
-    vocab_size: int = Field(default=256, gt=0)
+    vocab_size: int = Field(default=BYTE_VOCAB_SIZE, gt=0)
     hidden_size: int = Field(gt=0)
     intermediate_size: int = Field(gt=0)
     num_layers: int = Field(gt=0)
@@ -51,6 +53,47 @@ class SuiteModelConfig(BaseModel):
     def plain_rope(self) -> RopeMethod:
         """The RoPE the `rope` model was trained with: plain RoPE at its training length."""
         return RopeMethod(head_dim=self.head_dim, max_position_embeddings=self.train_length, rope_theta=self.rope_theta)
+
+    def llama_config(self, rope_parameters: dict | None = None, max_position_embeddings: int | None = None):
+        """This shape as transformers' `LlamaConfig`: the reference model's config, and the config a suite `rope`
+        checkpoint loads into `LlamaForCausalLM` with (the same parameter names). Tied embeddings, no special
+        tokens (the vocabulary is bytes). `rope_parameters` defaults to the plain RoPE it was trained with and
+        `max_position_embeddings` to the training length."""
+        from transformers import LlamaConfig  # transformers only where a Llama is built: the suite decoder needs none
+
+        return LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=max_position_embeddings or self.train_length,
+            rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": self.rope_theta},
+            rms_norm_eps=self.rms_norm_eps,
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        )
+
+
+def suite_config(encoding: EncodingName, recipe: TrainingRecipe) -> SuiteModelConfig:
+    """The one mapping from a training recipe to a model shape: every encoding's checkpoint and the reference model
+    (`llama_config` of the `rope` shape) are built from it, so everything but the encoding (and sinusoidal's
+    embedding scale) is shared."""
+    return SuiteModelConfig(
+        encoding=encoding,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_layers=recipe.num_layers,
+        num_heads=recipe.num_heads,
+        head_dim=recipe.head_dim,
+        train_length=recipe.train_length,
+        rope_theta=recipe.rope_theta,
+        embedding_scale=math.sqrt(recipe.hidden_size) if encoding == "sinusoidal" else 1.0,
+    )
 
 
 def embedding_encoding(config: SuiteModelConfig) -> PositionalEncoding:

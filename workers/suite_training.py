@@ -7,7 +7,6 @@ position enters the model. The learned table covers the training length only, as
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from longrope.workers.corpus import corpus_provenance
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.reference_model import split_tokens
 from longrope.workers.reference_recipe import EncodingName, TrainingRecipe
-from longrope.workers.suite_model import SuiteDecoder, SuiteModelConfig
+from longrope.workers.suite_model import SuiteDecoder, SuiteModelConfig, suite_config
 from longrope.workers.training_loop import train_steps
 
 SUITE_MODELS_DIR = Path(__file__).resolve().parent / "suite_models"
@@ -49,21 +48,6 @@ class SuiteTraining(BaseModel):
 def suite_model_dir(encoding: EncodingName) -> Path:
     """Where the shipped checkpoint of one encoding lives (inside the installed package)."""
     return SUITE_MODELS_DIR / encoding
-
-
-def suite_config(encoding: EncodingName, recipe: TrainingRecipe) -> SuiteModelConfig:
-    """The recipe's shape for one encoding: everything but the encoding (and sinusoidal's scale) is shared."""
-    return SuiteModelConfig(
-        encoding=encoding,
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_layers=recipe.num_layers,
-        num_heads=recipe.num_heads,
-        head_dim=recipe.head_dim,
-        train_length=recipe.train_length,
-        rope_theta=recipe.rope_theta,
-        embedding_scale=math.sqrt(recipe.hidden_size) if encoding == "sinusoidal" else 1.0,
-    )
 
 
 def train_suite_model(out_dir: Path, encoding: EncodingName, recipe: TrainingRecipe, *, log=print) -> SuiteTraining:

@@ -1,0 +1,168 @@
+"""What the benchmark scripts share: where results go and what each records about its run, the candidates they
+time, the random Llama they time at a realistic width, the one-window job, and a run's cost trajectory.
+
+The scripts run as `.venv/bin/python bench/NAME.py`, which puts bench/ on the import path, so they import this
+module as `benchlib` and never each other (a script's module-level state stays its own). Timing itself is
+`longrope.workers.timing`, shared with `longrope estimate`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from longrope.encodings import LongRope
+from longrope.search.job_config import JobConfig, load_job_config
+from longrope.workers.random_llama import llama_config, save_random_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+# ---- what a saved result records ----
+
+
+def machine() -> dict[str, Any]:
+    """The machine and software the figures were measured on (the load average: how shared the machine was)."""
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": metadata.version("ray"),
+        "torch_threads_of_this_process": torch.get_num_threads(),
+        "load_average_1_5_15": list(os.getloadavg()),
+    }
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if "model name" in line:
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def command() -> str:
+    """This run's command line, as the README writes it (`.venv/bin/python bench/NAME.py ARGS`)."""
+    return " ".join([".venv/bin/python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+
+
+def provenance() -> dict[str, Any]:
+    """The command, the date (UTC), the commit (and whether tracked files differ from it) and the machine: what
+    every saved result starts with."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return {
+        "command": command(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": commit,
+        "uncommitted_changes": bool(changed.stdout.strip()),
+        "machine": machine(),
+    }
+
+
+def save_json(path: Path, result: dict[str, Any]) -> Path:
+    """`result` as indented JSON at `path` (its folder made), with the load average at the end of the run."""
+    result.setdefault("machine", {})["load_average_at_end"] = list(os.getloadavg())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"saved {path}")
+    return path
+
+
+# ---- what the scoring benchmarks time ----
+
+
+def candidate_set(count: int, rope, target: int) -> list[LongRope]:
+    """`count` LongRoPE candidates for the model whose RoPE is `rope` (`models.ModelRope`), read at `target`:
+    factors from 1 rising linearly to 1.5, 2.0, ... across the pairs, so no two are alike."""
+    pairs = rope.rotary_dim // 2
+    return [
+        LongRope.from_factors(
+            torch.linspace(1.0, 1.0 + 0.5 * (i + 1), pairs),
+            head_dim=rope.head_dim,
+            original_length=rope.original_length,
+            target_length=target,
+        )
+        for i in range(count)
+    ]
+
+
+def d1024_llama(out: Path) -> Path:
+    """A random-weight Llama at a realistic width: d_model 1024, 2 layers, 8 heads x 128, 4 key/value heads,
+    MLP 2816, 32k vocabulary (what estimate_accuracy.py and backward_cost.py time at 2048 tokens and more)."""
+    config = llama_config(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=32000,
+        max_position_embeddings=1024,
+    )
+    return save_random_llama(out, config)
+
+
+def one_window_config(tokens: int, original: int, model: str = "reference") -> JobConfig:
+    """A job that scores one candidate a call on one window of `tokens`: each forward is one row, its smallest."""
+    base = {
+        "target_length": tokens,
+        "original_length": original,
+        "model": {"path": model, "device": "cpu"},
+        "data": {"search_windows": 1},
+        "workers": {"candidates_per_forward": 1, "batch_size": 1},
+    }
+    return load_job_config(None, base=base)
+
+
+# ---- a search run's cost, read back from its history.jsonl ----
+
+
+@dataclass(frozen=True)
+class CostPoint:
+    forward: int  # window forwards so far
+    backward: int  # of which also had a backward pass
+    cost: float  # window-equivalents so far: forward + c x backward
+    best_nll: float  # best fully scored mean NLL so far
+    best: dict | None  # its record
+
+
+def cost_trajectory(run_dir: Path, c: float) -> list[CostPoint]:
+    """One CostPoint after each history line, in the order written: a line's new windows are its NLLs not
+    counted before (a raced candidate's line may be written twice), its backward windows `backward_windows`."""
+    done: dict[str, int] = {}
+    forward, backward, best, points = 0, 0, None, []
+    for line in (run_dir / "history.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        forward += len(record["nll"]) - done.get(record["key"], 0)
+        backward += int(record.get("backward_windows", 0)) if record["key"] not in done else 0
+        done[record["key"]] = len(record["nll"])
+        scored = record.get("status", "scored") == "scored" and record["mean_nll"] is not None
+        if scored and (best is None or (record["mean_nll"], record["key"]) < (best["mean_nll"], best["key"])):
+            best = record  # best_of's rule: lowest mean NLL, ties by key
+        best_nll = math.inf if best is None else best["mean_nll"]
+        points.append(CostPoint(forward, backward, forward + c * backward, best_nll, best))
+    return points
+
+
+def history_trajectory(run_dir: Path) -> list[tuple[int, float]]:
+    """(window evaluations so far, best fully scored NLL so far) after each history line, in the order written
+    (window evaluations are forward windows)."""
+    return [(point.forward, point.best_nll) for point in cost_trajectory(run_dir, 0.0)]

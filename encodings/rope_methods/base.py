@@ -1,0 +1,105 @@
+"""Plain RoPE (`rope_type: "default"`), and the base class every RoPE-family method overrides.
+
+RoPE (Su et al. 2021, RoFormer, arXiv 2104.09864) rotates each pair `i` of a head's rotary dims by the angle
+`p * theta_i` at position p, with `theta_i = b ** (-2i / d)`, i = 0 .. d/2 - 1, b = `rope_theta` (10000 unless a
+model sets it: Llama 3 uses 500000, Qwen2-VL's text model 1e6). transformers 5.x computes it in float32 as
+`1 / b ** (arange(0, d, 2) / d)` (models/llama/modeling_llama.py, `LlamaRotaryEmbedding.
+compute_default_rope_parameters`), and so does `default_inv_freq` here, bit for bit.
+
+Partial rotary (`partial_rotary_factor`, GPT-NeoX's `rotary_pct`, Phi-4-mini): only the first
+`d_rot = int(head_dim * partial_rotary_factor)` dims of a head rotate and `d_rot` is the exponent's
+denominator. transformers' Phi-3 default init and every scaled rope_type honour it, as vLLM's `get_rope` does
+(`int(head_size * partial_rotary_factor)`); transformers' Llama default init ignores it, which is why the
+tests compare plain RoPE with Phi-3's init.
+
+Every method reduces to `inv_freq` (float32, d_rot/2) and `attention_factor`, which multiplies cos and sin (so
+the attention logits scale by its square), as transformers applies them in `LlamaRotaryEmbedding.forward`. A
+subclass overrides only `inv_freq` (and, where it has one, `attention_factor`): the shape of vLLM 0.33's
+`model_executor/layers/rotary_embedding/` package, one class per scaling type over a base that owns the cos/sin.
+Each class is a frozen pydantic model whose fields are the transformers `rope_parameters` keys, so validation,
+`to_hf()` and the error messages speak the names users see in `config.json`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from longrope.encodings.lazy_import import torch
+from longrope.encodings.rotary import Layout, default_inv_freq, rotary_cos_sin, rotary_dim_for
+
+# Fields that describe the model the encoding is attached to, not the `rope_parameters` block.
+CONTEXT_FIELDS = frozenset({"head_dim", "max_position_embeddings"})
+
+
+class RopeMethod(BaseModel):
+    """Plain RoPE (`rope_type: "default"`): `inv_freq_i = theta ** (-2i / rotary_dim)`, attention factor 1."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+    rope_type: ClassVar[str] = "default"
+    # rope_parameters keys this method writes in to_hf(), besides rope_type/rope_theta/partial_rotary_factor.
+    hf_keys: ClassVar[tuple[str, ...]] = ()
+
+    head_dim: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    rope_theta: float = Field(default=10000.0, gt=1.0)
+    partial_rotary_factor: float = Field(default=1.0, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check_rotary_dim(self) -> RopeMethod:
+        rotary_dim_for(self.head_dim, self.partial_rotary_factor)
+        return self
+
+    @property
+    def rotary_dim(self) -> int:
+        return rotary_dim_for(self.head_dim, self.partial_rotary_factor)
+
+    @property
+    def attention_factor(self) -> float:
+        """Multiplier of cos and sin (so attention logits scale by its square)."""
+        return 1.0
+
+    @property
+    def n_hat(self) -> int:
+        """Leading positions that keep the original frequencies (only LongRoPE sets it)."""
+        return 0
+
+    def original_inv_freq(self) -> torch.Tensor:
+        return default_inv_freq(self.rotary_dim, self.rope_theta)
+
+    def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
+        """Frequencies in force for a sequence of `seq_len` tokens (None: as at model load)."""
+        return self.original_inv_freq()
+
+    def factors(self, seq_len: int | None = None) -> torch.Tensor:
+        """Per-pair divisors `original_inv_freq / inv_freq`: how this method seeds a LongRoPE search."""
+        return self.original_inv_freq() / self.inv_freq(seq_len)
+
+    def cos_sin(
+        self, positions: torch.Tensor, *, seq_len: int | None = None, layout: Layout = "rotate_half"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [1 or B, T, rotary_dim]; `seq_len` defaults to max(position) + 1, as transformers uses."""
+        if seq_len is None:
+            seq_len = int(positions.max()) + 1
+        return rotary_cos_sin(
+            self.inv_freq(seq_len),
+            positions,
+            attention_factor=self.attention_factor,
+            n_hat=self.n_hat,
+            original_inv_freq=self.original_inv_freq(),
+            layout=layout,
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """This method as a transformers `rope_parameters` dict (what goes into `config.json`)."""
+        block: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
+        if self.partial_rotary_factor != 1.0:
+            block["partial_rotary_factor"] = self.partial_rotary_factor
+        for name, field in type(self).model_fields.items():
+            key = field.alias or name
+            value = getattr(self, name)
+            if key in self.hf_keys and value is not None:
+                block[key] = value
+        return block

@@ -1,0 +1,106 @@
+"""NTK-aware scaling: the base is changed instead of the frequencies, statically or as the sequence grows.
+
+Static (bloc97's "NTK-aware scaled RoPE", reddit r/LocalLLaMA, June 2023; jquesnelle/yarn at commit 995db5b,
+`scaled_rope/LlamaNTKScaledRotaryEmbedding.py`): `b' = b * s ** (d / (d - 2))`, `theta'_i = b' ** (-2i / d)`,
+attention factor 1. The exponent makes the lowest frequency (i = d/2 - 1) exactly `theta / s` while theta_0 is
+unchanged. transformers has no rope_type for it (a model states it as `default` with the changed `rope_theta`);
+vLLM's `dynamic` with an `alpha` key (`DynamicNTKAlphaRotaryEmbedding`) is this same static formula, while vLLM's
+`ntk` type (`NTKScalingRotaryEmbedding`, kexue.fm/archives/9706) is a different one, not implemented here.
+
+Dynamic (transformers 5.x `modeling_rope_utils.py`, `_compute_dynamic_ntk_parameters`): with
+`L0 = max_position_embeddings` (not `original_max_position_embeddings`) and `L = max(seq_len, L0)`,
+`b' = b * (s * L / L0 - (s - 1)) ** (d / (d - 2))`, attention factor 1; at L <= L0 the bracket is 1, plain RoPE.
+Worked values (d 128, b 1e4, L0 4096, s 2): L 8192 gives b' 30527.7, L 16384 gives 72195.7. When a running model
+recomputes is transformers' `dynamic_rope_update` decorator (`DynamicFrequencyCache`). vLLM 0.33's
+`DynamicNTKScalingRotaryEmbedding` builds one static table at its maximum length instead, and older vLLM used
+the constant `s**2 - s + 1` (vllm#3488, fixed by vllm#41277), so vLLM is not the reference for dynamic NTK.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from longrope.encodings.lazy_import import torch
+from longrope.encodings.rope_methods.base import RopeMethod
+from longrope.encodings.rotary import default_inv_freq
+
+
+class NtkRope(RopeMethod):
+    """NTK-aware static base change: `theta' = theta * factor ** (d / (d - 2))`.
+
+    Keeps the highest frequency and divides the lowest by exactly `factor`. transformers has no rope_type for
+    it, so `to_hf()` states it as `default` with the changed `rope_theta`, which transformers and vLLM load
+    as they are (the frequencies are identical; the method name is not kept).
+    """
+
+    rope_type: ClassVar[str] = "ntk"
+    factor: float = Field(ge=1.0)
+
+    @property
+    def scaled_theta(self) -> float:
+        d = self.rotary_dim
+        return self.rope_theta * self.factor ** (d / (d - 2))
+
+    def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
+        return default_inv_freq(self.rotary_dim, self.scaled_theta)
+
+    def to_hf(self) -> dict[str, Any]:
+        block = RopeMethod(
+            head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_theta=self.scaled_theta,
+            partial_rotary_factor=self.partial_rotary_factor,
+        )
+        return block.to_hf()
+
+
+class DynamicNtkRope(RopeMethod):
+    """Dynamic NTK (`dynamic`): the NTK base change grows with the sequence length past `max_position_embeddings`.
+
+    `theta' = theta * (factor * L / L0 - (factor - 1)) ** (d / (d - 2))` with `L = max(seq_len, L0)` and, as in
+    transformers, `L0 = max_position_embeddings` (not `original_max_position_embeddings`). How a running model
+    moves between lengths (growth only, reset below L0) is `DynamicFrequencyCache`.
+    """
+
+    rope_type: ClassVar[str] = "dynamic"
+    hf_keys: ClassVar[tuple[str, ...]] = ("factor",)
+    factor: float = Field(ge=1.0)
+
+    def scaled_theta(self, seq_len: int | None) -> float:
+        length = self.max_position_embeddings if seq_len is None else max(seq_len, self.max_position_embeddings)
+        d = self.rotary_dim
+        growth = self.factor * length / self.max_position_embeddings - (self.factor - 1)
+        return self.rope_theta * growth ** (d / (d - 2))
+
+    def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
+        return default_inv_freq(self.rotary_dim, self.scaled_theta(seq_len))
+
+    def frequency_cache(self) -> DynamicFrequencyCache:
+        return DynamicFrequencyCache(self)
+
+
+class DynamicFrequencyCache:
+    """transformers' `dynamic_rope_update` rule for a running model, as a small state machine.
+
+    The frequencies are recomputed only when a forward's length (max position + 1) grows past the cached
+    length, and reset to the originals when a forward is shorter than `max_position_embeddings` after growth.
+    So a shorter sequence that is still past L0 keeps the larger base it was given before (transformers 5.x
+    `modeling_rope_utils.py`, `dynamic_rope_update`; keys already in a KV cache are not re-rotated).
+    """
+
+    def __init__(self, method: DynamicNtkRope):
+        self.method = method
+        self.original_length = method.max_position_embeddings
+        self.cached_length = self.original_length
+        self.inv_freq = method.inv_freq(None)
+
+    def update(self, seq_len: int) -> torch.Tensor:
+        if seq_len > self.cached_length:
+            self.inv_freq = self.method.inv_freq(seq_len)
+            self.cached_length = seq_len
+        if seq_len < self.original_length and self.cached_length > self.original_length:
+            self.inv_freq = self.method.original_inv_freq()
+            self.cached_length = self.original_length
+        return self.inv_freq
