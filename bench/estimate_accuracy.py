@@ -10,8 +10,8 @@ Cases:
   estimate.FIXED_COST_SHARE_LIMIT: above it `longrope estimate` withholds the time, and this bench prints the
   ratio the withheld figure would have had, marked so.
 
-Each round computes the estimate as the CLI does (search/estimate_cpu.py times the forward replayed at the case's
-shapes with the worker's torch threads; search/estimate.py adds it up; nothing is fitted to the scorer) and then
+Each round computes the estimate as the CLI does (search/cost/cpu_rates.py times the forward replayed at the case's
+shapes with the worker's torch threads; search/cost/estimate.py adds it up; nothing is fitted to the scorer) and then
 really scores a batch with the project's Scorer at the same thread count; the two alternate so the shared
 machine's load hits both alike. Each side's figure is its least over the rounds (the least-disturbed, as timeit
 advises); ratio = estimated / measured. Target: within 25% (0.75-1.25) wherever the CLI prints a time.
@@ -39,7 +39,9 @@ import numpy as np
 import torch
 from scoring import candidate_set  # bench/scoring.py: the same candidates the scoring bench times
 
-from longrope.search.estimate import (
+from longrope.search.config.job_config import JobConfig, load_job_config
+from longrope.search.cost.cpu_rates import measure_cpu_rates, torch_threads
+from longrope.search.cost.estimate import (
     Architecture,
     device_estimate,
     forward_shape,
@@ -51,8 +53,6 @@ from longrope.search.estimate import (
     worker_dtype,
     worker_threads,
 )
-from longrope.search.estimate_cpu import measure_cpu_rates, torch_threads
-from longrope.search.job_config import JobConfig, load_job_config
 from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from longrope.encodings import LongRope
-from longrope.search.estimate_cpu import median_seconds
+from longrope.search.cost.cpu_rates import median_seconds
 from longrope.workers.models import load_model
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer

@@ -37,7 +37,7 @@ def cli_error_line(args: list[str], capsys, caplog, *, folder: Path) -> str:
 
     Python warnings and WARNING log records count as stderr lines too: the CLI shows them there, pytest takes them
     for itself."""
-    from longrope.search.cli import main
+    from longrope.search.cli.main import main
 
     capsys.readouterr()  # what building the case printed
     caplog.clear()

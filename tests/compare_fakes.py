@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 
-from longrope.search import compare
+from longrope.search.reports import compare
 from longrope.workers.pool import window_spans
 from longrope.workers.scorer import CandidateScore
 

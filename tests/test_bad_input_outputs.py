@@ -19,8 +19,8 @@ from cli_checks import cli_error_line, snapshot
 from compare_fakes import FakePool, RefusingPool
 from search_helpers import JOB_RECORD, finished_run
 
-from longrope.search import compare
-from longrope.search.cli import main
+from longrope.search.cli.main import main
+from longrope.search.reports import compare
 from longrope.workers.reference_recipe import reference_model_dir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -19,10 +19,10 @@ from compare_fakes import FakePool, RefusingPool
 from matplotlib.colors import to_hex
 from matplotlib.container import ErrorbarContainer
 
-from longrope.search import compare
-from longrope.search.cli import main
-from longrope.search.compare import markdown_table, plot_factors, plot_perplexity
-from longrope.search.needle_report import plot_needle_heatmap
+from longrope.search.cli.main import main
+from longrope.search.reports import compare
+from longrope.search.reports.compare import markdown_table, plot_factors, plot_perplexity
+from longrope.search.reports.needle_report import plot_needle_heatmap
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LENGTHS = [128, 256, 512, 1024]

@@ -14,9 +14,9 @@ import pytest
 from compare_fakes import InProcessPool
 from rich.console import Console
 
-from longrope.search import compare
-from longrope.search.cli import main
-from longrope.search.progress import CountProgress
+from longrope.search.cli.main import main
+from longrope.search.cli.progress import CountProgress
+from longrope.search.reports import compare
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -19,8 +19,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from longrope.encodings import LongRope
-from longrope.search.cli import main
-from longrope.search.estimate import (
+from longrope.search.cli.main import main
+from longrope.search.config.job_config import load_job_config
+from longrope.search.cost.estimate import (
     FIXED_COST_SHARE_LIMIT,
     KNOWN_MODELS,
     Architecture,
@@ -42,7 +43,6 @@ from longrope.search.estimate import (
     worker_memory,
     worker_threads,
 )
-from longrope.search.job_config import load_job_config
 from longrope.workers.models import load_model, model_rope, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
@@ -245,7 +245,7 @@ def test_bad_model_config_json_is_one_line(capsys, tmp_path):
 
 def test_estimate_modules_import_neither_torch_nor_ray():
     code = (
-        "import sys; import longrope.search.estimate, longrope.search.cli_estimate; "
+        "import sys; import longrope.search.cost.estimate, longrope.search.cli.estimate_command; "
         "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -260,7 +260,7 @@ def test_the_replayed_layer_is_transformers_llama_layer():
     computes from the same weights (GQA, SDPA and eager, biases): it does the work the scorer's forward does."""
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from longrope.search.estimate_cpu import Stopwatch, decoder_layer
+    from longrope.search.cost.cpu_rates import Stopwatch, decoder_layer
 
     for implementation in ("sdpa", "eager"):
         config = tiny_llama(attention_bias=True)
@@ -291,7 +291,7 @@ def test_the_replayed_layer_is_transformers_llama_layer():
 def test_the_replayed_layer_does_the_counted_flops():
     """The rates divide forward_flops by the replay's time: torch's counter, on the replayed eager layer, counts
     one layer's share of those FLOPs (linear + full-matrix attention) for the rows replayed."""
-    from longrope.search.estimate_cpu import Stopwatch, decoder_layer, layer_weights
+    from longrope.search.cost.cpu_rates import Stopwatch, decoder_layer, layer_weights
 
     arch = Architecture.from_hf_config(tiny_llama().to_dict())
     rows, tokens = 3, 40
@@ -406,7 +406,7 @@ def test_time_is_withheld_where_forwards_fixed_cost_dominates():
 
 
 def test_cli_says_in_one_line_why_no_time(capsys, monkeypatch):
-    import longrope.search.estimate_cpu as estimate_cpu
+    import longrope.search.cost.cpu_rates as estimate_cpu
 
     monkeypatch.setattr(estimate_cpu, "measure_cpu_rates", lambda *args, **kwargs: cpu_rates(3e-3))
     argv = ["estimate", str(DEMO), "--gpu", "cpu", "--set", "original_length=16", "--set", "target_length=32",
@@ -423,7 +423,7 @@ def test_cli_says_in_one_line_why_no_time(capsys, monkeypatch):
 def test_forward_fixed_cost_is_measured_for_each_family(name):
     """The toy-width model builds and scores for the reference model and every known architecture (Llama,
     Mistral, Phi-3 with its LongRoPE factors): same model type, layers and head size, one head."""
-    from longrope.search.estimate_cpu import forward_fixed_cost_seconds, toy_model_config
+    from longrope.search.cost.cpu_rates import forward_fixed_cost_seconds, toy_model_config
 
     settings = read_model_config(reference_model_dir()) if name == "reference" else KNOWN_MODELS[name]
     arch = Architecture.from_hf_config(settings)
@@ -538,7 +538,8 @@ def test_gradient_memory_worked_by_hand():
 def test_gradient_time_and_memory_per_device():
     """The demo with the gradient optimizer on a CPU priced by hand (rates 1e10, fixed cost 1 ms): a backward
     window pass costs its FLOPs and 3 x the forward's elementwise bytes at those rates, plus 2 fixed costs per
-    gradient forward shared by its 2 stacked windows of 1024; the job's hours add 360 of them to 64 candidates (3 seeds, 60 steps, the best on the grid)."""
+    gradient forward shared by its 2 stacked windows of 1024; the job's hours add 360 of them to 64 candidates
+    (3 seeds, 60 steps, the best on the grid)."""
     config = load_job_config(DEMO, ["search.optimizer=gradient"])
     arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
     device = device_estimate(config, arch, 128, "cpu", cpu_rates(1e-3), None)
@@ -554,7 +555,11 @@ def test_gradient_time_and_memory_per_device():
 def test_cli_prints_the_gradient_budget(capsys):
     assert main(["estimate", str(DEMO), "--set", "search.optimizer=gradient", "--gpu", "H100"]) == 0
     text = capsys.readouterr().out
-    assert "64 (3 seeds + 60 steps + 1 on the grid" in text and "360 backward window passes" in text and "memory/grad." in text
+    assert (
+        "64 (3 seeds + 60 steps + 1 on the grid" in text
+        and "360 backward window passes" in text
+        and "memory/grad." in text
+    )
     assert main(["estimate", str(DEMO), "--set", "search.optimizer=hybrid", "--json", "--gpu", "H100"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["backward_window_passes"] == 60 and result["candidates"] == 363

@@ -11,10 +11,10 @@ import torch
 from search_helpers import JOB_RECORD, finished_run
 
 from longrope.encodings import LongRope, from_hf
-from longrope.search import verify as verify_module
-from longrope.search.cli import main
-from longrope.search.factors_file import FactorsFile, read_factors_file
-from longrope.search.verify import verify, vllm_formula_tables
+from longrope.search.cli.main import main
+from longrope.search.config.factors_file import FactorsFile, read_factors_file
+from longrope.search.export import verify as verify_module
+from longrope.search.export.verify import verify, vllm_formula_tables
 
 HEAD_DIM, PAIRS, ORIGINAL, TARGET = 32, 16, 64, 512
 SEARCHED = [1.0 + 0.25 * i for i in range(PAIRS)]

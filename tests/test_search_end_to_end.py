@@ -9,20 +9,19 @@ import numpy as np
 import pytest
 import ray
 import torch
-from rich.console import Console
 from search_helpers import make_coordinator
 from transformers import AutoModelForCausalLM
 
 from longrope.encodings import from_hf
-from longrope.search import compare
-from longrope.search.compare import paired_difference, run_compare
-from longrope.search.coordinator import SearchProblem
-from longrope.search.export import factors_file_of_run, write_into_model
-from longrope.search.factors_file import FactorsFile
-from longrope.search.job_config import load_job_config
-from longrope.search.job_context import JobContext
-from longrope.search.jobs import run_search
-from longrope.search.run_store import RunDir
+from longrope.search.config.factors_file import FactorsFile
+from longrope.search.config.job_config import load_job_config
+from longrope.search.export.factors_export import factors_file_of_run, write_into_model
+from longrope.search.reports import compare
+from longrope.search.reports.compare import paired_difference, run_compare
+from longrope.search.run.coordinator import SearchProblem
+from longrope.search.run.job_context import JobContext
+from longrope.search.run.jobs import run_search
+from longrope.search.run.run_store import RunDir
 from longrope.workers.models import load_model
 from longrope.workers.pool import WorkerPool
 from longrope.workers.reference_recipe import reference_model_dir
@@ -51,7 +50,7 @@ SMALL_BUDGET = [
 def finished_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     config = load_job_config(None, [*SMALL_BUDGET, f"output_dir={out}"])
-    best = run_search(config, show_progress=False, console=Console(quiet=True))
+    best = run_search(config)
     yield config, RunDir(out), best
     ray.shutdown()
 
