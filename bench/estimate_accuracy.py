@@ -7,8 +7,8 @@ Cases:
   one candidate on one window of 2048, 4096 and 8192 tokens;
 - small forwards, where a forward's fixed cost (Python, module calls, op dispatch) is a large share: the
   reference model, one candidate on one window of 16, 32, 64, 128 and 256 tokens (original_length 8). These justify
-  estimate.FIXED_COST_SHARE_LIMIT: above it `longrope estimate` withholds the time, and this bench prints the
-  ratio the withheld figure would have had, marked so.
+  FIXED_COST_SHARE_LIMIT (search/cost/hardware.py): above it `longrope estimate` withholds the time, and this
+  bench prints the ratio the withheld figure would have had, marked so.
 
 Each round computes the estimate as the CLI does (search/cost/cpu_rates.py times the forward replayed at the case's
 shapes with the worker's torch threads; search/cost/estimate.py adds it up; nothing is fitted to the scorer) and then
@@ -39,20 +39,14 @@ import numpy as np
 import torch
 from scoring import candidate_set  # bench/scoring.py: the same candidates the scoring bench times
 
-from longrope.search.config.job_config import JobConfig, load_job_config
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import load_job_config
+from longrope.search.cost.architecture import Architecture
+from longrope.search.cost.budget import search_budget
 from longrope.search.cost.cpu_rates import measure_cpu_rates, torch_threads
-from longrope.search.cost.estimate import (
-    Architecture,
-    device_estimate,
-    forward_shape,
-    forwards_per_candidate,
-    resolve_original_length,
-    search_budget,
-    seconds,
-    stage_estimates,
-    worker_dtype,
-    worker_threads,
-)
+from longrope.search.cost.estimate import device_estimate, resolve_original_length, stage_estimates
+from longrope.search.cost.hardware import seconds
+from longrope.search.cost.memory import forward_shape, forwards_per_candidate, worker_dtype, worker_threads
 from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer

@@ -60,18 +60,14 @@ import torch
 from rich.console import Console
 
 from longrope.encodings import LongRope, NtkRope, YarnRope
-from longrope.search.config.job_config import JobConfig, load_job_config
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import load_job_config
 from longrope.search.cost.cpu_rates import torch_threads
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.optimizers.genome import Seed
-from longrope.search.reports.compare import (
-    NTK_SCALE_MULTIPLIERS,
-    ntk_grid,
-    paired_difference,
-    score_all,
-    window_means,
-)
-from longrope.search.reports.intervals import interval
+from longrope.search.reports.compare_scoring import score_all, window_means
+from longrope.search.reports.intervals import interval, paired_difference
+from longrope.search.reports.ntk_tuning import NTK_SCALE_MULTIPLIERS, ntk_grid
 from longrope.search.run.coordinator import Coordinator, SearchProblem
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search

@@ -34,10 +34,10 @@ from rich.console import Console
 from search_cost import history_trajectory
 
 from longrope.encodings import RopeMethod
-from longrope.search.config.job_config import load_job_config
+from longrope.search.config.loading import load_job_config
 from longrope.search.export.factors_export import factors_file_of_run
-from longrope.search.reports.compare import paired_difference, score_all, window_means
-from longrope.search.reports.intervals import interval
+from longrope.search.reports.compare_scoring import score_all, window_means
+from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 
-from longrope.search.reports import compare
+from longrope.search.reports.compare_scoring import no_progress
 from longrope.workers.pool import window_spans
 from longrope.workers.scorer import CandidateScore
 
@@ -33,7 +33,7 @@ class FakePool:
         FakePool.built += 1
         self.sets = sets
 
-    def score(self, methods, set_names, progress=compare.no_progress, phase="scored"):
+    def score(self, methods, set_names, progress=no_progress, phase="scored"):
         return {s: {name: fake_score(name, s, len(self.sets[s].names)) for name in methods} for s in set_names}
 
     def shutdown(self):

@@ -16,7 +16,7 @@ import pytest
 from cli_checks import cli_error_line
 
 from longrope.search.cli.main import build_parser, main
-from longrope.search.config.job_config import load_job_config
+from longrope.search.config.loading import load_job_config
 from longrope.workers.reference_recipe import reference_model_dir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

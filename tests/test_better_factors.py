@@ -13,7 +13,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from longrope.search.config.job_config import load_job_config
+from longrope.search.config.loading import load_job_config
 from longrope.search.export.factors_export import ExportError, factors_file_of_run, write_export
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.run.job_context import JobContext

@@ -20,26 +20,17 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from longrope.encodings import LongRope
 from longrope.search.cli.main import main
-from longrope.search.config.job_config import load_job_config
-from longrope.search.cost.estimate import (
-    FIXED_COST_SHARE_LIMIT,
-    KNOWN_MODELS,
-    Architecture,
+from longrope.search.config.loading import load_job_config
+from longrope.search.cost.architecture import KNOWN_MODELS, Architecture, parameter_count
+from longrope.search.cost.budget import backward_flops, search_budget, stage_flops, window_evaluations
+from longrope.search.cost.estimate import device_estimate
+from longrope.search.cost.flops import elementwise_bytes, forward_flops
+from longrope.search.cost.hardware import FIXED_COST_SHARE_LIMIT, Rates, find_gpu, gpu_rates
+from longrope.search.cost.memory import (
     ForwardShape,
-    Rates,
-    backward_flops,
-    device_estimate,
-    elementwise_bytes,
-    find_gpu,
-    forward_flops,
     forwards_per_candidate,
-    gpu_rates,
     gradient_memory,
-    parameter_count,
     saved_bytes_per_position,
-    search_budget,
-    stage_flops,
-    window_evaluations,
     worker_memory,
     worker_threads,
 )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from search_helpers import PAIRS, objective, problem
 
-from longrope.search.config.job_config import SearchConfig
+from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import DimMonoEvolution
 from longrope.search.optimizers.factory import make_optimizer
 

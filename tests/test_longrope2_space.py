@@ -17,7 +17,7 @@ from search_helpers import PAIRS, objective, problem
 
 from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.search.cli.main import main
-from longrope.search.config.job_config import SearchConfig
+from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.optimizers.genome import Genome, SearchSpace, Seed, resolve_space
 

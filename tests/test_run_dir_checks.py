@@ -23,7 +23,7 @@ from search_helpers import JOB_RECORD, FunctionEvaluator, finished_run, make_coo
 
 from longrope.search.cli.main import main
 from longrope.search.cli.reporter import ConsoleReporter
-from longrope.search.config.job_config import load_job_config
+from longrope.search.config.loading import load_job_config
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.run.coordinator import Coordinator
 from longrope.search.run.run_store import RunDir

@@ -220,7 +220,7 @@ def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
 
 def test_a_resume_may_move_to_other_workers_only(clean):
     from longrope.search.cli.search_commands import _resume_overrides
-    from longrope.search.config.job_config import JobConfigError
+    from longrope.search.config.strict import JobConfigError
 
     run_dir, _ = clean
     moved = _resume_overrides(str(run_dir.path), ["workers.num_workers=4", "workers.address=auto"])

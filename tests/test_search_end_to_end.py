@@ -14,10 +14,11 @@ from transformers import AutoModelForCausalLM
 
 from longrope.encodings import from_hf
 from longrope.search.config.factors_file import FactorsFile
-from longrope.search.config.job_config import load_job_config
+from longrope.search.config.loading import load_job_config
 from longrope.search.export.factors_export import factors_file_of_run, write_into_model
-from longrope.search.reports import compare
-from longrope.search.reports.compare import paired_difference, run_compare
+from longrope.search.reports import compare_scoring
+from longrope.search.reports.compare import run_compare
+from longrope.search.reports.intervals import paired_difference
 from longrope.search.run.coordinator import SearchProblem
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search
@@ -103,7 +104,7 @@ def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path, monkey
         pools.append(WorkerPool(*args, **kwargs))
         return pools[-1]
 
-    monkeypatch.setattr(compare, "WorkerPool", counted_pool)
+    monkeypatch.setattr(compare_scoring, "WorkerPool", counted_pool)
     result = run_compare(
         context, factors_files=[str(factors_path)], lengths=[128, 1024], out_dir=tmp_path / "cmp", log=lambda line: None
     )
@@ -112,11 +113,11 @@ def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path, monkey
     for name in ("file:factors.json", "ntk_tuned"):  # LongRoPE blocks: vLLM applies the long factors everywhere
         transformers_row, vllm_row = methods[name], methods[f"{name} (vLLM)"]
         assert vllm_row["runtime"] == "vllm" and transformers_row["runtime"] == "transformers"
-        assert vllm_row["nll_per_window"][1024] == transformers_row["nll_per_window"][1024]  # past L0: the same
-        assert vllm_row["nll_per_window"][128] != transformers_row["nll_per_window"][128]  # short: long factors
+        assert vllm_row["nll_per_window"]["1024"] == transformers_row["nll_per_window"]["1024"]  # past L0: the same
+        assert vllm_row["nll_per_window"]["128"] != transformers_row["nll_per_window"]["128"]  # short: long factors
     assert "yarn (vLLM)" not in methods, "methods without regimes apply the same in both runtimes"
     best, ntk = methods["file:factors.json"], methods["ntk"]
-    mean, low, high = paired_difference(best["nll_per_window"][1024], ntk["nll_per_window"][1024])
+    mean, low, high = paired_difference(best["nll_per_window"]["1024"], ntk["nll_per_window"]["1024"])
     assert high < 0, (mean, low, high)
     for name in ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png", "needle_heatmap.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0

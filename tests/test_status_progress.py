@@ -23,7 +23,7 @@ from rich.console import Console
 from search_helpers import FunctionEvaluator, finished_run, make_coordinator
 
 from longrope.search.cli.reporter import ConsoleReporter
-from longrope.search.config.job_config import load_job_config
+from longrope.search.config.loading import load_job_config
 from longrope.search.run import heartbeat as heartbeats
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.status import KILLED, format_status, run_status

@@ -17,7 +17,7 @@ from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.encodings.errors import EncodingConfigError
 from longrope.search.cli.console import cli_console
 from longrope.search.config.factors_file import factors_file_for
-from longrope.search.config.job_config import MAX_FACTOR, MAX_LENGTH
+from longrope.search.config.strict import MAX_FACTOR, MAX_LENGTH
 
 # Friendly names accepted on the command line, mapped to rope_type.
 METHOD_ALIASES = {"pi": "linear", "rope": "default", "none": "default", "dynamic_ntk": "dynamic", "su": "longrope"}

@@ -10,27 +10,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-from longrope.search.config.job_config import JobConfig, JobConfigError, load_job_config
-from longrope.search.cost.estimate import (
-    DEFAULT_MFU,
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import load_job_config
+from longrope.search.config.strict import JobConfigError
+from longrope.search.cost import cpu_rates  # torch only inside its functions: `estimate` stays light
+from longrope.search.cost.architecture import (
     KNOWN_MODELS,
     Architecture,
-    DeviceEstimate,
-    JobEstimate,
-    Rates,
-    find_gpu,
-    forward_shape,
-    gpu_rates,
-    job_estimate,
     known_model,
     model_config_path,
     read_config_json,
-    resolve_original_length,
-    search_budget,
-    seed_count,
-    worker_dtype,
-    worker_threads,
 )
+from longrope.search.cost.budget import search_budget, seed_count
+from longrope.search.cost.estimate import DeviceEstimate, JobEstimate, job_estimate, resolve_original_length
+from longrope.search.cost.hardware import DEFAULT_MFU, Rates, find_gpu, gpu_rates
+from longrope.search.cost.memory import forward_shape, worker_dtype, worker_threads
 from longrope.workers.reference_recipe import reference_model_dir
 
 DEFAULT_GPUS = ("H100-SXM", "A100")
@@ -113,13 +107,11 @@ def device_rates(
 def _cpu_rates(config: JobConfig, arch: Architecture, settings: dict[str, Any]) -> Rates:
     """Timed at the shapes of the job's longest forward, with a worker's torch threads (no more than this machine's
     CPUs)."""
-    from longrope.search.cost.cpu_rates import measure_cpu_rates
-
     stage = max(search_budget(config, resolve_original_length(config, arch)).stages, key=lambda s: s.length)
     shape = forward_shape(config, stage.length, stage.windows, "cpu")
     threads = min(worker_threads(config, os.environ.get("OMP_NUM_THREADS")), os.cpu_count() or 1)
     dtype, attention = worker_dtype(config, "cpu"), config.model.attn_implementation
-    return measure_cpu_rates(arch, shape, dtype, attention, threads=threads, model_config=settings)
+    return cpu_rates.measure_cpu_rates(arch, shape, dtype, attention, threads=threads, model_config=settings)
 
 
 def _ram_gib() -> float | None:

@@ -6,6 +6,15 @@ import argparse
 import time
 from pathlib import Path
 
+from longrope.search.config.factors_file import read_factors_file
+from longrope.search.config.strict import JobConfigError
+from longrope.search.reports.compare_out import CompareOut
+from longrope.search.reports.extrapolation import (
+    OUTPUT_FILES,
+    markdown_table,
+    run_extrapolation,
+    write_outputs,
+)
 from longrope.workers.reference_recipe import ENCODING_NAMES
 
 # 16 documents x 2048 predicted tokens per cell: the whole table in under 10 minutes on 2 cores (24 took 10.6)
@@ -43,8 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def checkpoint_dirs(root: Path | None) -> dict[str, Path]:
     """{encoding: checkpoint directory}, in the suite's order; every encoding when `root` is None (shipped)."""
-    from longrope.search.config.job_config import JobConfigError
-    from longrope.workers.suite_training import suite_model_dir
+    from longrope.workers.suite_training import suite_model_dir  # torch: only when this command runs
 
     if root is None:
         return {name: suite_model_dir(name) for name in ENCODING_NAMES}
@@ -60,9 +68,7 @@ def checkpoint_dirs(root: Path | None) -> dict[str, Path]:
 
 def check_device(name: str) -> None:
     """A device torch can use here, or one line naming it."""
-    import torch
-
-    from longrope.search.config.job_config import JobConfigError
+    import torch  # torch: only when this command runs (`longrope --help` imports this module)
 
     try:
         device = torch.device(name)
@@ -72,16 +78,7 @@ def check_device(name: str) -> None:
 
 
 def run_extrapolation_command(args: argparse.Namespace) -> int:
-    from longrope.search.config.factors_file import read_factors_file
-    from longrope.search.config.job_config import JobConfigError
-    from longrope.search.reports.compare import CompareOut
-    from longrope.search.reports.extrapolation import (
-        OUTPUT_FILES,
-        markdown_table,
-        run_extrapolation,
-        write_outputs,
-    )
-    from longrope.workers.suite_training import DEMO_FACTORS
+    from longrope.workers.suite_training import DEMO_FACTORS  # torch: only when this command runs
 
     if args.documents < 2:
         raise JobConfigError(f"--documents: needs at least 2 for an interval, got {args.documents}")

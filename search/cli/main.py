@@ -18,7 +18,7 @@ from longrope.search.cli import (
 )
 from longrope.search.cli.stops import SigtermSeen, Stopped, raise_terminated
 from longrope.search.config.factors_file import package_version
-from longrope.search.config.job_config import JobConfigError
+from longrope.search.config.strict import JobConfigError
 from longrope.search.export.factors_export import ExportError
 from longrope.search.run.run_store import RunStoreError
 from longrope.workers.errors import DataError, ModelLoadError, Terminated, WorkerPoolError

@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 from longrope.search.cli.console import cli_console
+from longrope.search.cli.progress import CountProgress
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.cli.stops import ResumableWorkerError, SigtermSeen, Stopped
-from longrope.search.config.job_config import JobConfig, JobConfigError, load_job_config
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import load_job_config
+from longrope.search.config.strict import JobConfigError
 from longrope.search.export.factors_export import (
     FORMATS,
     STDOUT,
@@ -23,6 +26,11 @@ from longrope.search.export.factors_export import (
     write_export,
     write_into_model,
 )
+from longrope.search.export.verify import verify
+from longrope.search.reports.compare_out import CompareOut
+from longrope.search.reports.compare_tables import markdown_table
+from longrope.search.reports.needle_report import needle_table
+from longrope.search.run.job_context import JobContext, offline_checks
 from longrope.search.run.run_store import CONFIG, RunDir
 from longrope.search.run.status import format_status, run_status
 from longrope.workers.devices import device_problem
@@ -142,12 +150,8 @@ def run_validate(args: argparse.Namespace) -> int:
     the cluster's files and says which."""
     config = load_job_config(args.config, args.set)
     if args.offline:
-        from longrope.search.run.job_context import offline_checks
-
         original, checks = config.original_length, offline_checks(config)
     else:
-        from longrope.search.run.job_context import JobContext  # the seeds need torch, not Ray
-
         context = JobContext.resolve(config)
         original, checks = context.original_length, context.validation_checks()
     skipped = [check["what"] for check in checks if check["result"] == "skipped"]
@@ -194,7 +198,7 @@ def _source_line(check: dict) -> str:
 def run_search_command(args: argparse.Namespace) -> int:
     """A worker's error (CUDA OOM, a crash) ends as one `longrope: error:` line with the resume command, and as
     the stop reason in heartbeat.json; Ctrl-C and SIGTERM likewise (the entry point's flag tells them apart)."""
-    from longrope.search.run.jobs import run_search  # the scorer (Ray only once a run scores)
+    from longrope.search.run.jobs import run_search  # torch (the scorer), cma: only for `search`; Ray once it scores
 
     if not args.config and not args.resume:
         raise JobConfigError("search: give a CONFIG, or --resume RUN_DIR")
@@ -267,8 +271,6 @@ def run_export_command(args: argparse.Namespace) -> int:
 def run_verify_command(args: argparse.Namespace) -> int:
     """One line per runtime; exit 1 when either applies the block differently from the scorer. FACTORS is a file
     or a run directory, as for `compare --factors`."""
-    from longrope.search.export.verify import verify
-
     problem = device_problem(args.device)
     if problem:
         raise JobConfigError(f"--device {args.device!r}: {problem}")
@@ -283,16 +285,7 @@ def run_verify_command(args: argparse.Namespace) -> int:
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
-    from longrope.search.cli.progress import CountProgress
-    from longrope.search.reports.compare import (
-        OUTPUT_FILES,
-        CompareOut,
-        default_lengths,
-        markdown_table,
-        run_compare,
-    )
-    from longrope.search.reports.needle_report import needle_table
-    from longrope.search.run.job_context import JobContext
+    from longrope.search.reports.compare import OUTPUT_FILES, default_lengths, run_compare  # Ray and torch: only here
 
     console = cli_console()
     config, notes = _compare_job(args)

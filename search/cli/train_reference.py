@@ -55,7 +55,7 @@ def run_train_reference(args: argparse.Namespace) -> int:
         summary = train_reference(args.out, _recipe(args, TrainingRecipe()), log=log)
         print(json.dumps(summary["metrics"], indent=2))
         return 0
-    from longrope.workers.suite_training import SUITE_RECIPE, train_suite_model
+    from longrope.workers.suite_training import SUITE_RECIPE, train_suite_model  # torch: only when training
 
     recipe = _recipe(args, SUITE_RECIPE)
     names = ENCODING_NAMES if args.encoding == "all" else (args.encoding,)

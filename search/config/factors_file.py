@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longrope.encodings import LongRope, RopeMethod, from_hf
-from longrope.search.config.job_config import JobConfigError
+from longrope.search.config.strict import JobConfigError
 from longrope.workers.user_files import read_text_capped
 
 # a factors file holds two lists of rotary_dim / 2 factors and its provenance: a few KB (128k-context models have

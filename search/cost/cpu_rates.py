@@ -36,18 +36,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from longrope.search.cost.estimate import (
-    DTYPE_BYTES,
-    LOSS_CHUNK_TOKENS,
-    Architecture,
-    ForwardShape,
-    Rates,
-    attention_fraction,
-    elementwise_bytes,
-    forward_flops,
-    linear_weights_per_layer,
-)
+from longrope.encodings import default_inv_freq, rotary_cos_sin
+from longrope.search.cost.architecture import Architecture, linear_weights_per_layer
+from longrope.search.cost.flops import LOSS_CHUNK_TOKENS, attention_fraction, elementwise_bytes, forward_flops
+from longrope.search.cost.hardware import Rates
+from longrope.search.cost.memory import DTYPE_BYTES, ForwardShape
 from longrope.workers.errors import one_line
+from longrope.workers.models import model_rope
 
 Clock = Callable[[], float]
 # the stopwatch's kinds: the three of the time model, and "outside" the layers (embedding, cos/sin, final norm)
@@ -101,7 +96,7 @@ class Stopwatch:
 @contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Torch's intra-op thread count set to `count` for the block, restored after."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     previous = torch.get_num_threads()
     torch.set_num_threads(count)
@@ -112,14 +107,14 @@ def torch_threads(count: int) -> Iterator[None]:
 
 
 def _dtype(name: str):
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     return getattr(torch, name)
 
 
 def layer_weights(arch: Architecture, dtype: str) -> dict:
     """Random weights of one decoder layer (q, k, v, o, gate, up, down, two norms; biases where the model has them)."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     kind, d, width = _dtype(dtype), arch.hidden_size, arch.intermediate_size
     q_out, kv_out = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
@@ -138,7 +133,7 @@ def layer_weights(arch: Architecture, dtype: str) -> dict:
 
 def rms_norm(hidden, weight):
     """transformers' LlamaRMSNorm.forward, op for op (float32 statistics, cast back, then the weight)."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     states = hidden.to(torch.float32)
     variance = states.pow(2).mean(-1, keepdim=True)
@@ -148,7 +143,7 @@ def rms_norm(hidden, weight):
 
 def apply_rope(x, cos, sin):
     """transformers' apply_rotary_pos_emb for one of q, k: x * cos + rotate_half(x) * sin."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
@@ -194,7 +189,7 @@ def decoder_layer(arch: Architecture, weights: dict, hidden, cos, sin, causal: f
 
 def eager_attention(arch: Architecture, q, k, v):
     """transformers' eager_attention_forward: repeat_kv, scores, a causal mask, float32 softmax, the product."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     groups = arch.num_heads // arch.num_kv_heads
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -208,10 +203,8 @@ def forward_inputs(arch: Architecture, shape: ForwardShape, dtype: str, watch: S
     """The work a forward does once before its layers, charged to "outside": the embedding lookup and the
     candidates' cos/sin tables (encodings.rotary_cos_sin, which the rope patch calls once a forward, in float32,
     then cast to the model's dtype)."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
     import torch.nn.functional as F
-
-    from longrope.encodings import default_inv_freq, rotary_cos_sin
 
     kind = _dtype(dtype)
     ids = torch.randint(0, arch.vocab_size, (shape.rows, shape.tokens))
@@ -240,7 +233,7 @@ def forward_seconds(
     """Seconds of one forward by kind (linear, attention, elementwise): the forward's inputs, `replayed_layers`
     decoder layers in sequence and the final norm, replayed `repeats` times after a warm-up pass; each kind's
     least time, the layers' scaled to the model's count, the inputs and final norm charged once (as elementwise)."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     layers = [layer_weights(arch, dtype) for _ in range(replayed_layers(arch, dtype))]
     passes = []
@@ -265,10 +258,10 @@ def forward_seconds(
 def loss_chunk_seconds(arch: Architecture, rows: int, dtype: str, repeats: int, clock: Clock) -> tuple[float, int]:
     """(seconds, positions) of one loss chunk as the scorer computes it: workers/scorer.py `chunked_loss` on
     `rows` rows of LOSS_CHUNK_TOKENS // rows positions (the lm_head matmul, float32 cross-entropy, float64 sums)."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
     import torch.nn.functional as F
 
-    from longrope.workers.scorer import chunked_loss
+    from longrope.workers.scorer import chunked_loss  # torch
 
     kind, step = _dtype(dtype), max(1, LOSS_CHUNK_TOKENS // rows)
     hidden = torch.randn(rows, step, arch.hidden_size, dtype=kind)
@@ -299,11 +292,10 @@ def forward_fixed_cost_seconds(
     config) scoring one row of TOY_TOKENS, less the replay of that same toy forward (whose op dispatch the replay
     at full size already times). Raises ImportError without transformers, ValueError or KeyError for a config
     transformers cannot build."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
+    from transformers import AutoConfig, AutoModelForCausalLM  # only when measuring
 
-    from longrope.workers.models import model_rope
-    from longrope.workers.scorer import Scorer
+    from longrope.workers.scorer import Scorer  # torch
 
     toy = toy_model_config(model_config, arch)
     settings = {key: value for key, value in toy.items() if key != "model_type"}
@@ -322,7 +314,7 @@ def forward_fixed_cost_seconds(
 
 def square_matmul_rate(repeats: int, clock: Clock = time.perf_counter) -> float:
     """FLOP/s of a 2048 x 2048 float32 matmul: the machine's headline rate (bench/scoring.py's yardstick)."""
-    import torch
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     return 2.0 * 2048**3 / least_seconds(lambda: a @ b, repeats, clock)

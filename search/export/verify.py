@@ -1,17 +1,20 @@
 """`longrope verify FACTORS.json --model DIR`: do transformers and vLLM apply an exported block as we scored it?
 
 Three formulations of the same block are compared on the model's own shape:
-- ours: the scorer's rotary module (`rope_patch.CandidateRotaryEmbedding`) driven by the block read with
-  `encodings.from_hf`, the exact path every searched candidate was scored with;
+- ours: the block read with `encodings.from_hf`, its cos/sin from the encodings (`RopeMethod.cos_sin`, the one
+  place positional-encoding math lives), the call the scorer's rotary module makes for every candidate it scores
+  (workers/rope_patch.py); the logits check below runs the scorer's module itself;
 - transformers: the model's own rotary class, built by plain transformers from a temporary copy of the model's
   config.json with the block in force (`export.config_with_block`), at a short prompt (L0 positions: short
   factors) and at the target length (long factors), since transformers switches on `max(position_ids) + 1 > L0`;
   and, unless `--no-logits`, the model's logits on one window of random token ids at the target length with
   each rotary module in place;
-- vLLM: its `get_rope(...)` tables when vLLM is importable. Otherwise the tables are rebuilt from the keys vLLM
-  0.33 reads, by the formula of its `Phi3LongRoPEScaledRotaryEmbedding` (short table: L0 rows of short factors
-  x short_mscale; long table: max_position_embeddings rows of long factors x long_mscale; either mscale defaults
-  to sqrt(1 + ln(P / L0) / ln L0)), and the line says so.
+- vLLM: its `get_rope(...)` tables when vLLM is importable. Otherwise a stand-in for vLLM: its tables rebuilt
+  from the keys vLLM 0.33 reads, by a copy of the formula of its `Phi3LongRoPEScaledRotaryEmbedding`
+  (`vllm_stand_in_tables`; short table: L0 rows of short factors x short_mscale; long table:
+  max_position_embeddings rows of long factors x long_mscale; either mscale defaults to sqrt(1 + ln(P / L0) /
+  ln L0)), and the line says so. That copy is vLLM's side only, never ours: it is what would catch our
+  encodings departing from vLLM, so it must not share their code.
 cos/sin match within 1e-5 (float32), logits within 1e-3 x max |logit| (the same weights, the same kernels).
 """
 
@@ -30,7 +33,7 @@ from longrope.encodings import LongRope, from_hf
 from longrope.encodings.lazy_import import torch
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import check_same_shape, config_with_block
-from longrope.workers.models import check_weights, model_rope, read_model_config
+from longrope.workers.models import check_weights, load_model, model_rope, read_model_config
 
 COS_SIN_TOLERANCE = 1e-5
 LOGITS_RELATIVE_TOLERANCE = 1e-3
@@ -79,7 +82,7 @@ def verify(
     ours = our_method(factors, hf_config)
     regimes = {"short": ours.original_max_position_embeddings, "long": factors.max_position_embeddings}
     their_rotary = transformers_rotary(hf_config)
-    mine = {regime: scorer_cos_sin(ours, length) for regime, length in regimes.items()}
+    mine = {regime: our_cos_sin(ours, length) for regime, length in regimes.items()}
     theirs = {regime: module_cos_sin(their_rotary, length) for regime, length in regimes.items()}
     transformers_check = compare_cos_sin("transformers", transformers_source(), mine, theirs)
     if logits:
@@ -98,7 +101,7 @@ def verify(
 def transformers_config(config: dict):
     """The config as plain transformers reads it from disk: written to a temporary directory and loaded with
     `AutoConfig.from_pretrained`, so its own rope validation and key handling apply."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # transformers: only when verifying
 
     with tempfile.TemporaryDirectory(prefix="longrope-verify-") as folder:
         (Path(folder) / "config.json").write_text(json.dumps(config))
@@ -106,7 +109,7 @@ def transformers_config(config: dict):
 
 
 def transformers_source() -> str:
-    import transformers
+    import transformers  # transformers: only when verifying
 
     return f"transformers {transformers.__version__}"
 
@@ -123,7 +126,7 @@ def our_method(factors: FactorsFile, hf_config) -> LongRope:
 def transformers_rotary(hf_config):
     """The model's own rotary class, as transformers builds it for this config (the model skeleton on the meta
     device finds the class without allocating weights; the rotary module itself is built on the CPU)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers: only when verifying
 
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(hf_config)
@@ -142,13 +145,14 @@ def module_cos_sin(rotary, length: int):
     return cos.float(), sin.float()
 
 
-def scorer_cos_sin(method: LongRope, length: int):
-    """cos, sin from the scorer's own rotary module with this one candidate set, as a window of `length`."""
-    from longrope.workers.rope_patch import CandidateRotaryEmbedding
-
-    rotary = CandidateRotaryEmbedding(method.original_inv_freq())
-    rotary.set_candidates([method], seq_len=length)
-    return module_cos_sin(rotary, length)
+def our_cos_sin(method: LongRope, length: int):
+    """cos, sin [1, length, rotary_dim] (rotate_half layout, float32) for a window of `length` tokens, from the
+    encodings: the frequencies in force at `length` (short factors up to L0, long past it), times the attention
+    factor, the first n_hat positions on the original frequencies. The scorer's rotary module makes this call
+    for each candidate (`rotary_cos_sin` over `candidate_rows`, workers/rope_patch.py)."""
+    with torch.no_grad():
+        cos, sin = method.cos_sin(positions(length), seq_len=length)
+    return cos.float(), sin.float()
 
 
 def half(cos_sin):
@@ -181,8 +185,7 @@ def with_logits(
 ) -> RuntimeCheck:
     """The model's logits on one window of random ids at `length`, with transformers' rotary module for the
     block and with the scorer's, on the same weights (loaded once, float32, on `device`)."""
-    from longrope.workers.models import load_model
-    from longrope.workers.rope_patch import patched_rotary
+    from longrope.workers.rope_patch import patched_rotary  # torch: only for the logits check
 
     model, rope = load_model(model_dir, device=device, dtype="float32")
     generator = torch.Generator().manual_seed(LOGITS_SEED)
@@ -205,11 +208,11 @@ def vllm_cos_sin(factors: FactorsFile, ours: LongRope) -> tuple[dict, str]:
     """vLLM's short and long cos/sin tables for the block: from vLLM itself when importable, else rebuilt."""
     block = factors.rope_parameters.model_dump(exclude_none=True)
     try:
-        import vllm
+        import vllm  # optional: where vLLM is installed (it needs a CUDA torch)
         from vllm.model_executor.layers.rotary_embedding import get_rope
     except ImportError:
-        return vllm_formula_tables(block, ours.rotary_dim, factors.max_position_embeddings), (
-            "vllm not installed: tables rebuilt from the keys vLLM 0.33 reads, by its Phi3LongRoPE formula"
+        return vllm_stand_in_tables(block, ours.rotary_dim, factors.max_position_embeddings), (
+            "vllm not installed: stand-in tables from the keys vLLM 0.33 reads, by a copy of its Phi3LongRoPE formula"
         )
     with vllm_engine_config(factors.max_position_embeddings):
         rope = get_rope(
@@ -228,7 +231,7 @@ def vllm_cos_sin(factors: FactorsFile, ours: LongRope) -> tuple[dict, str]:
 def vllm_engine_config(max_model_len: int):
     """vLLM's LongRoPE module reads `max_model_len` from the engine config in force to pick its regime; verify
     has no engine, so the module sees one with max_model_len = the target. Both tables are built either way."""
-    from vllm.model_executor.layers.rotary_embedding import phi3_long_rope_scaled_rope as module
+    from vllm.model_executor.layers.rotary_embedding import phi3_long_rope_scaled_rope as module  # vLLM: optional
 
     original = module.get_current_vllm_config
     module.get_current_vllm_config = lambda: SimpleNamespace(model_config=SimpleNamespace(max_model_len=max_model_len))
@@ -238,8 +241,10 @@ def vllm_engine_config(max_model_len: int):
         module.get_current_vllm_config = original
 
 
-def vllm_formula_tables(block: dict, rotary_dim: int, max_position: int) -> dict:
-    """vLLM 0.33's `Phi3LongRoPEScaledRotaryEmbedding` caches from the keys it reads (and nothing else):
+def vllm_stand_in_tables(block: dict, rotary_dim: int, max_position: int) -> dict:
+    """A STAND-IN FOR vLLM, used only when vLLM is not importable: a copy of the formula of vLLM 0.33's
+    `Phi3LongRoPEScaledRotaryEmbedding` (vllm/model_executor/layers/rotary_embedding/phi3_long_rope_scaled_rope.py),
+    deliberately not our encodings' code, building its caches from the keys it reads (and nothing else):
     inv_freq = 1 / (factor_i * base ** (2i / rotary_dim)); table[t] = (cos, sin)(t * inv_freq) * mscale; the
     short table has L0 rows (short factors, short_mscale), the long one max_position rows (long factors,
     long_mscale); each mscale defaults to sqrt(1 + ln(max_position / L0) / ln L0), 1 when the ratio <= 1."""

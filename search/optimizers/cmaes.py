@@ -24,7 +24,7 @@ from typing import Any
 import cma
 import numpy as np
 
-from longrope.search.config.job_config import SearchConfig
+from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import told_from_json
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from longrope.search.config.job_config import SearchConfig
+from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 
 MAX_TRIES = 200  # redraws before giving up on one new candidate

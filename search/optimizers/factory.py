@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from longrope.search.config.job_config import SearchConfig
+from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.cmaes import CmaesOptimizer
 from longrope.search.optimizers.evolution import DimMonoEvolution
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed

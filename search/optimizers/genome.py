@@ -32,7 +32,8 @@ from typing import Literal
 import numpy as np
 
 from longrope.encodings.critical_dim import critical_dim as critical_dim_formula
-from longrope.search.config.job_config import JobConfigError, SearchConfig
+from longrope.search.config.search_section import SearchConfig
+from longrope.search.config.strict import JobConfigError
 
 LAST_PAIR_CAP = 4.0  # longrope2: last pair <= previous pair + 4, in factor units (official dim_mono.py)
 GRID_TOLERANCE = 1e-9  # in steps: S = 4.0 at step 0.01 is 400.00000000000006 steps, still on the grid

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from longrope.search.config.job_config import GradientConfig
+from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.objective import ObjectiveMix
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from longrope.search.config.job_config import SearchConfig
+from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import DimMonoEvolution
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.gradient import GradientDescent

@@ -17,7 +17,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from longrope.search.config.job_config import RacingConfig
+from longrope.search.config.search_section import RacingConfig
 
 WindowRange = tuple[int, int]  # [start, stop) of the search windows, in their fixed order
 

@@ -26,9 +26,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from longrope.encodings.baselines import baseline_methods
+from longrope.encodings.errors import PositionOutOfRangeError
 from longrope.encodings.rope_methods import RopeMethod
 from longrope.search.config.factors_file import FactorsFile, factors_encoding
+from longrope.search.config.strict import JobConfigError
 from longrope.search.reports.intervals import interval
+from longrope.search.reports.plot_axes import log_axis
+from longrope.search.run.run_store import write_text_atomic
+from longrope.workers.errors import DataError
 
 MULTIPLES = (1, 2, 4, 8, 16)
 OUTPUT_FILES = ("extrapolation.json", "extrapolation.md", "extrapolation.png")
@@ -81,8 +86,7 @@ class Row:
 
 def evaluation_tokens(train_length: int, count: int, largest_multiple: int = MULTIPLES[-1]) -> np.ndarray:
     """[count, span + 1] byte tokens: the start of the first `count` test documents that hold span + 1 tokens."""
-    from longrope.workers.errors import DataError
-    from longrope.workers.reference_model import split_tokens
+    from longrope.workers.reference_model import split_tokens  # torch: only when documents are read
 
     span = train_length * largest_multiple
     starts = [tokens[: span + 1] for tokens in split_tokens("test") if len(tokens) > span]
@@ -93,7 +97,7 @@ def evaluation_tokens(train_length: int, count: int, largest_multiple: int = MUL
 
 def document_nll(model, tokens: np.ndarray, length: int, batch_tokens: int = 16384) -> np.ndarray:
     """Mean NLL per token of each document's span, read in windows of `length` predicted tokens."""
-    import torch
+    import torch  # torch: only when scoring; the tables and plots need none
     from torch.nn import functional
 
     count, span = tokens.shape[0], tokens.shape[1] - 1
@@ -125,8 +129,6 @@ def measured_cell(row: Row, length: int, multiple: int, nll: np.ndarray) -> Extr
 
 def cell_of(model, row: Row, tokens: np.ndarray, train_length: int, multiple: int) -> ExtrapolationCell:
     """Score one cell; an encoding that has no position past its table is the one reason a cell cannot run."""
-    from longrope.encodings.errors import PositionOutOfRangeError
-
     length = train_length * multiple
     try:
         return measured_cell(row, length, multiple, document_nll(model, tokens, length))
@@ -159,8 +161,6 @@ def extension_methods(plain: RopeMethod, train_length: int, length: int, longrop
 
 def searched_encoding(factors: FactorsFile, config, source: str) -> RopeMethod:
     """The factors file as a LongRoPE encoding of the rope model: same pair count and original length."""
-    from longrope.search.config.job_config import JobConfigError
-
     original = factors.rope_parameters.original_max_position_embeddings
     if original != config.train_length:
         raise JobConfigError(
@@ -184,7 +184,7 @@ def run_extrapolation(
     log: Callable[[str], None] = print,
 ) -> list[ExtrapolationCell]:
     """Every cell: each checkpoint as trained at each multiple, then the rope checkpoint with each extension."""
-    from longrope.workers.suite_training import load_suite_model
+    from longrope.workers.suite_training import load_suite_model  # torch: only when models are loaded
 
     models = {name: load_suite_model(path).to(device) for name, path in checkpoints.items()}
     train_length = _common_train_length(models)
@@ -226,8 +226,6 @@ def _ppl_text(value: float | None) -> str:
 
 def _common_train_length(models: dict) -> int:
     """Multiples only compare across checkpoints trained at one length."""
-    from longrope.search.config.job_config import JobConfigError
-
     lengths = {name: model.config.train_length for name, model in models.items()}
     if len(set(lengths.values())) != 1:
         raise JobConfigError(f"--checkpoints: the checkpoints were trained at different lengths ({lengths})")
@@ -280,8 +278,8 @@ def plot_extrapolation(cells: list[ExtrapolationCell], path: Path | None = None)
     """Perplexity against length, both axes log, one line per row with 95% intervals as error bars, in two panels
     that share the y axis: the encodings as trained (left) and the RoPE model with each extension method (right,
     plain RoPE repeated as the reference). A row that cannot run past its table stops where it stops."""
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
+    from matplotlib import colormaps  # matplotlib: only when drawing
+    from matplotlib.figure import Figure  # matplotlib: only when drawing
 
     fig = Figure(figsize=(12, 5.5))
     left, right = fig.subplots(1, 2, sharey=True)
@@ -331,9 +329,7 @@ def _plot_row(ax, cells: list[ExtrapolationCell], row: Row, colour, *, nudge: fl
 
 def _length_axes(ax, cells: list[ExtrapolationCell]) -> None:
     """Log x at the measured lengths, log y labelled with plain numbers, covering every interval."""
-    from matplotlib.ticker import NullLocator
-
-    from longrope.search.reports.compare import _log_axis
+    from matplotlib.ticker import NullLocator  # matplotlib: only when drawing
 
     lengths = sorted({c.length for c in cells})
     ax.set_xscale("log")
@@ -343,14 +339,13 @@ def _length_axes(ax, cells: list[ExtrapolationCell]) -> None:
     bottom = min(c.low for c in cells if c.low is not None) / 1.05
     top = max(c.high for c in cells if c.high is not None) * 1.05
     ax.set_ylim(bottom, top)
-    _log_axis(ax.yaxis, bottom, top)
+    log_axis(ax.yaxis, bottom, top)
     ax.set_xlabel(f"context length (tokens); trained at {lengths[0]}")
     ax.grid(True, which="major", alpha=0.3)
 
 
 def write_outputs(cells: list[ExtrapolationCell], directory: Path) -> None:
-    from longrope.search.run.run_store import write_text_atomic
-
+    """extrapolation.json and .md (each atomically), and the plot, into `directory`."""
     write_text_atomic(directory / "extrapolation.json", CELLS.dump_json(cells, indent=1).decode() + "\n")
     write_text_atomic(directory / "extrapolation.md", markdown_table(cells))
     plot_extrapolation(cells, directory / "extrapolation.png")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from longrope.search.reports.intervals import interval, wilson_interval
+from longrope.search.reports.plot_axes import method_colours
 from longrope.workers.needles import depth_spread
 
 DEPTH_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the heat-map's rows: each window goes to the nearest
@@ -80,9 +81,7 @@ def plot_needle_heatmap(result: dict[str, Any], path: Path | None = None):
     """One depth x length panel per method, accuracy as colour and written in each cell (the layout of
     needle-in-a-haystack plots); panel titles in the method's colour of the other plots, the original and target
     lengths named under their columns. Returns the Figure (built without pyplot), saved when given a path."""
-    from matplotlib.figure import Figure
-
-    from longrope.search.reports.compare import method_colours  # compare imports this module: import when drawing
+    from matplotlib.figure import Figure  # matplotlib: only when drawing
 
     names, lengths = list(result["methods"]), result["lengths"]
     colours = method_colours(names)

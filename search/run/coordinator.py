@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from longrope.search.config.job_config import SearchConfig
+from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import Optimizer
 from longrope.search.optimizers.genome import Genome
 from longrope.search.optimizers.racing import clearly_worse, window_groups

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from longrope.search.config.job_config import EarlyStopConfig, GradientConfig
+from longrope.search.config.search_section import EarlyStopConfig, GradientConfig
 from longrope.search.run.run_store import final_count, window_passes
 
 

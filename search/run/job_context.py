@@ -11,7 +11,8 @@ import numpy as np
 from longrope.encodings import LongRope, RopeMethod
 from longrope.encodings.baselines import baseline_methods
 from longrope.search.config.factors_file import read_factors_file
-from longrope.search.config.job_config import JobConfig, JobConfigError, check_lengths_message
+from longrope.search.config.job_config import JobConfig, check_lengths_message
+from longrope.search.config.strict import JobConfigError
 from longrope.search.optimizers.genome import SearchSpace, Seed, resolve_space
 from longrope.search.run.job_record import RopeShape
 from longrope.search.run.run_check import read_run

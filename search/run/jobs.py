@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from longrope.search.config.job_config import JobConfig, JobConfigError
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.strict import JobConfigError
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.objective import ObjectiveMix

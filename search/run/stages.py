@@ -16,7 +16,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from longrope.search.config.job_config import JobConfig, JobConfigError, describe_errors
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import describe_errors
+from longrope.search.config.strict import JobConfigError
 from longrope.search.run.run_store import CONFIG, RunDir
 
 STAGE_PREFIX = "stage-"
