@@ -152,7 +152,7 @@ def apply_rope(x, cos, sin):
 def decoder_layer(arch: Architecture, weights: dict, hidden, cos, sin, causal: float, watch: Stopwatch):
     """One Llama decoder layer as transformers 5 runs it for the scorer (modeling_llama LlamaDecoderLayer with
     sdpa_attention_forward: no mask, is_causal, enable_gqa; eager when causal = 1), each op charged to its kind."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # torch: only when measuring
 
     rows, tokens, _ = hidden.shape
     heads = (rows, tokens, -1, arch.head_dim)
@@ -204,7 +204,7 @@ def forward_inputs(arch: Architecture, shape: ForwardShape, dtype: str, watch: S
     candidates' cos/sin tables (encodings.rotary_cos_sin, which the rope patch calls once a forward, in float32,
     then cast to the model's dtype)."""
     import torch  # torch: only when measuring (`estimate` on a GPU needs none)
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # torch: only when measuring
 
     kind = _dtype(dtype)
     ids = torch.randint(0, arch.vocab_size, (shape.rows, shape.tokens))
@@ -259,7 +259,7 @@ def loss_chunk_seconds(arch: Architecture, rows: int, dtype: str, repeats: int, 
     """(seconds, positions) of one loss chunk as the scorer computes it: workers/scorer.py `chunked_loss` on
     `rows` rows of LOSS_CHUNK_TOKENS // rows positions (the lm_head matmul, float32 cross-entropy, float64 sums)."""
     import torch  # torch: only when measuring (`estimate` on a GPU needs none)
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # torch: only when measuring
 
     from longrope.workers.scorer import chunked_loss  # torch
 
