@@ -247,7 +247,7 @@ def test_estimate_modules_import_neither_torch_nor_ray():
 
 
 def test_the_replayed_layer_is_transformers_llama_layer():
-    """estimate_cpu.decoder_layer, which the CPU rates are timed on, computes what transformers' LlamaDecoderLayer
+    """cpu_rates.decoder_layer, which the CPU rates are timed on, computes what transformers' LlamaDecoderLayer
     computes from the same weights (GQA, SDPA and eager, biases): it does the work the scorer's forward does."""
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -397,9 +397,9 @@ def test_time_is_withheld_where_forwards_fixed_cost_dominates():
 
 
 def test_cli_says_in_one_line_why_no_time(capsys, monkeypatch):
-    import longrope.search.cost.cpu_rates as estimate_cpu
+    from longrope.search.cost import cpu_rates as cpu_rates_module
 
-    monkeypatch.setattr(estimate_cpu, "measure_cpu_rates", lambda *args, **kwargs: cpu_rates(3e-3))
+    monkeypatch.setattr(cpu_rates_module, "measure_cpu_rates", lambda *args, **kwargs: cpu_rates(3e-3))
     argv = ["estimate", str(DEMO), "--gpu", "cpu", "--set", "original_length=16", "--set", "target_length=32",
             "--set", "data.search_windows=1", "--set", "workers.batch_size=1"]  # fmt: skip
     assert main(argv) == 0

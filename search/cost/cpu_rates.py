@@ -3,10 +3,10 @@
 A CPU has no datasheet rate to multiply by an MFU: its GEMM rate depends on the matrix shapes (a d 128 model's
 [T, 128] x [128, 384] runs far below a 2048 x 2048 matmul), causal SDPA runs at its own rate, the norms, RoPE and
 activations are bound by memory traffic, and every forward pays a fixed cost (Python, module calls, op dispatch)
-whatever its size. So each is timed here, and `estimate.seconds` adds FLOPs / rate per kind, elementwise bytes /
+whatever its size. So each is timed here, and `hardware.seconds` adds FLOPs / rate per kind, elementwise bytes /
 rate and forwards x the fixed cost. Nothing is fitted to the scorer's measured time: the only inputs are these
-timings and the FLOP, byte and forward counts of `estimate.py` (bench/estimate_accuracy.py compares the result
-with real scoring).
+timings and the FLOP, byte and forward counts of `flops.py` and `memory.py` (bench/estimate_accuracy.py compares
+the result with real scoring).
 
 How they are timed is what makes the figure hold (one thread, thread CPU time, against the project's Scorer):
 - The forward is replayed op for op as transformers' Llama runs it (`decoder_layer`: RMSNorm in float32, q/k/v
@@ -21,7 +21,7 @@ How they are timed is what makes the figure hold (one thread, thread CPU time, a
   one loss chunk runs through the scorer's own `chunked_loss`.
 - A forward's fixed cost is the project's Scorer on the model at toy width (`forward_fixed_cost_seconds`),
   about 0.7 ms for the reference model's 4 layers here: 1% of the demo, but a third of a 32-token forward's.
-- Torch runs with the worker's thread count (`estimate.worker_threads`), not this process's: a demo worker has
+- Torch runs with the worker's thread count (`memory.worker_threads`), not this process's: a demo worker has
   one thread (Ray sets OMP_NUM_THREADS to its num_cpus); this process's two threads, on this 2-core machine
   loaded by other jobs, timed the demo's projections at 6.8 GFLOP/s against one thread's 54.
 - Each time is the least of its repeats: "the lowest value gives a lower bound for how fast your machine can
@@ -331,7 +331,7 @@ def measure_cpu_rates(
     repeats: int = 3,
     clock: Clock = time.perf_counter,
 ) -> Rates:
-    """Every rate `estimate.seconds` needs, timed on this CPU with `threads` torch threads (a worker's): each
+    """Every rate `hardware.seconds` needs, timed on this CPU with `threads` torch threads (a worker's): each
     kind's FLOPs (or elementwise bytes) in one forward of `shape` over its time in the replayed forward, and, from
     the model's config.json (`model_config`), the fixed cost of a forward."""
     causal = attention_fraction(attn_implementation)

@@ -58,7 +58,7 @@ class Rates(Frozen):
     lm_head: float
     memory: float | None = None  # None: the elementwise traffic is folded into the MFU (GPUs)
     square_matmul: float | None = None  # CPU: a 2048 x 2048 float32 matmul's rate, the efficiencies' yardstick
-    forward_fixed_cost: float | None = None  # CPU: seconds every forward costs whatever its size (estimate_cpu.py)
+    forward_fixed_cost: float | None = None  # CPU: seconds every forward costs whatever its size (cpu_rates.py)
 
 
 def gpu_rates(gpu: Gpu, mfu: float) -> Rates:

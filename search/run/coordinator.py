@@ -1,7 +1,7 @@
 """The coordinator: the only piece that knows both the optimizer and the evaluator (the Ray worker pool).
 
 Its loop reads like pycma's: `while not opt.stop(): genomes = opt.ask(); opt.tell(genomes, scores)`, with the
-optimizer passed in (`optimizers.make_optimizer`). Each genome is decoded once into a `Candidate`; the candidate
+optimizer passed in (`optimizers/factory.make_optimizer`). Each genome is decoded once into a `Candidate`; the candidate
 is scored window group by window group (`racing.window_groups`: all windows at once unless racing is on), every
 result is appended to history.jsonl the moment it arrives, and with racing a child that is clearly worse than the
 worst parent is stopped (`racing.clearly_worse`), recorded with status "stopped", and told to the optimizer as
