@@ -191,6 +191,15 @@ def search_rank(name: str) -> int | None:
     return SEARCH_RANKS.get(name.split(".")[2]) if name_in_search(name) and name.count(".") >= 3 else None
 
 
+MAX_LINES = 450
+
+
+def test_no_search_module_over_max_lines():
+    """Small modules named for what they hold: a search/ module past MAX_LINES is split, not grown."""
+    long = {path.relative_to(ROOT): len(path.read_text().splitlines()) for path in (ROOT / "search").rglob("*.py")}
+    assert not {path: n for path, n in long.items() if n > MAX_LINES}
+
+
 def test_search_package_inits_import_nothing():
     """search/'s package __init__ files hold a docstring only, so importing a submodule never runs other modules
     first (and the graph above needs no edge from a submodule to its package)."""
