@@ -74,7 +74,7 @@ HOLDER = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     from search_helpers import FunctionEvaluator, make_coordinator
-    from longrope.search.config.job_config import load_job_config
+    from longrope.search.config.loading import load_job_config
     from longrope.search.run.run_store import RunDir
 
     class Stalling(FunctionEvaluator):
