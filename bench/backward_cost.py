@@ -11,7 +11,7 @@ evaluation plus a backward window pass). Cases:
 Both sides run with one torch thread (a demo worker's: Ray sets OMP_NUM_THREADS to its num_cpus) and alternate
 round by round, so the shared machine's load hits both alike; each side's figure is its least over the rounds
 (timeit's advice: the least-disturbed) and its median is printed too. The FLOP ratio `longrope estimate` counts for
-the same pass (search/estimate.py `backward_flops`) is printed beside the measured one.
+the same pass (search/cost/budget.py `backward_flops`) is printed beside the measured one.
 
 Memory (d1024 case): each path runs in a fresh Python process with glibc told to map every allocation of 64 KiB or
 more on its own and give it back at free (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_: a fixed threshold turns
@@ -20,7 +20,7 @@ live tensors. After the model is loaded, the scorer built and one warm-up call (
 kernels' scratch buffers are then resident on both sides), the RSS is sampled every millisecond from
 /proc/self/statm by a thread during a second call; its peak less the RSS just before the call is that path's
 activation memory (the weights are resident on both sides). Beside them: `longrope estimate`'s figures for the same
-shapes (search/estimate.py `worker_memory` and `gradient_memory`, less the weights).
+shapes (search/cost/memory.py `worker_memory` and `gradient_memory`, less the weights).
 
 Results: bench/results/backward_cost.json. About 3 min on 2 cores:
     .venv/bin/python bench/backward_cost.py --rounds 3
@@ -44,17 +44,12 @@ import numpy as np
 import torch
 from benchlib import RESULTS, ROOT, candidate_set, d1024_llama, one_window_config, provenance, save_json
 
-from longrope.search.estimate import (
-    Architecture,
-    ForwardShape,
-    backward_flops,
-    gradient_memory,
-    search_budget,
-    stage_flops,
-    worker_memory,
-)
-from longrope.search.estimate_cpu import torch_threads
-from longrope.search.job_config import JobConfig, load_job_config
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import load_job_config
+from longrope.search.cost.architecture import Architecture
+from longrope.search.cost.budget import backward_flops, search_budget, stage_flops
+from longrope.search.cost.cpu_rates import torch_threads
+from longrope.search.cost.memory import ForwardShape, gradient_memory, worker_memory
 from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer

@@ -7,11 +7,11 @@ Cases:
   one candidate on one window of 2048, 4096 and 8192 tokens;
 - small forwards, where a forward's fixed cost (Python, module calls, op dispatch) is a large share: the
   reference model, one candidate on one window of 16, 32, 64, 128 and 256 tokens (original_length 8). These justify
-  estimate.FIXED_COST_SHARE_LIMIT: above it `longrope estimate` withholds the time, and this bench prints the
-  ratio the withheld figure would have had, marked so.
+  FIXED_COST_SHARE_LIMIT (search/cost/hardware.py): above it `longrope estimate` withholds the time, and this
+  bench prints the ratio the withheld figure would have had, marked so.
 
-Each round computes the estimate as the CLI does (search/estimate_cpu.py times the forward replayed at the case's
-shapes with the worker's torch threads; search/estimate.py adds it up; nothing is fitted to the scorer) and then
+Each round computes the estimate as the CLI does (search/cost/cpu_rates.py times the forward replayed at the case's
+shapes with the worker's torch threads; search/cost/estimate.py adds it up; nothing is fitted to the scorer) and then
 really scores a batch with the project's Scorer at the same thread count; the two alternate so the shared
 machine's load hits both alike. Each side's figure is its least over the rounds (the least-disturbed, as timeit
 advises); ratio = estimated / measured. Target: within 25% (0.75-1.25) wherever the CLI prints a time.
@@ -38,20 +38,14 @@ import numpy as np
 import torch
 from benchlib import RESULTS, ROOT, candidate_set, d1024_llama, one_window_config, provenance
 
-from longrope.search.estimate import (
-    Architecture,
-    device_estimate,
-    forward_shape,
-    forwards_per_candidate,
-    resolve_original_length,
-    search_budget,
-    seconds,
-    stage_estimates,
-    worker_dtype,
-    worker_threads,
-)
-from longrope.search.estimate_cpu import measure_cpu_rates, torch_threads
-from longrope.search.job_config import JobConfig, load_job_config
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import load_job_config
+from longrope.search.cost.architecture import Architecture
+from longrope.search.cost.budget import search_budget
+from longrope.search.cost.cpu_rates import measure_cpu_rates, torch_threads
+from longrope.search.cost.estimate import device_estimate, resolve_original_length, stage_estimates
+from longrope.search.cost.hardware import seconds
+from longrope.search.cost.memory import forward_shape, forwards_per_candidate, worker_dtype, worker_threads
 from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer

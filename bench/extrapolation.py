@@ -22,9 +22,9 @@ import torch
 from benchlib import provenance
 from pydantic import BaseModel
 
-from longrope.search.cli import main
-from longrope.search.cli_extrapolation import DEFAULT_DOCUMENTS
-from longrope.search.extrapolation import evaluation_tokens
+from longrope.search.cli.extrapolation_command import DEFAULT_DOCUMENTS
+from longrope.search.cli.main import main
+from longrope.search.reports.extrapolation import evaluation_tokens
 from longrope.workers.reference_recipe import ENCODING_NAMES
 from longrope.workers.suite_training import load_suite_model, suite_model_dir
 from longrope.workers.timing import alternating_times

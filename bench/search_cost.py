@@ -56,16 +56,18 @@ from benchlib import CostPoint, cost_trajectory, provenance
 from rich.console import Console
 
 from longrope.encodings import LongRope, NtkRope, YarnRope
-from longrope.search.compare import NTK_SCALE_MULTIPLIERS, ntk_grid, paired_difference, score_all, window_means
-from longrope.search.coordinator import Coordinator, SearchProblem
-from longrope.search.estimate_cpu import torch_threads
-from longrope.search.genome import Seed
-from longrope.search.intervals import interval
-from longrope.search.job_config import JobConfig, load_job_config
-from longrope.search.job_context import JobContext
-from longrope.search.jobs import run_search
-from longrope.search.optimizers import make_optimizer
-from longrope.search.run_store import RunDir
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import load_job_config
+from longrope.search.cost.cpu_rates import torch_threads
+from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.genome import Seed
+from longrope.search.reports.compare_scoring import score_all, window_means
+from longrope.search.reports.intervals import interval, paired_difference
+from longrope.search.reports.ntk_tuning import NTK_SCALE_MULTIPLIERS, ntk_grid
+from longrope.search.run.coordinator import Coordinator, SearchProblem
+from longrope.search.run.job_context import JobContext
+from longrope.search.run.jobs import run_search
+from longrope.search.run.run_store import RunDir
 from longrope.workers.models import load_model
 from longrope.workers.pool import WorkerPool
 from longrope.workers.scorer import CandidateScore, Scorer
@@ -189,7 +191,7 @@ def run_variant(name: str, seed: int, work: Path, extra: list[str], c: float) ->
     overrides = [*VARIANTS[name], *extra, f"search.seed={seed}", f"output_dir={out}"]
     config = load_job_config(ROOT / "configs/demo.yaml", overrides)
     started = time.perf_counter()
-    best = run_search(config, show_progress=False, console=Console(quiet=True))
+    best = run_search(config)
     wall = time.perf_counter() - started
     points = cost_trajectory(out, c)
     return {"best": best, "wall_s": wall, "points": points, "config": config, "overrides": overrides}
@@ -767,9 +769,7 @@ def simulate(schedule: str, racing: bool, seed: int, work: Path) -> dict:
     run_dir.create(config)
     problem = sim_problem()
     optimizer = make_optimizer(config.search, pairs=problem.pairs, scale=problem.scale, seeds=problem.seeds)
-    coordinator = Coordinator(
-        config.search, problem, run_dir, pool, optimizer, console=Console(quiet=True), show_progress=False
-    )
+    coordinator = Coordinator(config.search, problem, run_dir, pool, optimizer)
     workers = len(pool.workers)
     try:
         started = time.perf_counter()

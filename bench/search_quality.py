@@ -34,14 +34,14 @@ from benchlib import history_trajectory
 from rich.console import Console
 
 from longrope.encodings import RopeMethod
-from longrope.search.compare import paired_difference, score_all, window_means
-from longrope.search.export import factors_file_of_run
-from longrope.search.intervals import interval
-from longrope.search.job_config import load_job_config
-from longrope.search.job_context import JobContext
-from longrope.search.jobs import run_search
-from longrope.search.run_store import RunDir
-from longrope.search.stages import stage_configs
+from longrope.search.config.loading import load_job_config
+from longrope.search.export.factors_export import factors_file_of_run
+from longrope.search.reports.compare_scoring import score_all, window_means
+from longrope.search.reports.intervals import interval, paired_difference
+from longrope.search.run.job_context import JobContext
+from longrope.search.run.jobs import run_search
+from longrope.search.run.run_store import RunDir
+from longrope.search.run.stages import stage_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = "longrope/perplexity"
@@ -61,7 +61,7 @@ def search(name: str, overrides: list[str], seed: int, work: Path, settings: lis
         ROOT / "configs/demo.yaml", [*overrides, *settings, f"search.seed={seed}", f"output_dir={out}"]
     )
     started = time.perf_counter()
-    best = run_search(config, show_progress=False, console=Console(quiet=True))
+    best = run_search(config)
     wall = time.perf_counter() - started
     folders = [Path(c.output_dir) for c in stage_configs(config)] if config.search.stages else [out]
     points = [history_trajectory(folder) for folder in folders]

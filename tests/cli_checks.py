@@ -44,7 +44,7 @@ def cli_error_line(args: list[str], capsys, caplog, *, folder: Path) -> str:
 
     Python warnings and WARNING log records count as stderr lines too: the CLI shows them there, pytest takes them
     for itself."""
-    from longrope.search.cli import main
+    from longrope.search.cli.main import main
 
     capsys.readouterr()  # what building the case printed
     caplog.clear()
@@ -82,7 +82,7 @@ def longrope_block(
 def write_factors_file(
     path: Path, rope_parameters: dict[str, Any], *, max_position_embeddings: int, provenance: dict | None = None
 ) -> Path:
-    """A factors file (search/factors_file.py `FactorsFile`: the block, the length it is for, its provenance) at
+    """A factors file (search/config/factors_file.py `FactorsFile`: the block, the length it is for, its provenance) at
     `path`, its folder made."""
     document = {
         "rope_parameters": rope_parameters,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 
-from longrope.search import compare
+from longrope.search.reports.compare_scoring import no_progress
 from longrope.workers.scorer import CandidateScore
 from longrope.workers.scoring_worker import window_spans
 
@@ -35,7 +35,7 @@ class FakePool:
         FakePool.built += 1
         self.sets = sets
 
-    def score(self, methods, set_names, progress=compare.no_progress, phase="scored"):
+    def score(self, methods, set_names, progress=no_progress, phase="scored"):
         return {s: {name: fake_score(name, s, len(self.sets[s].names)) for name in methods} for s in set_names}
 
     def shutdown(self):

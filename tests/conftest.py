@@ -121,6 +121,6 @@ def refusing_pool(monkeypatch):
 @pytest.fixture
 def in_process_pool(monkeypatch):
     """The Ray WorkerPool under compare's real ComparePool replaced by InProcessPool."""
-    from compare_fakes import InProcessPool, compare
+    from compare_fakes import InProcessPool, compare_scoring
 
-    monkeypatch.setattr(compare, "WorkerPool", InProcessPool)
+    monkeypatch.setattr(compare_scoring, "WorkerPool", InProcessPool)

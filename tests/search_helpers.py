@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from longrope.encodings import LongRope, NtkRope, YarnRope
-from longrope.search.coordinator import SearchProblem
-from longrope.search.genome import Seed
+from longrope.search.optimizers.genome import Seed
+from longrope.search.run.coordinator import SearchProblem
 from longrope.workers.scorer import CandidateScore
 
 HEAD_DIM, PAIRS, ORIGINAL, TARGET = 32, 16, 64, 256
@@ -103,8 +103,8 @@ class ScoreWithGradient:
 def finished_run(run_dir: Path, *overrides: str, **job_changes) -> Path:
     """A finished run directory (cheap objective, no model, one generation) for the commands that read one, with
     its job.json as `longrope search` writes it; `overrides` go to its config, `job_changes` to its job.json."""
-    from longrope.search.job_config import load_job_config
-    from longrope.search.run_store import RunDir
+    from longrope.search.config.loading import load_job_config
+    from longrope.search.run.run_store import RunDir
 
     settings = ["target_length=256", "search.generations=1", "data.search_windows=1", f"output_dir={run_dir}"]
     config = load_job_config(None, [*settings, *overrides])
@@ -119,7 +119,7 @@ def write_job_record(run_dir: Path, config, **changes) -> None:
     the config's."""
     import json
 
-    from longrope.search.job_record import JobRecord
+    from longrope.search.run.job_record import JobRecord
 
     record = JobRecord.model_validate({**JOB_RECORD, "config_hash": config.hash(), **changes})
     (Path(run_dir) / "job.json").write_text(json.dumps(record.sealed()))
@@ -137,10 +137,9 @@ def run_job(config, run_dir, evaluator, *, resume: bool = False):
 
 def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem | None = None):
     """A quiet coordinator for `config` with its optimizer built as `longrope search` builds it."""
-    from rich.console import Console
 
-    from longrope.search.coordinator import Coordinator
-    from longrope.search.optimizers import make_optimizer
+    from longrope.search.optimizers.factory import make_optimizer
+    from longrope.search.run.coordinator import Coordinator
 
     search_problem = search_problem or problem(getattr(evaluator, "windows", 1))
     optimizer = make_optimizer(
@@ -150,9 +149,7 @@ def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem |
         seeds=search_problem.seeds,
         mix=search_problem.mix,
     )
-    return Coordinator(
-        config.search, search_problem, run_dir, evaluator, optimizer, console=Console(quiet=True), show_progress=False
-    )
+    return Coordinator(config.search, search_problem, run_dir, evaluator, optimizer)
 
 
 class FunctionEvaluator:

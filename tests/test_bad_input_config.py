@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cli_checks import cli_error_line, longrope_block, write_factors_file
 
-from longrope.search.cli import build_parser, main
-from longrope.search.job_config import load_job_config
+from longrope.search.cli.main import build_parser, main
+from longrope.search.config.loading import load_job_config
 from longrope.workers.reference_recipe import reference_model_dir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -293,16 +293,16 @@ def test_help_describes_every_argument(command, dest):
 
 
 def test_configs_readme_field_table_is_the_generated_one():
-    from longrope.search.config_docs import FIELDS_BEGIN, FIELDS_END, fields_table
+    from longrope.search.config.docs import FIELDS_BEGIN, FIELDS_END, fields_table
 
     readme = (CONFIGS / "README.md").read_text()
     assert FIELDS_BEGIN in readme and FIELDS_END in readme
     generated = readme.split(FIELDS_BEGIN, 1)[1].split(FIELDS_END, 1)[0].strip()
-    assert generated == fields_table().strip(), "run: python -m longrope.search.config_docs --write configs/README.md"
+    assert generated == fields_table().strip(), "run: python -m longrope.search.config.docs --write configs/README.md"
 
 
 def test_every_config_field_has_a_description():
-    from longrope.search.config_docs import config_fields
+    from longrope.search.config.docs import config_fields
 
     fields = config_fields()
     assert {"target_length", "search.seeds", "model.config_overrides", "search.racing.z"} <= {f.name for f in fields}

@@ -18,8 +18,9 @@ import pytest
 from cli_checks import cli_error_line, longrope_block, snapshot, write_factors_file
 from search_helpers import JOB_RECORD, finished_run
 
-from longrope.search import compare
-from longrope.search.cli import main
+from longrope.search.cli.main import main
+from longrope.search.reports.compare_plots import plot_factors
+from longrope.search.reports.compare_rows import model_name
 from longrope.workers.reference_recipe import reference_model_dir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -342,7 +343,7 @@ def test_factors_of_another_target_length_are_labelled_with_it(tmp_path, fake_po
     result = json.loads((written_directory(err) / "compare.json").read_text())
     assert {"file:f512.json@512", "file:f512.json@512 (vLLM)", "file:yarn.json"} <= set(result["methods"])
     assert result["methods"]["file:f512.json@512"]["factors_target_length"] == 512
-    title = compare.plot_factors(result).axes[0].get_title()
+    title = plot_factors(result).axes[0].get_title()
     assert "1024 tokens" in title and "@512: searched for 512" in title
 
 
@@ -367,7 +368,7 @@ def test_compare_takes_its_job_from_a_run_directory_and_writes_beside_it(tmp_pat
 
 def test_a_model_is_known_by_the_name_that_travels():
     """provenance.model is the path the search ran on; another machine holds the model elsewhere."""
-    assert compare.model_name("/tmp/democlone/workers/reference_model") == compare.model_name(REFERENCE)
+    assert model_name("/tmp/democlone/workers/reference_model") == model_name(REFERENCE)
     cache = "/root/.cache/huggingface/hub/models--org--llama/snapshots/"
-    assert compare.model_name(cache + "abc") == compare.model_name(cache + "def") == "models--org--llama"
-    assert compare.model_name("/models/llama-2-7b/") != compare.model_name("/models/mistral-7b")
+    assert model_name(cache + "abc") == model_name(cache + "def") == "models--org--llama"
+    assert model_name("/models/llama-2-7b/") != model_name("/models/mistral-7b")

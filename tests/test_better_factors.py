@@ -11,16 +11,15 @@ import numpy as np
 import pytest
 import ray
 import torch
-from rich.console import Console
 from transformers import AutoModelForCausalLM
 
-from longrope.search.export import ExportError, factors_file_of_run, write_export
-from longrope.search.job_config import load_job_config
-from longrope.search.job_context import JobContext
-from longrope.search.jobs import run_search
-from longrope.search.objective import ObjectiveMix
-from longrope.search.run_store import RunDir
-from longrope.search.stages import stage_dir
+from longrope.search.config.loading import load_job_config
+from longrope.search.export.factors_export import ExportError, factors_file_of_run, write_export
+from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.run.job_context import JobContext
+from longrope.search.run.jobs import run_search
+from longrope.search.run.run_store import RunDir
+from longrope.search.run.stages import stage_dir
 from longrope.workers.reference_recipe import reference_model_dir
 
 pytestmark = pytest.mark.slow
@@ -39,7 +38,7 @@ TINY = [
 
 
 def run(config):
-    return run_search(config, show_progress=False, console=Console(quiet=True))
+    return run_search(config)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,7 +70,7 @@ def test_progressive_stages_seed_each_stage_from_the_last_and_resume_at_any_stag
     assert seed.factors.tolist() == stage_best[-1]["factors"]
     # a lost last stage is searched again from the stage before it, to the same result
     shutil.rmtree(folders[-1])
-    assert run_search(None, resume_dir=out, show_progress=False, console=Console(quiet=True)) == best
+    assert run_search(None, resume_dir=out) == best
 
 
 def test_short_factor_search_keeps_the_long_factors_and_matches_transformers_short_regime(tmp_path):

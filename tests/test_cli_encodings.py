@@ -14,7 +14,7 @@ from conftest import hf_inv_freq
 
 from longrope.encodings import from_hf
 from longrope.encodings.catalog import METHODS
-from longrope.search.factors_file import FactorsFile
+from longrope.search.config.factors_file import FactorsFile
 
 LONGROPE = shutil.which("longrope", path=str(Path(sys.executable).parent))
 

@@ -17,7 +17,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # main(argv) in a fresh interpreter, then the heavy modules it loaded (SystemExit from --help included)
 PROBE = """
 import json, sys
-from longrope.search.cli import main
+from longrope.search.cli.main import main
 try:
     code = main(json.loads(sys.argv[1]))
 except SystemExit as exc:
@@ -59,8 +59,8 @@ def test_light_commands_import_neither_torch_nor_ray(argv, run_dir, tmp_path):
 
 def test_export_without_torch_writes_the_same_block_as_with_it(run_dir, tmp_path):
     """The torch-free path computes the block (attention factor, mscales) exactly as the encodings do."""
-    from longrope.search.export import factors_file_of_run
-    from longrope.search.run_store import RunDir
+    from longrope.search.export.factors_export import factors_file_of_run
+    from longrope.search.run.run_store import RunDir
 
     assert loaded_by(["export", str(run_dir), "-o", str(tmp_path / "f.json")], tmp_path)["loaded"] == []
     written = json.loads((tmp_path / "f.json").read_text())["rope_parameters"]

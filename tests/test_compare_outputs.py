@@ -19,10 +19,13 @@ from compare_fakes import FakePool
 from matplotlib.colors import to_hex
 from matplotlib.container import ErrorbarContainer
 
-from longrope.search import compare
-from longrope.search.cli import main
-from longrope.search.compare import markdown_table, plot_factors, plot_perplexity
-from longrope.search.needle_report import plot_needle_heatmap
+from longrope.search.cli.main import main
+from longrope.search.reports import compare
+from longrope.search.reports.compare_plots import plot_factors, plot_perplexity
+from longrope.search.reports.compare_result import BASELINES
+from longrope.search.reports.compare_rows import factors_rows
+from longrope.search.reports.compare_tables import markdown_table
+from longrope.search.reports.needle_report import plot_needle_heatmap
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LENGTHS = [128, 256, 512, 1024]
@@ -204,7 +207,7 @@ def test_two_files_of_one_name_get_two_rows(tmp_path, fake_pool, capsys):
     (out,) = [p.parent for p in (tmp_path / "out").glob("compare*/compare.json")]
     methods = json.loads((out / "compare.json").read_text())["methods"]
     given = ["file:a/factors.json", "file:b/factors.json"]
-    assert [name for name in methods if name not in compare.BASELINES and not name.endswith("(vLLM)")] == given
+    assert [name for name in methods if name not in BASELINES and not name.endswith("(vLLM)")] == given
     twins = ["ntk_tuned (vLLM)", *[f"{name} (vLLM)" for name in given]]
     assert [name for name in methods if name.endswith("(vLLM)")] == twins, "derived rows follow the labels"
     assert methods["file:a/factors.json"]["factors"] != methods["file:b/factors.json"]["factors"]
@@ -255,9 +258,9 @@ def test_factors_rows_use_the_shortest_distinguishing_suffix(tmp_path):
     run = tmp_path / "runs" / "mine"
     run.mkdir(parents=True)
     paths = [tmp_path / "x" / "a" / "f.json", tmp_path / "y" / "a" / "f.json", tmp_path / "g.json", run]
-    rows = compare.factors_rows([str(p) for p in paths])
+    rows = factors_rows([str(p) for p in paths])
     assert list(rows) == ["file:x/a/f.json", "file:y/a/f.json", "file:g.json", "run:mine"]
-    assert compare.factors_rows([str(paths[0])]) == {"file:f.json": str(paths[0])}, "alone: the bare name"
+    assert factors_rows([str(paths[0])]) == {"file:f.json": str(paths[0])}, "alone: the bare name"
 
 
 def test_each_run_writes_a_directory_of_its_own(tmp_path, fake_pool, capsys):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from longrope.search import compare
-from longrope.search.cli import main
-from longrope.search.progress import CountProgress
+from longrope.search.cli.main import main
+from longrope.search.cli.progress import CountProgress
+from longrope.search.reports import compare_scoring
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -24,7 +24,7 @@ def test_compare_pool_reports_every_result_of_a_phase(in_process_pool):
     import numpy as np
 
     sets = {("perplexity", 8): _Windows(np.zeros((3, 9), dtype=np.int64)), ("tuning", 8): _Windows(np.zeros((2, 9)))}
-    pool = compare.ComparePool(_Context(), sets)
+    pool = compare_scoring.ComparePool(_Context(), sets)
     heard = []
     pool.score({"a": None, "b": None}, [("perplexity", 8), ("tuning", 8)], lambda *call: heard.append(call), "x")
     assert heard == [("x", done, 4) for done in range(1, 5)], "two methods on two sets: four results, each heard once"

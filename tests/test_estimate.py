@@ -19,30 +19,21 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from longrope.encodings import LongRope
-from longrope.search.cli import main
-from longrope.search.estimate import (
-    FIXED_COST_SHARE_LIMIT,
-    KNOWN_MODELS,
-    Architecture,
+from longrope.search.cli.main import main
+from longrope.search.config.loading import load_job_config
+from longrope.search.cost.architecture import KNOWN_MODELS, Architecture, parameter_count
+from longrope.search.cost.budget import backward_flops, search_budget, stage_flops, window_evaluations
+from longrope.search.cost.estimate import device_estimate
+from longrope.search.cost.flops import elementwise_bytes, forward_flops
+from longrope.search.cost.hardware import FIXED_COST_SHARE_LIMIT, Rates, find_gpu, gpu_rates
+from longrope.search.cost.memory import (
     ForwardShape,
-    Rates,
-    backward_flops,
-    device_estimate,
-    elementwise_bytes,
-    find_gpu,
-    forward_flops,
     forwards_per_candidate,
-    gpu_rates,
     gradient_memory,
-    parameter_count,
     saved_bytes_per_position,
-    search_budget,
-    stage_flops,
-    window_evaluations,
     worker_memory,
     worker_threads,
 )
-from longrope.search.job_config import load_job_config
 from longrope.workers.models import load_model, model_rope, read_model_config
 from longrope.workers.random_llama import llama_config, save_random_llama
 from longrope.workers.reference_recipe import reference_model_dir
@@ -237,7 +228,7 @@ def test_bad_model_config_json_is_one_line(capsys, tmp_path):
 
 def test_estimate_modules_import_neither_torch_nor_ray():
     code = (
-        "import sys; import longrope.search.estimate, longrope.search.cli_estimate; "
+        "import sys; import longrope.search.cost.estimate, longrope.search.cli.estimate_command; "
         "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -248,11 +239,11 @@ def test_estimate_modules_import_neither_torch_nor_ray():
 
 
 def test_the_replayed_layer_is_transformers_llama_layer():
-    """estimate_cpu.decoder_layer, which the CPU rates are timed on, computes what transformers' LlamaDecoderLayer
+    """cpu_rates.decoder_layer, which the CPU rates are timed on, computes what transformers' LlamaDecoderLayer
     computes from the same weights (GQA, SDPA and eager, biases): it does the work the scorer's forward does."""
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from longrope.search.estimate_cpu import Stopwatch, decoder_layer
+    from longrope.search.cost.cpu_rates import Stopwatch, decoder_layer
 
     for implementation in ("sdpa", "eager"):
         config = tiny_llama(attention_bias=True)
@@ -283,7 +274,7 @@ def test_the_replayed_layer_is_transformers_llama_layer():
 def test_the_replayed_layer_does_the_counted_flops():
     """The rates divide forward_flops by the replay's time: torch's counter, on the replayed eager layer, counts
     one layer's share of those FLOPs (linear + full-matrix attention) for the rows replayed."""
-    from longrope.search.estimate_cpu import Stopwatch, decoder_layer, layer_weights
+    from longrope.search.cost.cpu_rates import Stopwatch, decoder_layer, layer_weights
 
     arch = Architecture.from_hf_config(tiny_llama().to_dict())
     rows, tokens = 3, 40
@@ -398,9 +389,9 @@ def test_time_is_withheld_where_forwards_fixed_cost_dominates():
 
 
 def test_cli_says_in_one_line_why_no_time(capsys, monkeypatch):
-    import longrope.search.estimate_cpu as estimate_cpu
+    from longrope.search.cost import cpu_rates as cpu_rates_module
 
-    monkeypatch.setattr(estimate_cpu, "measure_cpu_rates", lambda *args, **kwargs: cpu_rates(3e-3))
+    monkeypatch.setattr(cpu_rates_module, "measure_cpu_rates", lambda *args, **kwargs: cpu_rates(3e-3))
     argv = ["estimate", str(DEMO), "--gpu", "cpu", "--set", "original_length=16", "--set", "target_length=32",
             "--set", "data.search_windows=1", "--set", "workers.batch_size=1"]  # fmt: skip
     assert main(argv) == 0
@@ -415,7 +406,7 @@ def test_cli_says_in_one_line_why_no_time(capsys, monkeypatch):
 def test_forward_fixed_cost_is_measured_for_each_family(name):
     """The toy-width model builds and scores for the reference model and every known architecture (Llama,
     Mistral, Phi-3 with its LongRoPE factors): same model type, layers and head size, one head."""
-    from longrope.search.estimate_cpu import forward_fixed_cost_seconds, toy_model_config
+    from longrope.search.cost.cpu_rates import forward_fixed_cost_seconds, toy_model_config
 
     settings = read_model_config(reference_model_dir()) if name == "reference" else KNOWN_MODELS[name]
     arch = Architecture.from_hf_config(settings)
@@ -547,8 +538,11 @@ def test_gradient_time_and_memory_per_device():
 def test_cli_prints_the_gradient_budget(capsys):
     assert main(["estimate", str(DEMO), "--set", "search.optimizer=gradient", "--gpu", "H100"]) == 0
     text = capsys.readouterr().out
-    assert "64 (3 seeds + 60 steps + 1 on the grid" in text and "360 backward window passes" in text
-    assert "memory/grad." in text
+    assert (
+        "64 (3 seeds + 60 steps + 1 on the grid" in text
+        and "360 backward window passes" in text
+        and "memory/grad." in text
+    )
     assert main(["estimate", str(DEMO), "--set", "search.optimizer=hybrid", "--json", "--gpu", "H100"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["backward_window_passes"] == 60 and result["candidates"] == 363

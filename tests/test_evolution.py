@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from search_helpers import PAIRS, objective, problem
 
-from longrope.search.evolution import DimMonoEvolution
-from longrope.search.job_config import SearchConfig
-from longrope.search.optimizers import make_optimizer
+from longrope.search.config.search_section import SearchConfig
+from longrope.search.optimizers.evolution import DimMonoEvolution
+from longrope.search.optimizers.factory import make_optimizer
 
 
 def run_generations(settings: SearchConfig, generations: int) -> tuple[DimMonoEvolution, list[list]]:

@@ -246,7 +246,7 @@ def test_sigterm_that_ray_turns_into_a_plain_keyboard_interrupt_still_exits_143(
     """Ray's core worker runs signal handlers inside `ray.get`/`ray.wait` and re-raises whatever they raise as a
     plain KeyboardInterrupt; the stop must still be reported as SIGTERM with exit 143 (seen in CI as 'Ctrl-C',
     130). The handler below does what Ray does with the handler's exception."""
-    from longrope.search import cli
+    from longrope.search.cli import main as cli
 
     def ray_like_wait(args) -> int:
         try:

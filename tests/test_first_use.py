@@ -23,7 +23,7 @@ from conftest import save_tiny_llama
 from search_helpers import JOB_RECORD, finished_run, unloadable_safetensors
 
 from longrope.encodings import LongRope
-from longrope.search.cli import main
+from longrope.search.cli.main import main
 from longrope.workers.models import load_model
 from longrope.workers.pool import WorkerPool
 from longrope.workers.reference_recipe import reference_model_dir
@@ -182,7 +182,7 @@ def test_a_restarted_worker_gets_its_windows_again(local_ray, tiny_llama_dir):
 HEAVY = ("torch", "ray", "transformers")
 PROBE = """
 import json, sys
-from longrope.search.cli import main
+from longrope.search.cli.main import main
 code = main(json.loads(sys.argv[1]))
 print(json.dumps({"code": code, "loaded": [m for m in HEAVY if m in sys.modules]}))
 """.replace("HEAVY", repr(HEAVY))

@@ -12,12 +12,13 @@ import pytest
 from cli_checks import cli_error_line
 from search_helpers import OPTIMUM, FunctionEvaluator, make_coordinator, objective, problem, window_nll_gradient
 
-from longrope.search.cli import main
-from longrope.search.genome import Genome
-from longrope.search.gradient import Parametrization, objective_gradient, subset_mix
-from longrope.search.job_config import GradientConfig, load_job_config
-from longrope.search.objective import ObjectiveMix
-from longrope.search.run_store import RunDir
+from longrope.search.cli.main import main
+from longrope.search.config.loading import load_job_config
+from longrope.search.config.search_section import GradientConfig
+from longrope.search.optimizers.genome import Genome
+from longrope.search.optimizers.gradient import Parametrization, objective_gradient, subset_mix
+from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.run.run_store import RunDir
 
 WINDOWS = 4
 

@@ -2,7 +2,7 @@
 
 LongRoPE2 (arXiv 2502.20082; microsoft/LongRoPE evolution/search.py, dim_mono.py): pairs i >= d_cd are searched on
 the grid within [S, length_scale], strictly increasing, the last at most 4 above the one before; pairs i < d_cd are
-lambda_cd^(i/d_cd). Every expected value here is computed independently of search/genome.py.
+lambda_cd^(i/d_cd). Every expected value here is computed independently of search/optimizers/genome.py.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 from search_helpers import PAIRS, objective, problem
 
 from longrope.encodings.critical_dim import critical_dim, pair_periods
-from longrope.search.cli import main
-from longrope.search.genome import Genome, SearchSpace, Seed, resolve_space
-from longrope.search.job_config import SearchConfig
-from longrope.search.optimizers import make_optimizer
+from longrope.search.cli.main import main
+from longrope.search.config.search_section import SearchConfig
+from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.genome import Genome, SearchSpace, Seed, resolve_space
 
 SCALE = 4.0  # search_helpers: 64 -> 256 tokens, 16 pairs, theta 1e4
 

@@ -31,9 +31,9 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_holds_every_module(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder, package in CODE_FOLDERS.items():
-        for module in (ROOT / folder).rglob("*.py"):  # sub-packages too: each needs its pyproject.toml entries
-            relative = module.relative_to(ROOT / folder).as_posix()
-            assert f"{package}/{relative}" in names, f"{module} missing from the wheel"
+        for module in (ROOT / folder).rglob("*.py"):
+            inside = module.relative_to(ROOT / folder).as_posix()
+            assert f"{package}/{inside}" in names, f"{module} missing from the wheel (pyproject.toml packages?)"
     for data in ("config.json", "model.safetensors"):
         assert f"longrope/workers/reference_model/{data}" in names, f"reference model {data} missing from the wheel"
         for encoding in ("sinusoidal", "learned", "alibi", "cope", "nope", "rope"):
@@ -41,7 +41,7 @@ def test_wheel_holds_every_module(wheel):
     assert "longrope/workers/suite_models/demo_factors.json" in names
     assert not any(name.startswith(("encodings/", "longrope/__init__")) for name in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "longrope = longrope.search.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "longrope = longrope.search.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 @pytest.mark.slow

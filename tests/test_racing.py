@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from search_helpers import FunctionEvaluator, run_job, window_nll
 
-from longrope.search.job_config import JobConfig, RacingConfig
-from longrope.search.racing import clearly_worse, window_groups
-from longrope.search.run_store import RunDir
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.search_section import RacingConfig
+from longrope.search.optimizers.racing import clearly_worse, window_groups
+from longrope.search.run.run_store import RunDir
 
 WINDOWS = 8
 

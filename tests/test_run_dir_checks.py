@@ -21,11 +21,12 @@ from cli_checks import cli_error_line
 from rich.console import Console
 from search_helpers import JOB_RECORD, FunctionEvaluator, finished_run, make_coordinator, problem, write_job_record
 
-from longrope.search.cli import main
-from longrope.search.coordinator import Coordinator
-from longrope.search.job_config import load_job_config
-from longrope.search.optimizers import make_optimizer
-from longrope.search.run_store import RunDir
+from longrope.search.cli.main import main
+from longrope.search.cli.reporter import ConsoleReporter
+from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.run.coordinator import Coordinator
+from longrope.search.run.run_store import RunDir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -292,7 +293,12 @@ def generation_log(config, run_dir: RunDir) -> list[str]:
     )
     evaluator = FunctionEvaluator()
     Coordinator(
-        config.search, search_problem, run_dir, evaluator, optimizer, console=console, show_progress=False
+        config.search,
+        search_problem,
+        run_dir,
+        evaluator,
+        optimizer,
+        reporter=ConsoleReporter(console, show_progress=False),
     ).run()
     return [line for line in console.export_text().splitlines() if line.startswith("generation")]
 

@@ -15,9 +15,9 @@ import pytest
 from cli_checks import snapshot
 from search_helpers import FunctionEvaluator, make_coordinator
 
-from longrope.search.coordinator import Coordinator
-from longrope.search.job_config import JobConfig
-from longrope.search.run_store import RunDir, RunStoreError, write_json_atomic
+from longrope.search.config.job_config import JobConfig
+from longrope.search.run.coordinator import Coordinator
+from longrope.search.run.run_store import RunDir, RunStoreError, write_json_atomic
 
 
 def job(tmp_path, generations: int = 4) -> JobConfig:
@@ -114,7 +114,7 @@ def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_free(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom longrope.search.run_store import RunDir\n"
+            "import sys, time\nfrom longrope.search.run.run_store import RunDir\n"
             f"with RunDir({str(run_dir.path)!r}).lock():\n    print('locked', flush=True)\n    time.sleep(600)",
         ],
         stdout=subprocess.PIPE,
@@ -183,7 +183,7 @@ def test_two_exports_into_one_model_in_one_second_keep_the_original(tmp_path):
     from conftest import save_tiny_llama
     from search_helpers import JOB_RECORD
 
-    from longrope.search.export import factors_file_of_run, write_into_model
+    from longrope.search.export.factors_export import factors_file_of_run, write_into_model
 
     config, run_dir = job(tmp_path / "run", generations=1), RunDir(tmp_path / "run")
     run_dir.create(config)
@@ -202,11 +202,11 @@ def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
     the CLI's SIGTERM stop, not as 'cannot connect to Ray'."""
     script = (
         "import os, signal, threading\n"
-        "from longrope.search import cli\n"
+        "from longrope.search.cli.stops import raise_terminated\n"
         "from longrope.workers.errors import Terminated\n"
         "from longrope.workers.ray_start import ensure_ray\n"
         "from longrope.workers.specs import PoolSpec\n"
-        "signal.signal(signal.SIGTERM, cli._raise_terminated)\n"
+        "signal.signal(signal.SIGTERM, raise_terminated)\n"
         "threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
         "try:\n"
         "    ensure_ray(PoolSpec(local_num_cpus=1))\n"
@@ -220,8 +220,8 @@ def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
 
 
 def test_a_resume_may_move_to_other_workers_only(clean):
-    from longrope.search.cli_search import _resume_overrides
-    from longrope.search.job_config import JobConfigError
+    from longrope.search.cli.search_commands import _resume_overrides
+    from longrope.search.config.strict import JobConfigError
 
     run_dir, _ = clean
     moved = _resume_overrides(str(run_dir.path), ["workers.num_workers=4", "workers.address=auto"])
@@ -234,7 +234,7 @@ def test_a_resume_may_move_to_other_workers_only(clean):
 def test_resume_refuses_a_run_whose_seeds_or_data_changed(clean):
     from search_helpers import JOB_RECORD
 
-    from longrope.search.job_record import JobRecord, check_job_record
+    from longrope.search.run.job_record import JobRecord, check_job_record
 
     run_dir, _ = clean
     stored = JobRecord.model_validate({**JOB_RECORD, "seeds_hash": "aaaa"})
@@ -251,7 +251,7 @@ def test_resume_refuses_a_run_whose_seeds_or_data_changed(clean):
 def test_a_backup_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
     import shutil
 
-    from longrope.search.export import new_backup
+    from longrope.search.export.factors_export import new_backup
 
     config = tmp_path / "config.json"
     config.write_text("{}")
@@ -269,7 +269,7 @@ def test_a_backup_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatc
 def test_resuming_a_finished_run_starts_no_worker(clean, capsys):
     import ray
 
-    from longrope.search.cli import main
+    from longrope.search.cli.main import main
 
     run_dir, best = clean
     assert not ray.is_initialized()

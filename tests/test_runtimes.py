@@ -12,10 +12,10 @@ from cli_checks import write_factors_file
 from search_helpers import JOB_RECORD, finished_run
 
 from longrope.encodings import LongRope, from_hf
-from longrope.search import verify as verify_module
-from longrope.search.cli import main
-from longrope.search.factors_file import FactorsFile, read_factors_file
-from longrope.search.verify import verify, vllm_formula_tables
+from longrope.search.cli.main import main
+from longrope.search.config.factors_file import FactorsFile, read_factors_file
+from longrope.search.export import verify as verify_module
+from longrope.search.export.verify import verify, vllm_stand_in_tables
 
 HEAD_DIM, PAIRS, ORIGINAL, TARGET = 32, 16, 64, 512
 SEARCHED = [1.0 + 0.25 * i for i in range(PAIRS)]
@@ -57,9 +57,9 @@ def test_vllm_default_mscale_is_not_a_searched_attention_factor():
     assert method.for_both_runtimes().attention_factor == method.attention_factor == 1.37
 
 
-def test_vllm_formula_tables_worked_by_hand():
+def test_vllm_stand_in_tables_worked_by_hand():
     block = searched(1.37).for_both_runtimes().to_hf()
-    tables = vllm_formula_tables(block, rotary_dim=HEAD_DIM, max_position=TARGET)
+    tables = vllm_stand_in_tables(block, rotary_dim=HEAD_DIM, max_position=TARGET)
     cos_long, sin_long = tables["long"]
     cos_short, _ = tables["short"]
     assert cos_long.shape == (TARGET, PAIRS) and cos_short.shape == (ORIGINAL, PAIRS)

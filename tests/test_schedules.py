@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from search_helpers import PAIRS, FunctionEvaluator, make_coordinator, objective, problem, run_job
 
-from longrope.search.cmaes import CmaesOptimizer
-from longrope.search.genome import Genome, GenomeGrid
-from longrope.search.job_config import JobConfig
-from longrope.search.optimizers import make_optimizer
-from longrope.search.run_store import RunDir
+from longrope.search.config.job_config import JobConfig
+from longrope.search.optimizers.cmaes import CmaesOptimizer
+from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.genome import Genome, GenomeGrid
+from longrope.search.run.run_store import RunDir
 
 WINDOWS = 8
 

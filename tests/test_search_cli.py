@@ -15,7 +15,7 @@ from cli_checks import snapshot
 from search_helpers import JOB_RECORD
 from search_helpers import finished_run as make_finished_run
 
-from longrope.search.job_config import load_job_config
+from longrope.search.config.loading import load_job_config
 
 pytestmark = pytest.mark.slow
 LONGROPE = shutil.which("longrope", path=str(Path(sys.executable).parent))

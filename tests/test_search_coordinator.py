@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from search_helpers import JOB_RECORD, OPTIMUM, FunctionEvaluator, objective, problem, run_job
 
-from longrope.search.job_config import JobConfig
-from longrope.search.run_store import RunDir, RunStoreError
+from longrope.search.config.job_config import JobConfig
+from longrope.search.run.run_store import RunDir, RunStoreError
 
 
 def job(tmp_path, **search) -> JobConfig:
@@ -80,8 +80,8 @@ def test_early_stop_after_patience_without_improvement(tmp_path):
 
 
 def test_export_refuses_n_hat_unless_asked(tmp_path):
-    from longrope.search.export import ExportError, factors_file_of_run
-    from longrope.search.run_store import write_json_atomic
+    from longrope.search.export.factors_export import ExportError, factors_file_of_run
+    from longrope.search.run.run_store import write_json_atomic
 
     config = job(tmp_path, generations=1, n_hat={"enabled": True, "choices": [0, 8]})
     run_job(config, RunDir(tmp_path), FunctionEvaluator())
@@ -99,8 +99,8 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
 
 
 def test_another_runs_best_seeds_a_new_search(tmp_path):
-    from longrope.search.job_config import load_job_config
-    from longrope.search.job_context import JobContext
+    from longrope.search.config.loading import load_job_config
+    from longrope.search.run.job_context import JobContext
 
     first = job(tmp_path / "first", generations=1)
     run_job(first, RunDir(tmp_path / "first"), FunctionEvaluator())

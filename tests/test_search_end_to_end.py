@@ -9,20 +9,20 @@ import numpy as np
 import pytest
 import ray
 import torch
-from rich.console import Console
 from search_helpers import make_coordinator
 from transformers import AutoModelForCausalLM
 
 from longrope.encodings import from_hf
-from longrope.search import compare
-from longrope.search.compare import paired_difference, run_compare
-from longrope.search.coordinator import SearchProblem
-from longrope.search.export import factors_file_of_run, write_into_model
-from longrope.search.factors_file import FactorsFile
-from longrope.search.job_config import load_job_config
-from longrope.search.job_context import JobContext
-from longrope.search.jobs import run_search
-from longrope.search.run_store import RunDir
+from longrope.search.config.factors_file import FactorsFile
+from longrope.search.config.loading import load_job_config
+from longrope.search.export.factors_export import factors_file_of_run, write_into_model
+from longrope.search.reports import compare_scoring
+from longrope.search.reports.compare import run_compare
+from longrope.search.reports.intervals import paired_difference
+from longrope.search.run.coordinator import SearchProblem
+from longrope.search.run.job_context import JobContext
+from longrope.search.run.jobs import run_search
+from longrope.search.run.run_store import RunDir
 from longrope.workers.models import load_model
 from longrope.workers.pool import WorkerPool
 from longrope.workers.reference_recipe import reference_model_dir
@@ -51,7 +51,7 @@ SMALL_BUDGET = [
 def finished_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     config = load_job_config(None, [*SMALL_BUDGET, f"output_dir={out}"])
-    best = run_search(config, show_progress=False, console=Console(quiet=True))
+    best = run_search(config)
     yield config, RunDir(out), best
     ray.shutdown()
 
@@ -104,7 +104,7 @@ def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path, monkey
         pools.append(WorkerPool(*args, **kwargs))
         return pools[-1]
 
-    monkeypatch.setattr(compare, "WorkerPool", counted_pool)
+    monkeypatch.setattr(compare_scoring, "WorkerPool", counted_pool)
     result = run_compare(
         context, factors_files=[str(factors_path)], lengths=[128, 1024], out_dir=tmp_path / "cmp", log=lambda line: None
     )
@@ -113,11 +113,11 @@ def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path, monkey
     for name in ("file:factors.json", "ntk_tuned"):  # LongRoPE blocks: vLLM applies the long factors everywhere
         transformers_row, vllm_row = methods[name], methods[f"{name} (vLLM)"]
         assert vllm_row["runtime"] == "vllm" and transformers_row["runtime"] == "transformers"
-        assert vllm_row["nll_per_window"][1024] == transformers_row["nll_per_window"][1024]  # past L0: the same
-        assert vllm_row["nll_per_window"][128] != transformers_row["nll_per_window"][128]  # short: long factors
+        assert vllm_row["nll_per_window"]["1024"] == transformers_row["nll_per_window"]["1024"]  # past L0: the same
+        assert vllm_row["nll_per_window"]["128"] != transformers_row["nll_per_window"]["128"]  # short: long factors
     assert "yarn (vLLM)" not in methods, "methods without regimes apply the same in both runtimes"
     best, ntk = methods["file:factors.json"], methods["ntk"]
-    mean, low, high = paired_difference(best["nll_per_window"][1024], ntk["nll_per_window"][1024])
+    mean, low, high = paired_difference(best["nll_per_window"]["1024"], ntk["nll_per_window"]["1024"])
     assert high < 0, (mean, low, high)
     for name in ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png", "needle_heatmap.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0

@@ -23,10 +23,11 @@ from cli_checks import snapshot
 from rich.console import Console
 from search_helpers import FunctionEvaluator, finished_run, make_coordinator
 
-from longrope.search import heartbeat as heartbeats
-from longrope.search.job_config import load_job_config
-from longrope.search.run_store import RunDir
-from longrope.search.status import KILLED, format_status, run_status
+from longrope.search.cli.reporter import ConsoleReporter
+from longrope.search.config.loading import load_job_config
+from longrope.search.run import heartbeat as heartbeats
+from longrope.search.run.run_store import RunDir
+from longrope.search.run.status import KILLED, format_status, run_status
 from longrope.workers.errors import Terminated, WorkerPoolError
 
 TESTS = Path(__file__).resolve().parent
@@ -74,8 +75,8 @@ HOLDER = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     from search_helpers import FunctionEvaluator, make_coordinator
-    from longrope.search.job_config import load_job_config
-    from longrope.search.run_store import RunDir
+    from longrope.search.config.loading import load_job_config
+    from longrope.search.run.run_store import RunDir
 
     class Stalling(FunctionEvaluator):
         def as_completed(self):
@@ -206,7 +207,8 @@ class OomPool:
 
 
 def test_worker_oom_is_one_console_line_and_the_stop_reason_in_status(tmp_path, monkeypatch, capsys):
-    from longrope.search import cli, jobs
+    from longrope.search.cli import main as cli
+    from longrope.search.run import jobs
     from longrope.workers import pool
 
     monkeypatch.setattr(pool, "WorkerPool", OomPool)
@@ -235,10 +237,10 @@ def test_worker_oom_is_one_console_line_and_the_stop_reason_in_status(tmp_path, 
 RESUMER = textwrap.dedent(
     """
     import json, sys
-    from longrope.search import cli
+    from longrope.search.cli.main import main
     codes = [
-        cli.main(["search", "--resume", sys.argv[1]]),
-        cli.main(["search", "--resume", sys.argv[1], "--set", "workers.address=127.0.0.1:1"]),
+        main(["search", "--resume", sys.argv[1]]),
+        main(["search", "--resume", sys.argv[1], "--set", "workers.address=127.0.0.1:1"]),
     ]
     print(json.dumps({{"codes": codes, "ray_imported": "ray" in sys.modules}}))
     """
@@ -271,7 +273,7 @@ def progress_run(run_dir: Path, console: Console, *overrides: str):
     store = RunDir(run_dir)
     store.create(config)
     coordinator = make_coordinator(config, store, FunctionEvaluator())
-    coordinator.console, coordinator.show_progress = console, True
+    coordinator.reporter = ConsoleReporter(console)
     coordinator.run()
     return coordinator
 
@@ -338,7 +340,7 @@ def test_terminal_progress_keeps_its_numbers_at_any_width(tmp_path, width):
 
 def test_a_small_gain_is_printed_with_the_digits_that_show_it():
     """exp(0.1) = 1.10517091..., exp(0.1 + 1e-7) = 1.10517102...: equal to 6 decimals, apart at 7."""
-    from longrope.search.coordinator import perplexity_text
+    from longrope.search.run.generation_log import perplexity_text
 
     assert perplexity_text(0.1, 0.1 + 1e-7) == "1.1051709"
     assert perplexity_text(0.1, 0.2) == "1.1052"  # a gain visible at 4 decimals keeps 4

@@ -16,8 +16,8 @@ from longrope.encodings.baselines import baseline_methods
 from longrope.encodings.cope import CoPEEncoding
 from longrope.encodings.interface import NoPE, PositionalEncoding, RotaryEncoding
 from longrope.encodings.rope_methods import LongRope
-from longrope.search.cli import main
-from longrope.search.extrapolation import (
+from longrope.search.cli.main import main
+from longrope.search.reports.extrapolation import (
     MULTIPLES,
     ExtrapolationCell,
     Row,
@@ -273,7 +273,7 @@ def test_sinusoidal_model_adds_the_papers_table_to_scaled_embeddings():
 
 
 def test_cli_trains_exactly_the_suite_encodings():
-    from longrope.search.cli import build_parser
+    from longrope.search.cli.main import build_parser
 
     parser = build_parser()
     for name in ENCODING_NAMES:

@@ -1,6 +1,6 @@
 """Timing a piece of work the one way this project times it: alternating rounds, after a warm-up call.
 
-Used by `longrope estimate --gpu cpu` (search/estimate_cpu.py times this machine's rates) and by the benchmarks
+Used by `longrope estimate --gpu cpu` (search/cost/cpu_rates.py times this machine's rates) and by the benchmarks
 in bench/, which time two or more things side by side. Alternating matters on a shared machine: each round runs
 every function once, so load that drifts during the run hits all of them alike and their ratio holds. The first
 call of a function grows allocator pools, loads kernels and fills caches, so by default each runs once untimed.

@@ -1,0 +1,255 @@
+"""The `search:` section: the search space, the optimizer and its settings, racing, early stopping, stages."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from longrope.search.config.strict import (
+    MAX_COUNT,
+    MAX_FACTOR,
+    MAX_SEED,
+    MIN_GRID_STEP,
+    N_HAT_CHOICES,
+    PathText,
+    Strict,
+)
+
+
+class NHatConfig(Strict):
+    enabled: bool = Field(
+        default=False,
+        description="search n_hat, the first positions kept un-scaled (off: transformers and vLLM cannot express it)",
+    )
+    choices: tuple[int, ...] = Field(default=N_HAT_CHOICES, description="the n_hat values the search may pick")
+
+    @field_validator("choices")
+    @classmethod
+    def _non_negative(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or min(value) < 0:
+            raise ValueError(f"must be non-empty and >= 0, got {list(value)}")
+        return tuple(sorted(set(value)))
+
+
+class AttentionFactorConfig(Strict):
+    mode: Literal["longrope", "searched"] = Field(
+        default="longrope",
+        description="longrope: transformers' formula, sqrt(1 + ln(s) / ln(original_length)); searched: a searched gene",
+    )
+    low: float = Field(default=1.0, gt=0, le=100, description="the searched attention factor's lower bound")
+    high: float = Field(default=1.6, gt=0, le=100, description="the searched attention factor's upper bound")
+    step: float = Field(default=0.01, ge=MIN_GRID_STEP, le=1, description="the searched attention factor's grid step")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AttentionFactorConfig:
+        if self.high < self.low:
+            raise ValueError(f"high: must be >= low ({self.low}), got {self.high}")
+        return self
+
+
+class EarlyStopConfig(Strict):
+    patience: int | None = Field(
+        default=None, ge=1, description="stop after this many generations without improvement; null: never early"
+    )
+    min_improvement: float = Field(
+        default=0.001, ge=0, description="what counts as an improvement, in mean NLL (nats per token)"
+    )
+
+
+class RacingConfig(Strict):
+    """Stop scoring a child once it is clearly worse than the worst parent, paired on the same windows.
+
+    After each group of `group_windows` windows (after at least `min_windows`), with d_j the child's per-token NLL
+    minus the worst parent's on window j: stop when mean(d) - z * sd(d) / sqrt(k) > 0 (a one-sided paired bound).
+    """
+
+    enabled: bool = Field(
+        default=False, description="stop scoring a child once it is clearly worse than the worst parent"
+    )
+    z: float = Field(default=2.0, ge=0, le=10, description="how clearly: the one-sided bound's z, in standard errors")
+    min_windows: int = Field(
+        default=3, ge=2, le=MAX_COUNT, description="windows scored before a child may be stopped (a paired sd needs 2)"
+    )
+    group_windows: int = Field(default=1, ge=1, le=MAX_COUNT, description="windows scored between two looks")
+
+
+class CmaesConfig(Strict):
+    """CMA-ES (the `cma` package) over log-increments of the factors; see search/optimizers/cmaes.py."""
+
+    sigma: float = Field(default=0.05, gt=0, le=10, description="CMA-ES's initial step size, in log-factor units")
+    population: int | None = Field(
+        default=None, ge=2, le=MAX_COUNT, description="CMA-ES samples per generation; null: mutations + crossovers"
+    )
+
+
+class GradientConfig(Strict):
+    """Gradient descent on the factors (search/optimizers/gradient.py): perplexity is smooth in every factor, so one
+    backward pass gives the gradient for all pairs. The factors are parametrized so that every step satisfies the
+    official constraints (non-decreasing across pairs, within [1, max_factor]; the attention factor within its bounds),
+    the search windows are split into the gradient's and `holdout_windows` held out for the stopping rule, and every
+    step's point is scored on all of them (a candidate in history.jsonl like any other). Adam (Kingma and Ba 2015) with
+    the default betas. `hybrid` polishes the evolution's best with `polish_steps` of it every `polish_every` generations
+    and always once more when the evolution ends (its last generation, an early stop), unless that generation's best was
+    just polished."""
+
+    steps: int = Field(default=60, ge=0, le=MAX_COUNT, description="gradient steps after the seeds are scored")
+    learning_rate: float = Field(default=0.15, gt=0, le=10, description="Adam's step size, in parameter units")
+    windows_per_step: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description="gradient windows per step, a block cycling through them; null: all of them every step",
+    )
+    holdout_windows: int = Field(
+        default=2, ge=1, le=MAX_COUNT, description="search windows held out from the gradient (the stopping rule's)"
+    )
+    patience: int | None = Field(
+        default=10, ge=1, le=MAX_COUNT, description="stop after this many steps without a held-out gain; null: never"
+    )
+    min_improvement: float = Field(
+        default=1e-4, ge=0, description="a held-out gain, in mean NLL (nats per token), that resets the patience"
+    )
+    polish_every: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description="hybrid: polish the evolution's best every this many generations; its final best always; "
+        "null: the final best only",
+    )
+    polish_steps: int = Field(default=10, ge=1, le=MAX_COUNT, description="hybrid: gradient steps per polish")
+    polish_learning_rate: float = Field(default=0.05, gt=0, le=10, description="hybrid: Adam's step size to polish")
+
+    def polishes(self, generations: int) -> int:
+        """The hybrid's polishes in a run of `generations` that is not stopped early: one after every
+        polish_every-th generation, and one after the last if that is not such a generation already (an early
+        stop ends with one polish too, so this is also the most a run can do)."""
+        every = self.polish_every or generations + 1
+        if generations == 0:
+            return 0
+        return generations // every + (generations % every != 0)
+
+
+class SearchConfig(Strict):
+    population: int = Field(default=64, ge=2, le=MAX_COUNT, description="candidates in generation 0")
+    generations: int = Field(default=40, ge=0, le=MAX_COUNT, description="generations after generation 0")
+    parents: int = Field(default=32, ge=1, le=MAX_COUNT, description="the best candidates kept as parents")
+    mutations: int = Field(default=16, ge=0, le=MAX_COUNT, description="children by mutation, per generation")
+    crossovers: int = Field(default=16, ge=0, le=MAX_COUNT, description="children by crossover, per generation")
+    change_probability: float = Field(
+        default=0.3, gt=0, le=1, description="the chance that a mutation changes each factor"
+    )
+    grid_step: float = Field(
+        default=0.01, ge=MIN_GRID_STEP, le=1, description="factors live on this grid (a candidate's identity)"
+    )
+    max_factor: float | None = Field(
+        default=None, gt=1, le=MAX_FACTOR, description="the largest factor; null: 1.25 x target/original (the paper)"
+    )
+    seeds: tuple[Literal["pi", "ntk", "yarn", "llama3"], ...] = Field(
+        default=("pi", "ntk", "yarn"), description="closed forms at the target that start the population"
+    )
+    seed_files: tuple[PathText, ...] = Field(
+        default=(), description="more seeds: factors JSON files (what `longrope export` writes) or other runs' dirs"
+    )
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="the optimizer's random seed")
+    n_hat: NHatConfig = Field(default=NHatConfig(), description="section: n_hat, the un-scaled first positions")
+    attention_factor: AttentionFactorConfig = Field(
+        default=AttentionFactorConfig(), description="section: the attention factor (temperature)"
+    )
+    early_stop: EarlyStopConfig = Field(default=EarlyStopConfig(), description="section: stopping early")
+    optimizer: Literal["dim_mono", "cmaes", "gradient", "hybrid"] = Field(
+        default="dim_mono",
+        description="dim_mono: the LongRoPE release's evolution; cmaes: CMA-ES (search/optimizers/cmaes.py); "
+        "gradient: descent on the factors (search/optimizers/gradient.py); hybrid: dim_mono with its best polished by "
+        "gradient steps",
+    )
+    schedule: Literal["generational", "steady"] = Field(
+        default="generational",
+        description="generational: parents chosen once per generation; steady: after every scored child",
+    )
+    racing: RacingConfig = Field(default=RacingConfig(), description="section: racing children on paired windows")
+    cmaes: CmaesConfig = Field(default=CmaesConfig(), description="section: CMA-ES settings")
+    gradient: GradientConfig = Field(
+        default=GradientConfig(), description="section: gradient descent settings (optimizer gradient or hybrid)"
+    )
+    space: Literal["longrope", "longrope2"] = Field(
+        default="longrope",
+        description="longrope: every pair searched; longrope2: only pairs >= the critical dimension, within "
+        "[target/original, length_scale], the pairs below set from the critical pair (LongRoPE2, arXiv 2502.20082)",
+    )
+    critical_dim: int | None = Field(
+        default=None, ge=0, le=MAX_COUNT, description="longrope2's critical pair; null: ceil(log_theta(L0/2pi) d/2) - 1"
+    )
+    length_scale: float | None = Field(
+        default=None, gt=1, le=MAX_FACTOR, description="longrope2's largest factor; null: 2 x target/original"
+    )
+    factor: Literal["long", "short"] = Field(
+        default="long",
+        description="long: the factors used past original_length; short: those used up to it (Phi-3), searched on "
+        "windows of original_length tokens with long_factors kept",
+    )
+    long_factors: PathText | None = Field(
+        default=None, description="the long factors a short-factor search keeps: a factors file or a run directory"
+    )
+    stages: tuple[int, ...] = Field(
+        default=(), description="progressive search: shorter target lengths first, each seeding the next"
+    )
+
+    @field_validator("stages")
+    @classmethod
+    def _increasing(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        for first, second in itertools.pairwise(value):
+            if second <= first:
+                raise ValueError(f"stage lengths must increase, got {first} then {second}")
+        return value
+
+    @model_validator(mode="after")
+    def _sizes(self) -> SearchConfig:
+        if self.optimizer == "cmaes" and self.space == "longrope2":
+            raise ValueError("space: 'longrope2' needs optimizer 'dim_mono' (CMA-ES searches every pair)")
+        if self.factor == "short" and not self.long_factors:
+            raise ValueError("long_factors: factor 'short' needs the long factors it keeps (a factors file or run)")
+        if self.factor == "short" and self.attention_factor.mode == "searched":
+            raise ValueError(
+                "attention_factor.mode: a short-factor search keeps the long factors' attention factor (transformers "
+                "applies it in both regimes); use 'longrope'"
+            )
+        if self.factor == "short" and self.space == "longrope2":
+            raise ValueError("space: a short-factor search needs 'longrope' (longrope2's bounds start at the scale)")
+        if self.factor == "short" and self.stages:
+            raise ValueError(f"stages: a short-factor search has one length (original_length), got {list(self.stages)}")
+        if self.optimizer == "cmaes" and self.schedule == "steady":
+            raise ValueError("schedule: 'steady' needs optimizer 'dim_mono' (CMA-ES updates once per generation)")
+        if self.optimizer == "cmaes" and self.racing.enabled:
+            raise ValueError("racing.enabled: racing needs optimizer 'dim_mono' (CMA-ES ranks every sample)")
+        if self.optimizer == "cmaes" and self.n_hat.enabled:
+            raise ValueError("n_hat.enabled: CMA-ES searches factors and the attention factor only, not n_hat")
+        self._gradient_rules()
+        if self.parents > self.population:
+            raise ValueError(f"parents: must be <= population ({self.population}), got {self.parents}")
+        if self.mutations + self.crossovers < 1:
+            raise ValueError("mutations: mutations + crossovers must be at least 1, got 0")
+        if self.factor == "long" and not self.seeds and not self.seed_files:
+            raise ValueError(
+                "seeds: a population needs at least one seed: name a closed form (pi, ntk, yarn, llama3) or give "
+                "search.seed_files, got []"
+            )
+        return self
+
+    def _gradient_rules(self) -> None:
+        """What descent cannot do: n_hat moves positions between regimes (not differentiable; a GA-only gene),
+        longrope2's derived pairs and a short-factor search's regime are not parametrized, racing and the steady
+        schedule are the evolution's."""
+        if self.optimizer not in ("gradient", "hybrid"):
+            return
+        rules = (
+            (self.n_hat.enabled, "n_hat.enabled: n_hat is not differentiable, a gene of dim_mono only"),
+            (self.space != "longrope", "space: gradient descent searches every pair ('longrope')"),
+            (self.factor != "long", "factor: gradient descent searches the long factors"),
+            (self.racing.enabled, "racing.enabled: racing is dim_mono's; descent scores every window of a step"),
+            (self.schedule != "generational", "schedule: 'steady' needs optimizer 'dim_mono'"),
+        )
+        for broken, message in rules:
+            if broken:
+                raise ValueError(f"{message} (optimizer {self.optimizer!r})")

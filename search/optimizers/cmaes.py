@@ -1,0 +1,173 @@
+"""A second optimizer: CMA-ES (Hansen's `cma` package) over a monotone parametrisation of the factors.
+
+The genome is continuous, x = [log f_0, d_1, ..., d_{n-1}] (+ the attention factor when it is searched), decoded
+as log f_i = log f_0 + sum_{j<=i} max(d_j, 0): every x is a monotone factor vector, so CMA-ES needs no repair
+step and no rejected samples; increments shared by neighbouring pairs are what it learns to correlate. Each
+decoded vector is rounded onto the same grid as the GA's (`genome.GenomeGrid`), so candidates keep exact keys
+and one never gets scored twice (a duplicate takes the recorded score).
+
+Generation 0 scores the seeds; CMA-ES starts at the best of them (x0) with step size `search.cmaes.sigma` and
+`search.cmaes.population` samples per generation (default mutations + crossovers), for as many generations as
+spend the GA's evaluation budget. Its normal samples come from its own numpy Generator (`randn` option), so no
+other user of numpy's global generator can change a run.
+
+Resume without pickle: the state records the keys asked in each generation and every told score; loading builds a
+fresh, identically seeded instance and replays ask/tell with those scores, checking each replayed generation asks
+for exactly the recorded keys, which puts it in the same state as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cma
+import numpy as np
+
+from longrope.search.config.search_section import SearchConfig
+from longrope.search.optimizers.evolution import told_from_json
+from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
+
+FAILED_SCORE_MARGIN = 1.0  # a non-finite score is told as (worst finite of its generation) + this
+
+
+class CmaesOptimizer:
+    """ask() -> genomes (duplicates possible); tell(genomes, scores); stop(); best(); state_dict() / load."""
+
+    def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
+        self.settings = settings
+        self.grid = grid
+        self.seed_genomes = _unique([grid.from_seed(seed) for seed in seeds])
+        self.seed_names = {grid.from_seed(seed).key: seed.name for seed in seeds}
+        self.popsize = settings.cmaes.population or settings.mutations + settings.crossovers
+        budget = settings.population + (settings.mutations + settings.crossovers) * settings.generations
+        self.iterations = max(0, math.ceil((budget - len(self.seed_genomes)) / self.popsize))
+        self.generation = 0
+        self.scores: dict[str, float] = {}
+        self.genomes: dict[str, Genome] = {}
+        self.asked_keys: list[list[str]] = []  # per CMA-ES generation, for the replay
+        self.pending: dict[str, Genome] = {}
+        self.es: cma.CMAEvolutionStrategy | None = None
+        self._asked_x: list[np.ndarray] = []
+
+    @property
+    def total_generations(self) -> int:
+        return 1 + self.iterations
+
+    @property
+    def population(self) -> list[str]:
+        """The best candidate so far (CMA-ES keeps a distribution, not parents)."""
+        return [self.best()[0].key] if self.scores else []
+
+    def worst_parent(self) -> str | None:
+        return None  # CMA-ES ranks every sample of a generation; racing does not apply
+
+    # ---- the parametrisation ----
+
+    def encode(self, genome: Genome) -> np.ndarray:
+        log_factors = np.log(self.grid.factors(genome))
+        x = np.concatenate([log_factors[:1], np.diff(log_factors)])
+        attention = self.grid.attention_factor(genome)
+        return np.append(x, attention) if attention is not None else x
+
+    def decode(self, x: np.ndarray) -> Genome:
+        pairs = self.grid.pairs
+        log_factors = x[0] + np.concatenate([[0.0], np.cumsum(np.maximum(x[1:pairs], 0.0))])
+        attention = float(x[pairs]) if self.grid.searched_attention else None
+        return self.grid.genome(np.exp(np.minimum(log_factors, 700.0)), attention)
+
+    # ---- ask / tell ----
+
+    def stop(self) -> bool:
+        if self.generation >= self.total_generations:
+            return True
+        return self.es is not None and bool(self.es.stop())
+
+    def ask(self, count: int | None = None) -> list[Genome]:
+        if self.pending:
+            return []
+        if self.generation == 0:
+            batch = list(self.seed_genomes)
+        else:
+            self._asked_x = self.es.ask()
+            batch = [self.decode(np.asarray(x)) for x in self._asked_x]
+            self.asked_keys.append([g.key for g in batch])
+        self.pending = {g.key: g for g in batch}
+        return batch
+
+    def tell(self, genomes: list[Genome], scores: list[float]) -> None:
+        for genome, score in zip(genomes, scores, strict=True):
+            self.scores[genome.key] = score if math.isfinite(score) else math.inf
+            self.genomes[genome.key] = genome
+            self.pending.pop(genome.key, None)
+        if self.pending:
+            return
+        if self.generation == 0:
+            self._start()
+        else:
+            self._tell_es(self.asked_keys[-1])
+        self.generation += 1
+
+    def best(self) -> tuple[Genome, float]:
+        key = min(self.scores, key=lambda k: (self.scores[k], k))
+        return self.genomes[key], self.scores[key]
+
+    def _start(self) -> None:
+        best_seed = min(self.seed_genomes, key=lambda g: (self.scores[g.key], g.key))
+        x0 = self.encode(best_seed)
+        rng = np.random.Generator(np.random.PCG64(self.settings.seed))
+        options = {
+            "popsize": self.popsize,
+            "seed": np.nan,  # leave numpy's global generator alone: samples come from `rng`
+            "randn": lambda count, dim: rng.standard_normal((count, dim)),
+            "verbose": -9,
+            "tolflatfitness": 10,  # the grid makes equal scores common; do not stop on a few flat generations
+        }
+        self.es = cma.CMAEvolutionStrategy(x0, self.settings.cmaes.sigma, options)
+
+    def _tell_es(self, keys: list[str]) -> None:
+        scores = [self.scores[key] for key in keys]
+        finite = [s for s in scores if math.isfinite(s)]
+        failed = (max(finite) if finite else 0.0) + FAILED_SCORE_MARGIN
+        self.es.tell(self._asked_x, [s if math.isfinite(s) else failed for s in scores])
+
+    # ---- persistence (replay, no pickle) ----
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "cmaes",
+            "generation": self.generation,
+            "rng": None,
+            "population": self.population,
+            "told": [[self.genomes[k].to_json(), s if math.isfinite(s) else None] for k, s in self.scores.items()],
+            "asked_keys": [list(keys) for keys in self.asked_keys],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "cmaes":
+            raise ValueError(f"kind: state.json holds a {state.get('kind')!r} optimizer, the config says cmaes")
+        self.genomes, self.scores = told_from_json(state["told"])
+        recorded = [[str(k) for k in keys] for keys in state["asked_keys"]]
+        generation = int(state["generation"])
+        if generation != (len(recorded) + 1 if generation else 0):
+            raise ValueError(f"generation {generation} does not match {len(recorded)} recorded CMA-ES generations")
+        self.asked_keys, self.generation = [], 0
+        if generation == 0:
+            return
+        self._start()
+        self.generation = 1
+        for number, keys in enumerate(recorded, start=1):
+            self._asked_x = self.es.ask()
+            replayed = [self.decode(np.asarray(x)).key for x in self._asked_x]
+            if replayed != keys:
+                raise ValueError(f"replaying CMA-ES generation {number} asks for other candidates than recorded")
+            missing = [key for key in keys if key not in self.scores]
+            if missing:
+                raise ValueError(f"CMA-ES generation {number}: {missing[0]} was asked but has no told score")
+            self.asked_keys.append(keys)
+            self._tell_es(keys)
+            self.generation += 1
+
+
+def _unique(genomes: list[Genome]) -> list[Genome]:
+    return list({g.key: g for g in genomes}.values())

@@ -1,0 +1,274 @@
+"""LongRoPE's dim-monotone evolutionary search, as a pure-numpy ask/tell optimizer, generational or steady-state.
+
+The optimizer never calls the objective: `ask()` returns genomes (`genome.py`), `tell()` takes their scores (mean
+NLL, lower is better; NaN/inf rank last, and so does a candidate that racing stopped), and its whole state, the
+generator's included, round-trips through JSON, so a resumed search continues exactly where it stopped.
+Mutation and crossover follow the official release (microsoft/LongRoPE, evolution/algorithms/dim_mono.py):
+a mutated pair is redrawn uniformly between its neighbours (monotone by construction); a crossover takes pairs
+from the second parent with probability 1/2 where the change probability fires. In the longrope2 space
+(LongRoPE2, arXiv 2502.20082) only the pairs from the critical dimension up are mutated or crossed, strictly
+between their neighbours and with the last-pair cap (`GenomeGrid.redraw_bounds`), and after every change the
+pairs below it are set from the critical pair (`GenomeGrid.derive`).
+
+Two schedules (`search.schedule`):
+- generational (the release's): generation 0 is the seeds plus their mutations (`population` in all); then each
+  generation breeds `mutations` + `crossovers` children from the `parents` best, and waits for all of them;
+- steady: generation 0 is the same; then `ask(n)` breeds n children at a time from the current parents and
+  `tell` inserts each as it arrives ((mu + lambda) with lambda = 1), so no worker waits for a generation's slowest
+  candidate. The budget is the same number of children; a "generation" is counted every mutations + crossovers
+  children. Arrival order decides the parents, so a steady run is not bit-reproducible across runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from longrope.search.config.search_section import SearchConfig
+from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
+
+MAX_TRIES = 200  # redraws before giving up on one new candidate
+CROSSOVER_PASSES = 20  # the official max_crossover_try
+
+
+def rank_score(score: float) -> float:
+    return score if math.isfinite(score) else math.inf
+
+
+class DimMonoEvolution:
+    """ask() -> genomes to score; tell(genomes, scores); stop(); best(); state_dict() / load_state_dict()."""
+
+    def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
+        self.settings = settings
+        self.grid = grid
+        self.steady = settings.schedule == "steady"
+        self.children_per_generation = settings.mutations + settings.crossovers
+        self.n_hat_choices = settings.n_hat.choices if settings.n_hat.enabled else (0,)
+        self.rng = np.random.Generator(np.random.PCG64(settings.seed))
+        self.generation = 0
+        self.children_told = 0  # steady: children told since generation 0
+        self.scores: dict[str, float] = {}  # every genome ever told, by key
+        self.genomes: dict[str, Genome] = {}
+        self.population: list[str] = []  # keys of the current parents, best first
+        self.pending: dict[str, Genome] = {}  # asked, not yet told (in order)
+        self._generation_keys: list[str] = []  # generation 0 / a generational round: what was asked
+        self.seed_genomes = [grid.from_seed(seed) for seed in seeds]
+        self.seed_names = {g.key: seed.name for g, seed in zip(self.seed_genomes, seeds, strict=True)}
+
+    @property
+    def total_generations(self) -> int:
+        """The initial population, then `generations` rounds of mutation and crossover."""
+        return 1 + self.settings.generations
+
+    @property
+    def budget(self) -> int:
+        """Evaluations the run asks for at most: the initial population and every generation's children."""
+        return self.settings.population + self.children_per_generation * self.settings.generations
+
+    # ---- operators ----
+
+    def mutate(self, parent: Genome, seen: set[str]) -> Genome | None:
+        """Each searched pair, with the change probability, is redrawn from the grid between its neighbours
+        (`GenomeGrid.redraw_bounds`; a pair with no room stays, as in the release); the derived pairs follow."""
+        p, grid = self.settings.change_probability, self.grid
+        for _ in range(MAX_TRIES):
+            steps = list(parent.factor_steps)
+            for i in grid.searched_pairs:
+                if self.rng.random() < p:
+                    lower, upper = grid.redraw_bounds(steps, i)
+                    if lower <= upper:
+                        steps[i] = int(self.rng.integers(lower, upper + 1))
+            steps = grid.derive(steps)
+            n_hat = parent.n_hat
+            if len(self.n_hat_choices) > 1 and self.rng.random() < p:
+                n_hat = int(self.rng.choice(self.n_hat_choices))
+            attention = parent.attention_steps
+            if attention is not None and self.rng.random() < p:
+                attention = int(self.rng.integers(grid.attention_low, grid.attention_high + 1))
+            child = Genome(tuple(steps), n_hat, attention)
+            if child.key not in seen and grid.is_valid(child):
+                return child
+        return None
+
+    def crossover(self, first: Genome, second: Genome, seen: set[str]) -> Genome | None:
+        """From the first parent, each searched pair considered with the change probability takes the second
+        parent's value with probability 1/2 (derived pairs follow); the first valid, unseen child wins; else the
+        first parent mutates."""
+        p, grid = self.settings.change_probability, self.grid
+        for _ in range(CROSSOVER_PASSES):
+            steps = list(first.factor_steps)
+            n_hat, attention = first.n_hat, first.attention_steps
+            for i in grid.searched_pairs:
+                if self.rng.random() < p and self.rng.random() < 0.5:
+                    steps[i] = second.factor_steps[i]
+                    steps = grid.derive(steps)
+                    child = Genome(tuple(steps), n_hat, attention)
+                    if child.key not in seen and self.grid.is_valid(child):
+                        return child
+            if self.rng.random() < p:
+                n_hat = second.n_hat
+            if self.rng.random() < p:
+                attention = second.attention_steps
+            child = Genome(tuple(steps), n_hat, attention)
+            if child.key not in seen and self.grid.is_valid(child):
+                return child
+        return self.mutate(first, seen)
+
+    # ---- ask / tell ----
+
+    def stop(self) -> bool:
+        if self.steady and self.generation > 0:
+            return self.children_told >= self.children_per_generation * self.settings.generations
+        return self.generation >= self.total_generations
+
+    def ask(self, count: int | None = None) -> list[Genome]:
+        """New genomes to score (none scored or asked before).
+
+        Generation 0 (both schedules) and every generational round: the whole generation, `count` ignored.
+        Steady, after generation 0: up to `count` children (fewer near the budget; none while generation 0 is out).
+        """
+        if self.generation == 0 or not self.steady:
+            if self.pending:
+                return []  # the generation is out; tell it first
+            batch = self._initial_population() if self.generation == 0 else self._generation_children()
+        else:
+            room = self.children_per_generation * self.settings.generations - self.children_told - len(self.pending)
+            batch = self._children(min(count or 1, room))
+        self.pending.update((g.key, g) for g in batch)
+        return batch
+
+    def tell(self, genomes: list[Genome], scores: list[float]) -> None:
+        """Record scores; generational: once the generation is all told, keep the best `parents` of everything
+        alive (elitist); steady: each child joins the parents at once if it beats the worst of them."""
+        for genome, score in zip(genomes, scores, strict=True):
+            self.scores[genome.key] = rank_score(float(score))
+            self.genomes[genome.key] = genome
+            self.pending.pop(genome.key, None)
+        if self.steady and self.generation > 0:
+            self.population = self._best_of([*self.population, *(g.key for g in genomes)])
+            self.children_told += len(genomes)
+            self.generation = 1 + self.children_told // self.children_per_generation
+        elif not self.pending:
+            self.population = self._best_of([*self.population, *self._generation_keys])
+            self.generation += 1
+
+    def adopt(self, genome: Genome, score: float) -> None:
+        """A child made elsewhere (the hybrid's polished best, on the grid) and its score: it joins the parents
+        if it beats the worst of them, as a told child does; the generator is not touched."""
+        self.scores[genome.key] = rank_score(float(score))
+        self.genomes[genome.key] = genome
+        self.population = self._best_of([*self.population, genome.key])
+
+    def worst_parent(self) -> str | None:
+        """The acceptance threshold: a child worse than the worst parent can never become a parent (elitism).
+        None while the parents are not all there with finite scores (then every child may get in)."""
+        if len(self.population) < self.settings.parents or not math.isfinite(self.scores[self.population[-1]]):
+            return None
+        return self.population[-1]
+
+    def best(self) -> tuple[Genome, float]:
+        key = min(self.scores, key=lambda k: (self.scores[k], k))
+        return self.genomes[key], self.scores[key]
+
+    # ---- breeding ----
+
+    def _initial_population(self) -> list[Genome]:
+        batch = self._unique(self.seed_genomes)
+        seen = set(self.scores) | {g.key for g in batch}
+        while len(batch) < self.settings.population:
+            child = self.mutate(self.seed_genomes[int(self.rng.integers(len(self.seed_genomes)))], seen)
+            if child is None:
+                break  # MAX_TRIES redraws found nothing new: the grid is exhausted around the seeds
+            batch += self._unique([child], seen)
+        self._generation_keys = [g.key for g in batch]
+        return batch
+
+    def _generation_children(self) -> list[Genome]:
+        seen = set(self.scores)
+        parents = [self.genomes[key] for key in self.population]
+        batch: list[Genome] = []
+        for _ in range(self.settings.mutations):
+            batch += self._unique([self.mutate(parents[int(self.rng.integers(len(parents)))], seen)], seen)
+        for _ in range(self.settings.crossovers):
+            if len(parents) < 2:
+                break
+            i, j = self.rng.choice(len(parents), size=2, replace=False)
+            batch += self._unique([self.crossover(parents[int(i)], parents[int(j)], seen)], seen)
+        self._generation_keys = [g.key for g in batch]
+        return batch
+
+    def _children(self, count: int) -> list[Genome]:
+        """Steady breeding: each child is a mutation with probability mutations / (mutations + crossovers)."""
+        seen = set(self.scores) | set(self.pending)
+        parents = [self.genomes[key] for key in self.population]
+        batch: list[Genome] = []
+        for _ in range(max(0, count)):
+            if len(parents) < 2 or self.rng.random() < self.settings.mutations / self.children_per_generation:
+                child = self.mutate(parents[int(self.rng.integers(len(parents)))], seen)
+            else:
+                i, j = self.rng.choice(len(parents), size=2, replace=False)
+                child = self.crossover(parents[int(i)], parents[int(j)], seen)
+            batch += self._unique([child], seen)
+        return batch
+
+    @staticmethod
+    def _unique(genomes: list[Genome | None], seen: set[str] | None = None) -> list[Genome]:
+        """The genomes not seen yet (None dropped), each once; `seen` is updated in place."""
+        seen = set() if seen is None else seen
+        kept = []
+        for genome in genomes:
+            if genome is not None and genome.key not in seen:
+                seen.add(genome.key)
+                kept.append(genome)
+        return kept
+
+    def _best_of(self, keys: list[str]) -> list[str]:
+        alive = set(keys)
+        return sorted(alive, key=lambda key: (self.scores[key], key))[: self.settings.parents]
+
+    # ---- persistence ----
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "dim_mono",
+            "generation": self.generation,
+            "rng": self.rng.bit_generator.state,
+            "population": list(self.population),
+            "told": [[self.genomes[k].to_json(), _json_score(s)] for k, s in self.scores.items()],
+            "pending": [g.to_json() for g in self.pending.values()],
+            "children_told": self.children_told,
+            "generation_keys": list(self._generation_keys),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind", "dim_mono") != "dim_mono":
+            raise ValueError(f"kind: state.json holds a {state.get('kind')!r} optimizer, the config says dim_mono")
+        self.generation = int(state["generation"])
+        self.rng.bit_generator.state = state["rng"]
+        self.genomes, self.scores = told_from_json(state["told"])
+        self.population = [str(key) for key in state["population"]]
+        self.pending = {g.key: g for g in (Genome.from_json(item) for item in state.get("pending", []))}
+        self.children_told = int(state.get("children_told", 0))
+        self._generation_keys = [str(key) for key in state.get("generation_keys", [])]
+        unknown = [key for key in self.population if key not in self.genomes]
+        if unknown:
+            raise ValueError(f"population holds {unknown[0]}, which is not among the told genomes")
+
+
+def told_from_json(told: list) -> tuple[dict[str, Genome], dict[str, float]]:
+    """state.json's `told`: [genome, score] pairs (a gradient point, off the grid, is told by its key alone)."""
+    genomes, scores = {}, {}
+    for genome_json, score in told:
+        if isinstance(genome_json, str):
+            key = genome_json
+        else:
+            genome = Genome.from_json(genome_json)
+            key, genomes[genome.key] = genome.key, genome
+        scores[key] = math.inf if score is None else float(score)
+    return genomes, scores
+
+
+def _json_score(score: float) -> float | None:
+    return score if math.isfinite(score) else None

@@ -1,0 +1,389 @@
+"""Gradient descent on the factors (issue 20): the fitness is differentiable in every lambda_i, so descend it.
+
+Perplexity depends on a factor only through cos/sin of p * theta^(-2i/d) / lambda_i (and on the attention factor,
+which multiplies cos and sin), so one backward pass through the model's input path gives d NLL / d lambda for
+every pair at once (the workers compute it: `Scorer.score_with_gradient`). Descent here is plain numpy over an
+unconstrained vector u, mapped to factors that always satisfy the official constraints (`Parametrization`):
+
+    lambda_i = 1 + (M - 1) * sum_{k <= i} softmax(u_0..u_P)_k      i = 0 .. P-1   (u_P: the slack logit)
+    attention = low + (high - low) * sigmoid(u_{P+1})               (only when the attention factor is searched)
+
+so the factors are non-decreasing across pairs and within [1, M] (M = search.max_factor, 1.25 x scale by default,
+the LongRoPE paper's bound), whatever u is; the slack logit lets the last pair stay below M. Adam (Kingma and Ba,
+arXiv 1412.6980, with its default betas 0.9 / 0.999 and eps 1e-8) steps u on the chain-ruled gradient
+(`Parametrization.pullback`).
+
+`GradientDescent` has the ask/tell shape of the other optimizers, and its generations are: 0, the seeds scored on
+every search window (forward only, as the GA's generation 0); 1..steps, one point each, its factors rounded to 6
+decimals (what history.jsonl records is exactly what was scored), with a backward pass on the step's gradient
+windows and a forward pass on the others; then one last generation, the best point rounded to the search grid,
+scored forward, so the export is the grid's factors only when they do not lose (`best_of` picks). The search
+windows are split: the last `holdout_windows` are never in a gradient, and a step whose mean NLL on them has not
+improved by `min_improvement` for `patience` steps ends the descent. Its whole state (u, Adam's moments, the
+step, the held-out best) is JSON; nothing in it is random, so a run is reproducible and resumes exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from longrope.search.config.search_section import GradientConfig
+from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
+from longrope.search.optimizers.objective import ObjectiveMix
+
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+SMALLEST_SHARE = 1e-6  # the attention factor's share kept off 0 and 1, where a logit is infinite
+RECORDED_DECIMALS = 6  # history.jsonl's precision for factors: a point is scored exactly as it is recorded
+
+
+@dataclass(frozen=True)
+class Parametrization:
+    """u (pairs + 1 logits, + 1 for a searched attention factor) <-> factors within the official constraints."""
+
+    pairs: int
+    max_factor: float
+    attention_bounds: tuple[float, float] | None = None  # (low, high) when the attention factor is searched
+    # a seed's zero increments (PI's flat factors, YaRN's flat ends) start at this share of the range, half a grid
+    # step by default: a logit moves a share by a factor per step, so one at 1e-6 (ln -14) stays frozen for tens of
+    # steps (measured on the demo: 3.607 at the held-out stop with 1e-6, 3.564 with half a step), while an increment
+    # below half a grid step is one the grid cannot tell from zero anyway
+    smallest_increment: float = 0.005
+
+    @property
+    def size(self) -> int:
+        return self.pairs + 1 + (self.attention_bounds is not None)
+
+    def factors(self, u: np.ndarray) -> np.ndarray:
+        shares = _softmax(u[: self.pairs + 1])
+        return 1.0 + (self.max_factor - 1.0) * np.cumsum(shares)[: self.pairs]
+
+    def attention_factor(self, u: np.ndarray) -> float | None:
+        if self.attention_bounds is None:
+            return None
+        low, high = self.attention_bounds
+        return float(low + (high - low) * _sigmoid(u[self.pairs + 1]))
+
+    def pullback(self, u: np.ndarray, d_factors: np.ndarray, d_attention: float) -> np.ndarray:
+        """d loss / d u from d loss / d factors and d loss / d attention factor (the chain rule, by hand).
+
+        With s = softmax(u_0..u_P), C_i = sum_{m <= i} s_m and g_i = d loss / d lambda_i:
+        d lambda_i / d u_k = (M - 1) s_k ([k <= i] - C_i), so d loss / d u_k = (M - 1) s_k (sum_{i >= k} g_i -
+        sum_i g_i C_i). The attention factor: d a / d u = (high - low) sigma (1 - sigma)."""
+        shares = _softmax(u[: self.pairs + 1])
+        cumulative = np.cumsum(shares)[: self.pairs]
+        g = np.asarray(d_factors, dtype=np.float64)
+        tail = np.concatenate([np.cumsum(g[::-1])[::-1], [0.0]])  # sum_{i >= k} g_i, k = 0..P (none for the slack)
+        grad = np.zeros(self.size)
+        grad[: self.pairs + 1] = (self.max_factor - 1.0) * shares * (tail - float(g @ cumulative))
+        if self.attention_bounds is not None:
+            low, high = self.attention_bounds
+            sigma = _sigmoid(u[self.pairs + 1])
+            grad[self.pairs + 1] = d_attention * (high - low) * sigma * (1.0 - sigma)
+        return grad
+
+    def inverse(self, factors: np.ndarray, attention_factor: float | None) -> np.ndarray:
+        """A u whose point is `factors` clipped into [1, max_factor] and made non-decreasing, every increment at least
+        `smallest_increment` (so no logit is -inf or frozen), and the attention factor clipped into its bounds."""
+        clipped = np.maximum.accumulate(np.clip(np.asarray(factors, dtype=np.float64), 1.0, self.max_factor))
+        steps = np.diff(np.concatenate([[1.0], clipped, [self.max_factor]])) / (self.max_factor - 1.0)
+        shares = np.maximum(steps, self.smallest_increment / (self.max_factor - 1.0))
+        u = np.zeros(self.size)
+        u[: self.pairs + 1] = np.log(shares / shares.sum())
+        if self.attention_bounds is not None:
+            low, high = self.attention_bounds
+            value = attention_factor if attention_factor is not None else (low + high) / 2
+            share = float(np.clip((value - low) / (high - low), SMALLEST_SHARE, 1 - SMALLEST_SHARE))
+            u[self.pairs + 1] = math.log(share / (1 - share))
+        return u
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+@dataclass
+class Adam:
+    """Adam over a numpy vector; its state (moments, step) round-trips through JSON."""
+
+    learning_rate: float
+    m: np.ndarray
+    v: np.ndarray
+    t: int = 0
+
+    @classmethod
+    def fresh(cls, learning_rate: float, size: int) -> Adam:
+        return cls(learning_rate, np.zeros(size), np.zeros(size))
+
+    def step(self, u: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        b1, b2 = ADAM_BETAS
+        self.t += 1
+        self.m = b1 * self.m + (1 - b1) * grad
+        self.v = b2 * self.v + (1 - b2) * grad * grad
+        m_hat, v_hat = self.m / (1 - b1**self.t), self.v / (1 - b2**self.t)
+        return u - self.learning_rate * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"m": self.m.tolist(), "v": self.v.tolist(), "t": self.t}
+
+    @classmethod
+    def from_state(cls, learning_rate: float, state: dict[str, Any]) -> Adam:
+        return cls(learning_rate, np.asarray(state["m"], float), np.asarray(state["v"], float), int(state["t"]))
+
+
+@dataclass(frozen=True)
+class Point:
+    """What the coordinator scores for descent: a candidate off the grid (or on it, the final rounding), with the
+    window range whose backward pass is asked for (None: forward only)."""
+
+    key: str
+    factors: np.ndarray
+    attention_factor: float | None
+    gradient_windows: tuple[int, int] | None = None
+    genome: Genome | None = None  # the grid's genome, for a point on the grid (a seed, the final rounding)
+
+
+def point_key(factors: np.ndarray, attention_factor: float | None) -> str:
+    """A descent point's identity: its recorded values (a grid candidate's key hashes its grid steps instead)."""
+    payload = json.dumps(["descent", [round(float(f), RECORDED_DECIMALS) for f in factors], attention_factor])
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class WindowSplit:
+    """Search windows [0, gradient) give gradients, [gradient, total) are held out for the stopping rule; a step
+    takes a block of `per_step` gradient windows, the blocks in turn."""
+
+    total: int
+    gradient: int
+    per_step: int
+
+    @classmethod
+    def of(cls, settings: GradientConfig, total: int) -> WindowSplit:
+        gradient = total - settings.holdout_windows
+        return cls(total, gradient, settings.windows_per_step or gradient)
+
+    def block(self, step: int) -> tuple[int, int]:
+        """The gradient windows of step `step` (1-based): [0, k), [k, 2k), ... cycling."""
+        blocks = math.ceil(self.gradient / self.per_step)
+        start = ((step - 1) % blocks) * self.per_step
+        return start, min(start + self.per_step, self.gradient)
+
+    @property
+    def held_out(self) -> tuple[int, int]:
+        return self.gradient, self.total
+
+
+def subset_mix(mix: ObjectiveMix, windows: tuple[int, int]) -> ObjectiveMix:
+    """The objective over a range of the search windows: the same objectives and weights, those windows only."""
+    objectives = mix.objectives[windows[0] : windows[1]]
+    return ObjectiveMix(objectives, tuple((name, w) for name, w in mix.weights if name in objectives))
+
+
+def objective_gradient(mix: ObjectiveMix, tokens, per_window_gradients) -> np.ndarray:
+    """d mix.mean_nll / d parameters from each window's d nll_j / d parameters: the mix is linear in the nll_j,
+    mean = sum_o w_o (sum_{j in o} nll_j / T_o) / sum_o w_o, so its gradient is sum_j w_o(j) / (W T_o(j)) grad_j."""
+    weights, total = dict(mix.weights), sum(w for _, w in mix.weights)
+    counts = {name: sum(t for t, kind in zip(tokens, mix.objectives, strict=True) if kind == name) for name in weights}
+    grads = np.asarray(per_window_gradients, dtype=np.float64)
+    coefficients = np.array([weights[kind] / (total * counts[kind]) for kind in mix.objectives])
+    return coefficients @ grads
+
+
+class GradientDescent:
+    """ask() -> points; tell(points, records); stop(); best(); state_dict() / load_state_dict(). See the module
+    docstring for its generations. `start` skips the seeds: descent from a given point (the hybrid's polish)."""
+
+    kind = "gradient"
+
+    def __init__(
+        self,
+        settings: GradientConfig,
+        grid: GenomeGrid,
+        seeds: list[Seed],
+        mix: ObjectiveMix,
+        *,
+        steps: int | None = None,
+        learning_rate: float | None = None,
+        start: Seed | None = None,
+        patience: bool = True,
+    ):
+        self.settings, self.grid, self.mix = settings, grid, mix
+        self.steps = settings.steps if steps is None else steps
+        self.learning_rate = settings.learning_rate if learning_rate is None else learning_rate
+        self.split = WindowSplit.of(settings, len(mix.objectives))
+        attention = (grid.attention_low * grid.attention_step, grid.attention_high * grid.attention_step)
+        self.param = Parametrization(
+            grid.pairs, grid.high * grid.step, attention if grid.searched_attention else None, grid.step / 2
+        )
+        self.seed_genomes = _unique_genomes([grid.from_seed(seed) for seed in seeds])
+        self.seed_names = {grid.from_seed(seed).key: seed.name for seed in seeds}
+        self.patience = settings.patience if patience else None
+        self.generation = 1 if start is not None else 0
+        self.u: np.ndarray | None = None if start is None else self.param.inverse(start.factors, start.attention_factor)
+        self.adam = Adam.fresh(self.learning_rate, self.param.size)
+        self.scores: dict[str, float] = {}  # every told point's mean NLL on all search windows
+        self.points: dict[str, list[Any]] = {}  # key -> [factors, attention] of every told point
+        self.best_held_out = math.inf
+        self.since_gain = 0
+        self.rounded = False  # the last generation (the best point on the grid) is told
+        self.final: Genome | None = None  # that point's genome
+        self.pending: dict[str, Point] = {}
+
+    # ---- the optimizer interface the coordinator uses ----
+
+    @property
+    def total_generations(self) -> int:
+        """Generation 0 (the seeds), `steps` steps, the rounding to the grid."""
+        return 2 + self.steps
+
+    @property
+    def population(self) -> list[str]:
+        return [self.best()[0]] if self.scores else []
+
+    def worst_parent(self) -> str | None:
+        return None
+
+    def stop(self) -> bool:
+        return self.rounded
+
+    def best(self) -> tuple[str, float]:
+        key = min(self.scores, key=lambda k: (self.scores[k], k))
+        return key, self.scores[key]
+
+    def ask(self) -> list[Point]:
+        if self.pending:
+            return []
+        if self.u is None:
+            batch = [self._grid_point(genome) for genome in self.seed_genomes]
+        elif self._descending():
+            batch = [self._step_point()]
+        else:
+            batch = [self._rounded_point()]
+        self.pending = {point.key: point for point in batch}
+        return batch
+
+    def tell(self, points: list[Point], records: list[dict[str, Any]]) -> None:
+        """Take each point's history record (its mean NLL on every window, and for a step its objective's gradient
+        on the step's windows); a whole generation told moves descent on."""
+        for point, record in zip(points, records, strict=True):
+            score = record["mean_nll"]
+            self.scores[point.key] = math.inf if score is None else float(score)
+            self.points[point.key] = [record["factors"], record["attention_factor"]]
+            self.pending.pop(point.key, None)
+        if self.pending:
+            return
+        if self.u is None:
+            best = min(points, key=lambda p: (self.scores[p.key], p.key))
+            self.u = self.param.inverse(best.factors, best.attention_factor)
+        elif not self._descending() or points[0].genome is not None:
+            self.rounded, self.final = True, points[0].genome
+        else:
+            self._descend(points[0], records[0])
+        self.generation += 1
+
+    # ---- descent ----
+
+    def _descending(self) -> bool:
+        stalled = self.patience is not None and self.since_gain >= self.patience
+        return self.generation <= self.steps and not stalled
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.patience is not None and self.since_gain >= self.patience and self.generation <= self.steps
+
+    def _step_point(self) -> Point:
+        factors = np.round(self.param.factors(self.u), RECORDED_DECIMALS)
+        attention = self.param.attention_factor(self.u)
+        attention = None if attention is None else round(attention, RECORDED_DECIMALS)
+        return Point(point_key(factors, attention), factors, attention, self.split.block(self.generation))
+
+    def _descend(self, point: Point, record: dict[str, Any]) -> None:
+        gradient = record.get("gradient")
+        if gradient is None or not all(math.isfinite(v) for v in gradient):
+            self.since_gain = self.patience or self.steps  # no finite gradient: nothing to descend on
+            return
+        held_out = self._held_out_nll(record)
+        if held_out < self.best_held_out - self.settings.min_improvement:
+            self.best_held_out, self.since_gain = held_out, 0
+        else:
+            self.since_gain += 1
+        grad_u = self.param.pullback(self.u, np.asarray(gradient[: self.grid.pairs]), float(gradient[self.grid.pairs]))
+        self.u = self.adam.step(self.u, grad_u)
+
+    def _held_out_nll(self, record: dict[str, Any]) -> float:
+        start, stop = self.split.held_out
+        nll = record["nll"][start:stop]
+        if any(v is None for v in nll):
+            return math.inf
+        return subset_mix(self.mix, (start, stop)).mean_nll(nll, record["tokens"][start:stop])
+
+    def rounded_genome(self) -> Genome:
+        """The descent's result on the grid (told in its last generation)."""
+        if self.final is None:
+            raise ValueError("the descent has not rounded its best point to the grid yet")
+        return self.final
+
+    def _grid_point(self, genome: Genome) -> Point:
+        return Point(genome.key, self.grid.factors(genome), self.grid.attention_factor(genome), None, genome)
+
+    def _rounded_point(self) -> Point:
+        key, _ = self.best()
+        factors, attention = self.points[key]
+        return self._grid_point(self.grid.genome(np.asarray(factors), attention))
+
+    # ---- state ----
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "generation": self.generation,
+            "rng": None,
+            "population": self.population,
+            "told": [[key, _json_score(score)] for key, score in self.scores.items()],
+            "descent": {
+                "u": None if self.u is None else self.u.tolist(),
+                "adam": self.adam.state_dict(),
+                "best_held_out": _json_score(self.best_held_out),
+                "since_gain": self.since_gain,
+                "rounded": self.rounded,
+                "final": None if self.final is None else self.final.to_json(),
+                "points": self.points,
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind:
+            raise ValueError(f"kind: state.json holds a {state.get('kind')!r} optimizer, the config says {self.kind}")
+        descent = state["descent"]
+        self.generation = int(state["generation"])
+        self.scores = {str(key): math.inf if score is None else float(score) for key, score in state["told"]}
+        self.points = {str(key): list(value) for key, value in descent["points"].items()}
+        self.u = None if descent["u"] is None else np.asarray(descent["u"], dtype=np.float64)
+        if self.u is not None and len(self.u) != self.param.size:
+            raise ValueError(f"descent.u: {len(self.u)} parameters, the run's space has {self.param.size}")
+        self.adam = Adam.from_state(self.learning_rate, descent["adam"])
+        self.best_held_out = math.inf if descent["best_held_out"] is None else float(descent["best_held_out"])
+        self.since_gain = int(descent["since_gain"])
+        self.rounded = bool(descent["rounded"])
+        self.final = None if descent.get("final") is None else Genome.from_json(descent["final"])
+        self.pending = {}
+
+
+def _json_score(score: float) -> float | None:
+    return score if math.isfinite(score) else None
+
+
+def _unique_genomes(genomes: list[Genome]) -> list[Genome]:
+    return list({genome.key: genome for genome in genomes}.values())

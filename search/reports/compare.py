@@ -1,0 +1,196 @@
+"""Rerunning the baselines: every method on the same test windows at several lengths, with intervals.
+
+Methods: none, PI, NTK-aware, Dynamic NTK, YaRN and Llama 3 at their nominal settings for the job's scale;
+NTK with its scale and attention factor tuned on the search split (`ntk_tuning.py`: a fair, strong baseline); and
+any factors files given (`compare_rows.py`). Perplexity intervals are 95% normal intervals over windows of the
+per-window mean NLL; the paired difference to the best baseline uses the same windows on both sides, which
+removes most of the window-to-window variance (about 10x tighter than comparing two perplexities). Next to
+perplexity, needle retrieval on held-out needles of the test split (`needle_report.py`): exact-match accuracy and
+answer NLL per length and depth, and a depth x length heat-map.
+
+The result is compare.json (its shape: `compare_result.py`), written with compare.md (`compare_tables.py`) and
+the plots (`compare_plots.py`, `needle_report.py`) into a directory of its own (`compare_out.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from longrope.encodings import LongRope, RopeMethod
+from longrope.search.config.strict import JobConfigError
+from longrope.search.reports.compare_out import CompareOut
+from longrope.search.reports.compare_plots import plot_factors, plot_perplexity
+from longrope.search.reports.compare_result import BASELINES, VLLM_SUFFIX, CompareResult, MethodRow, base_method
+from longrope.search.reports.compare_rows import factors_rows, given_methods
+from longrope.search.reports.compare_scoring import (
+    ComparePool,
+    Progress,
+    compare_window_sets,
+    no_progress,
+    window_means,
+)
+from longrope.search.reports.compare_tables import markdown_table
+from longrope.search.reports.intervals import interval, paired_difference
+from longrope.search.reports.needle_report import needle_cell, needle_table, plot_needle_heatmap
+from longrope.search.reports.ntk_tuning import tuned_ntk
+from longrope.search.run.job_context import JobContext
+from longrope.search.run.run_store import write_json_atomic, write_text_atomic
+
+OUTPUT_FILES = ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png", "needle_heatmap.png")
+
+
+def default_lengths(original: int, target: int) -> list[int]:
+    lengths, length = [], original
+    while length < target:
+        lengths.append(length)
+        length *= 2
+    return [*lengths, target]
+
+
+def check_lengths(lengths: list[int]) -> None:
+    bad = [n for n in lengths if n < 2]
+    if bad:
+        raise JobConfigError(f"--lengths: every length must be >= 2, got {bad[0]}")
+
+
+def with_vllm_rows(methods: dict[str, RopeMethod]) -> dict[str, RopeMethod]:
+    """Each LongRoPE method (searched factors, tuned NTK) once more as a vLLM engine with max_model_len = the
+    target applies it: long factors and long_mscale at every length. The other methods have no regimes and
+    apply the same in both runtimes."""
+    rows = dict(methods)
+    for name, method in methods.items():
+        if isinstance(method, LongRope):
+            rows[f"{name} {VLLM_SUFFIX}"] = method.vllm_regime()
+    return rows
+
+
+def needle_cell_of(score) -> dict[str, Any]:
+    return needle_cell(list(score.misses), list(score.nll), list(score.tokens))
+
+
+def run_compare(
+    context: JobContext,
+    *,
+    factors_files: Sequence[str | Path | tuple[str, ...]],
+    lengths: list[int],
+    out_dir: Path | CompareOut,
+    log=print,
+    progress: Progress = no_progress,
+    notes: Sequence[str] = (),
+) -> CompareResult:
+    """Score every baseline and the given factors (paths, or (label, path) pairs) and write the results;
+    `progress(phase, done, total)` hears each result (the CLI draws a bar or prints lines from it).
+
+    Every input is checked before any window is cut or anything scored: lengths, row labels, the factors files
+    and their provenance, the output directory, then both data sources (`compare_window_sets`). `notes` (the
+    caller's) and what provenance says (another target length, a model not checked) are logged only then, so a
+    refusal stays the only line. A plain `out_dir` path is `-o` without --overwrite. The output directory is
+    created only when the results are in."""
+    check_lengths(lengths)
+    rows = factors_rows(factors_files)
+    notes = list(notes)  # said once every input has passed its check
+    files, searched_lengths = given_methods(context, rows, notes.append)
+    out = out_dir if isinstance(out_dir, CompareOut) else CompareOut(Path(out_dir))
+    out.check()
+    sets = compare_window_sets(context, lengths, log)
+    for note in notes:
+        log(note)
+    methods, scores, tuned = score_methods(context, sets, files, lengths, log, progress)
+    per_window = {
+        name: {str(n): window_means(scores[("perplexity", n)][name]).tolist() for n in lengths} for name in methods
+    }
+    result = summarize(context, methods, per_window, lengths, tuned, searched_lengths)
+    needle_lengths = [n for kind, n in scores if kind == "needle"]
+    for name, row in result["methods"].items():
+        row["needle"] = {str(n): needle_cell_of(scores[("needle", n)][name]) for n in needle_lengths}
+    write_outputs(result, out.create())
+    return result
+
+
+def score_methods(
+    context: JobContext,
+    sets: dict,
+    files: dict[str, RopeMethod],
+    lengths: list[int],
+    log,
+    progress: Progress = no_progress,
+):
+    """(methods, scores, tuned NTK's settings): the baselines, NTK tuned on the search split, the given factors
+    and the vLLM twins, each on every test window set, with one worker pool; `progress` hears each result."""
+    pool = ComparePool(context, sets)
+    try:
+        methods: dict[str, RopeMethod] = dict(context.baselines())
+        log("compare: tuning NTK's scale and attention factor on the search split ...")
+        methods["ntk_tuned"], tuned = tuned_ntk(context, pool, progress)
+        methods = with_vllm_rows({**methods, **files})
+        scored = [name for name in sets if name[0] != "tuning"]
+        log(
+            f"compare: scoring {len(methods)} methods at {', '.join(map(str, lengths))} tokens "
+            "(perplexity and needles, one worker pool) ..."
+        )
+        return methods, pool.score(methods, scored, progress, phase="method x window sets scored"), tuned
+    finally:
+        pool.shutdown()
+
+
+def write_outputs(result: CompareResult, directory: Path) -> None:
+    """OUTPUT_FILES into `directory`; the JSON and the table atomically (a reader never sees half of either)."""
+    write_json_atomic(directory / "compare.json", result)
+    write_text_atomic(directory / "compare.md", markdown_table(result) + "\n\n" + needle_table(result) + "\n")
+    plot_perplexity(result, directory / "perplexity_vs_length.png")
+    plot_factors(result, directory / "factors.png")
+    plot_needle_heatmap(result, directory / "needle_heatmap.png")
+
+
+def summarize(
+    context: JobContext,
+    methods: dict[str, RopeMethod],
+    per_window: dict[str, dict[str, list[float]]],
+    lengths: list[int],
+    tuned: dict[str, float],
+    searched_lengths: dict[str, int] | None = None,
+) -> CompareResult:
+    """compare.json (`compare_result.CompareResult`) from each method's per-window mean NLLs, {name: {length:
+    values}} keyed by the length as a string, as in the JSON. A given factors row (and its vLLM twin) records
+    `factors_target_length`, the length its factors were searched for (`given_methods`)."""
+    searched_lengths = searched_lengths or {}
+    target = str(context.target_length)
+    baseline_names = [n for n in methods if n in BASELINES]
+    best_baseline = min(
+        baseline_names, key=lambda n: np.mean(per_window[n][target]) if target in per_window[n] else math.inf
+    )
+    rows: dict[str, MethodRow] = {}
+    for name, method in methods.items():
+        row: MethodRow = {
+            "runtime": "vllm" if name.endswith(VLLM_SUFFIX) else "transformers",
+            "perplexity": {},
+            "factors": method.factors(context.target_length).tolist(),
+            "attention_factor": method.attention_factor,
+            "nll_per_window": per_window[name],
+        }
+        if base_method(name) in searched_lengths:
+            row["factors_target_length"] = searched_lengths[base_method(name)]
+        for length in map(str, lengths):
+            mean, low, high = interval(np.asarray(per_window[name][length]))
+            row["perplexity"][length] = [math.exp(mean), math.exp(low), math.exp(high)]
+        if target in per_window[name]:
+            row["paired_difference_to_best_baseline"] = list(
+                paired_difference(per_window[name][target], per_window[best_baseline][target])
+            )
+        rows[name] = row
+    first = next(iter(per_window.values()))
+    return {
+        "target_length": context.target_length,
+        "original_length": context.original_length,
+        "lengths": lengths,
+        "windows": {str(n): len(first[str(n)]) for n in lengths},
+        "rope": {"rope_theta": context.method.rope_theta, "pairs": context.pairs},
+        "best_baseline": best_baseline,
+        "ntk_tuned": tuned,
+        "methods": rows,
+    }

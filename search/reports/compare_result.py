@@ -1,0 +1,56 @@
+"""The shape of a comparison (compare.json) and the names of its rows.
+
+compare.json, one object:
+- `target_length`, `original_length`: the job's lengths; `lengths`: the lengths scored, in order;
+- `windows`: {length: test windows scored there}; `rope`: {`rope_theta`, `pairs`} (the factors plot's wavelengths);
+- `best_baseline`: the baseline with the lowest mean NLL at the target, which the paired differences are to;
+- `ntk_tuned`: the NTK scale and attention factor picked on the search split;
+- `methods`: {row label: MethodRow}, baselines first, then the given factors, then the (vLLM) twins.
+
+Every per-length mapping is keyed by the length as a string ("1024"), in memory as in the JSON, so a result read
+back from compare.json is the same object as the one compare returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+BASELINES = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned")
+VLLM_SUFFIX = "(vLLM)"  # a row as a vLLM engine with max_model_len = the target applies the method
+
+Interval = list[float]  # [value, low, high]: a 95% interval
+
+
+class MethodRow(TypedDict, total=False):
+    """One row of compare.json's `methods`."""
+
+    runtime: str  # "transformers", or "vllm" for a (vLLM) twin
+    perplexity: dict[str, Interval]  # {length: [exp(mean NLL), exp(low), exp(high)]}
+    factors: list[float]  # per-pair factors at the target length
+    attention_factor: float
+    nll_per_window: dict[str, list[float]]  # {length: mean NLL per token of each test window, in window order}
+    factors_target_length: int  # a given factors row: the length its factors were searched for
+    paired_difference_to_best_baseline: Interval  # mean NLL difference per token at the target, same windows
+    needle: dict[str, dict[str, Any]]  # {length: needle cell (`needle_report.needle_cell`)}
+
+
+class CompareResult(TypedDict, total=False):
+    """compare.json (see the module docstring)."""
+
+    target_length: int
+    original_length: int
+    lengths: list[int]
+    windows: dict[str, int]
+    rope: dict[str, float]
+    best_baseline: str
+    ntk_tuned: dict[str, float]
+    methods: dict[str, MethodRow]
+
+
+def base_method(name: str) -> str:
+    return name.removesuffix(f" {VLLM_SUFFIX}")
+
+
+def is_given(name: str) -> bool:
+    """A row of a given factors file (labels never take a baseline's name), drawn thicker than the baselines."""
+    return base_method(name) not in BASELINES

@@ -1,0 +1,392 @@
+"""What a job resolves from its config before any scoring: the model's RoPE, lengths, tokenizer, windows,
+the baseline methods and the search seeds. Every check that can fail on bad input runs here, first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from longrope.encodings import LongRope, RopeMethod
+from longrope.encodings.baselines import baseline_methods
+from longrope.search.config.factors_file import read_factors_file
+from longrope.search.config.job_config import JobConfig, check_lengths_message
+from longrope.search.config.strict import JobConfigError
+from longrope.search.optimizers.genome import SearchSpace, Seed, resolve_space
+from longrope.search.run.job_record import RopeShape
+from longrope.search.run.run_check import read_run
+from longrope.search.run.run_store import RunDir, RunStoreError
+from longrope.search.run.stages import last_stage
+from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
+from longrope.workers.errors import DataError, WindowsCacheError
+from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
+from longrope.workers.specs import ModelSpec, PoolSpec
+from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
+from longrope.workers.windows import Windows, interleave_windows, load_windows
+
+
+@dataclass
+class JobContext:
+    config: JobConfig
+    model_dir: Path
+    original_length: int
+    method: RopeMethod  # the model's own RoPE (its theta, head_dim, partial rotary)
+    tokenizer: TextTokenizer
+    _seeds: list[Seed] | None = field(default=None, init=False, repr=False)
+    _kept_long: Seed | None = field(default=None, init=False, repr=False)
+    # each source's documents, read once per job: compare cuts several window sets (lengths x objectives) from one
+    _documents: dict[str, list[TextDocument]] = field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def resolve(cls, config: JobConfig) -> JobContext:
+        model_dir = config.model.directory()
+        try:
+            file_config = read_model_config(model_dir)
+            model_rope(file_config)
+        except ValueError as exc:
+            raise JobConfigError(f"model.path: {exc}") from None
+        rope = rope_with_overrides(file_config, config.model.config_overrides)  # a bad override is named
+        original = config.original_length or rope.original_length
+        if config.target_length <= original:
+            raise JobConfigError(check_lengths_message(original, config.target_length))
+        tokenizer = TextTokenizer(tokenizer_source(config, model_dir), trust_remote_code=config.model.trust_remote_code)
+        return cls(config, model_dir, original, rope.method, tokenizer)
+
+    @property
+    def target_length(self) -> int:
+        return self.config.target_length
+
+    @property
+    def scale(self) -> float:
+        return self.target_length / self.original_length
+
+    @property
+    def pairs(self) -> int:
+        return self.method.rotary_dim // 2
+
+    @property
+    def short_search(self) -> bool:
+        return self.config.search.factor == "short"
+
+    @property
+    def search_length(self) -> int:
+        """Tokens per search window: the target, or original_length for a short-factor search (the longest
+        prompt transformers reads with the short factors, `max(position) + 1 <= original`)."""
+        return self.original_length if self.short_search else self.target_length
+
+    def space(self) -> SearchSpace:
+        """The search space, defaults resolved (a bad critical_dim or length_scale is one JobConfigError)."""
+        return resolve_space(
+            self.config.search,
+            pairs=self.pairs,
+            scale=self.scale,
+            rope_theta=self.method.rope_theta,
+            rotary_dim=self.method.rotary_dim,
+            original_length=self.original_length,
+        )
+
+    def kept_long(self) -> Seed | None:
+        """The long factors (and attention factor) a short-factor search keeps, from `search.long_factors`."""
+        if not self.short_search:
+            return None
+        if self._kept_long is None:
+            self._kept_long = self.seed_from_file(self.config.search.long_factors, field="search.long_factors")
+        return self._kept_long
+
+    def candidate(self, factors, *, attention_factor: float | None = None, n_hat: int = 0) -> LongRope:
+        """What the search scores: searched long factors, or searched short factors beside the kept long ones
+        (the attention factor is then the long factors', which transformers applies in both regimes)."""
+        kept = self.kept_long()
+        if kept is None:
+            return self.longrope(factors, attention_factor=attention_factor, n_hat=n_hat)
+        return self.longrope(kept.factors, attention_factor=kept.attention_factor, n_hat=n_hat, short_factor=factors)
+
+    def windows(
+        self, source: str, length: int, count: int, objective: str = "perplexity", *, cached: bool = True
+    ) -> Windows:
+        """`count` windows of `length` tokens read at `length` positions (so length + 1 tokens each), with the
+        loss mask of `objective` (a tail starts at original_length); `cached=False` writes no cache (a check)."""
+        data = self.config.data
+        if source not in self._documents:
+            self._documents[source] = read_source(source, text_field=data.text_field)
+        documents = self._documents[source]
+        cache = Path(data.cache_dir) if data.cache_dir else Path(self.config.output_dir) / "windows-cache"
+        try:
+            return load_windows(
+                documents,
+                self.tokenizer,
+                length=length + 1,
+                count=count,
+                seed=data.seed,
+                cache_dir=cache if cached else None,
+                objective=objective,
+                original_length=self.original_length,
+            )
+        except WindowsCacheError as exc:  # named by the field that chose the folder: the user's own words
+            if data.cache_dir:
+                raise WindowsCacheError(f"data.cache_dir: {exc}") from None
+            raise WindowsCacheError(
+                f"output_dir: {exc}; the cache goes under output_dir unless data.cache_dir is set"
+            ) from None
+
+    def objective_windows(self, source: str, length: int, count: int, *, cached: bool = True) -> Windows:
+        """The job's windows for its objective mix: `count` per objective, in the order of `ObjectiveMix.of`.
+        Perplexity and tail in one mix read the same documents twice."""
+        weights = self.config.data.objective_weights()
+        parts = [self.windows(source, length, count, objective, cached=cached) for objective in weights]
+        return interleave_windows(parts)
+
+    @property
+    def shape(self) -> RopeShape:
+        """The model's RoPE shape and the job's lengths, as job.json records them."""
+        return RopeShape(
+            original_length=self.original_length,
+            target_length=self.target_length,
+            rope_theta=self.method.rope_theta,
+            head_dim=self.method.head_dim,
+            partial_rotary_factor=self.method.partial_rotary_factor,
+        )
+
+    def longrope(
+        self, factors, *, attention_factor: float | None = None, n_hat: int = 0, short_factor=None
+    ) -> LongRope:
+        return self.shape.longrope(factors, short_factor=short_factor, attention_factor=attention_factor, n_hat=n_hat)
+
+    def baselines(self) -> dict[str, RopeMethod]:
+        """The closed-form methods at their nominal settings for this job's scale."""
+        return baseline_methods(
+            head_dim=self.method.head_dim,
+            rope_theta=self.method.rope_theta,
+            partial_rotary_factor=self.method.partial_rotary_factor,
+            original=self.original_length,
+            target=self.target_length,
+        )
+
+    def seeds(self) -> list[Seed]:
+        """Resolved once per job (seed files and other runs' directories are read once): the check, the search
+        problem and job.json's seeds hash all see the same seeds."""
+        if self._seeds is None:
+            self.kept_long()  # a bad long_factors source stops here, with the other seed checks
+            self._seeds = self._first_seeds() + [
+                seed for path in self.config.search.seed_files for seed in self.seeds_from_file(path)
+            ]
+        return list(self._seeds)
+
+    def _first_seeds(self) -> list[Seed]:
+        """PI / NTK / YaRN / Llama 3 at the target (`search.seeds`); a short-factor search starts from all ones
+        instead (the unscaled model: the closed forms are long-context methods)."""
+        if self.short_search:
+            return [Seed("ones", np.ones(self.pairs))]
+        baselines = self.baselines()
+        seeds = [
+            Seed(name, baselines[name].factors(self.target_length).double().numpy(), baselines[name].attention_factor)
+            for name in self.config.search.seeds
+        ]
+        return seeds + self._longrope2_ramp()
+
+    def _longrope2_ramp(self) -> list[Seed]:
+        """In the longrope2 space every closed form projects to S, S + step, ... on the searched pairs (they are
+        all <= S there), which leaves room to move only at the top; a ramp from S to length_scale over the
+        searched pairs (the pairs below derived, lambda_cd^(i/d_cd)) starts the population spread out."""
+        space = self.space()
+        if space.kind != "longrope2":
+            return []
+        step, searched = self.config.search.grid_step, self.pairs - space.critical_dim
+        top = space.low + min(space.high - space.low, (searched - 1) * space.cap)  # each rise within the cap
+        ramp = np.linspace(space.low, top, searched) * step
+        critical = ramp[0]
+        below = critical ** (np.arange(space.critical_dim) / max(space.critical_dim, 1))
+        return [Seed("ramp", np.concatenate([below, ramp]))]
+
+    def seeds_from_file(self, path: str) -> list[Seed]:
+        """A factors file's long factors, or another run's best; a run at another target length also gives its
+        factors moved to this one as LongRoPE's dynamic form does, lambda' = 1 + (lambda - 1) (S' - 1) / (S - 1)
+        (microsoft/LongRoPE, DynamicLongRoPEScaledRotaryEmbedding), which is how a progressive stage hands its
+        best to the next."""
+        seed = self.seed_from_file(path)
+        other_length = _run_target_length(path)
+        if other_length is None or other_length == self.target_length or other_length <= self.original_length:
+            return [seed]
+        ratio = (self.scale - 1) / (other_length / self.original_length - 1)
+        moved = 1 + (seed.factors - 1) * ratio
+        return [seed, Seed(f"{seed.name}@{self.target_length}", moved, seed.attention_factor)]
+
+    def seed_from_file(self, path: str, field: str = "search.seed_files") -> Seed:
+        """A factors JSON (what `longrope export` writes), or another run's directory (its best candidate)."""
+        if Path(path).is_dir():
+            factors, attention = _run_long_factors(RunDir(path))
+            where = f"{field}: {path}: best candidate's factors"
+        else:
+            block = read_factors_file(path).rope_parameters
+            factors, attention = np.asarray(block.long_factor, dtype=np.float64), block.attention_factor
+            where = f"{field}: {path}: rope_parameters.long_factor"
+        check_seed_factors(where, factors, self.pairs)
+        return Seed(f"file:{Path(path).name}", factors, attention)
+
+    def validation_checks(self) -> list[dict]:
+        """`validate`: what resolving the job checked (model, lengths, seeds), then the data sources, read."""
+        seeds = self.seeds()
+        self.check_model()  # what `search` checks before any worker starts: validate promises no later surprise
+        return [
+            validation_check("config", None, "ok", "fields, types, ranges and cross-field rules"),
+            validation_check(
+                "model.path",
+                self.config.model.path,
+                "ok",
+                "config.json read (RoPE), tokenizer loaded, model built on the meta device (no weights read)",
+            ),
+            validation_check(
+                "lengths", self.target_length, "ok", f"target_length > original_length ({self.original_length})"
+            ),
+            validation_check("search.seeds", [seed.name for seed in seeds], "ok", "seeds and seed files resolved"),
+            *data_source_checks(self.config),
+        ]
+
+    def check_model(self) -> None:
+        """Load-check the model in the driver (meta device, no weights read) before any worker starts; the
+        device is checked only for the embedded Ray, whose workers share this machine."""
+        model = self.config.model
+        check_model(
+            self.model_dir,
+            device=model.device,
+            attn_implementation=model.attn_implementation,
+            trust_remote_code=model.trust_remote_code,
+            config_overrides=dict(model.config_overrides),
+            check_device=self.config.workers.address is None,
+        )
+
+    def model_spec(self) -> ModelSpec:
+        model, workers = self.config.model, self.config.workers
+        return ModelSpec(
+            model_dir=str(self.model_dir),
+            device=model.device,
+            dtype=model.dtype,
+            attn_implementation=model.attn_implementation,
+            trust_remote_code=model.trust_remote_code,
+            config_overrides=dict(model.config_overrides),
+            candidates_per_forward=workers.candidates_per_forward,
+        )
+
+    def pool_spec(self) -> PoolSpec:
+        workers = self.config.workers
+        return PoolSpec(
+            num_workers=workers.num_workers,
+            num_gpus_per_worker=workers.num_gpus_per_worker,
+            num_cpus_per_worker=workers.num_cpus_per_worker,
+            address=workers.address,
+            batch_size=workers.batch_size,
+            local_num_cpus=workers.local_num_cpus,
+        )
+
+
+def check_seed_factors(where: str, factors: np.ndarray, pairs: int | None) -> None:
+    """A seed's long factors: one per rotary pair (when the model's pair count is known), >= 1, non-decreasing."""
+    if pairs is not None and len(factors) != pairs:
+        raise JobConfigError(f"{where}: expected {pairs} factors (rotary_dim / 2), got {len(factors)}")
+    if factors.min() < 1.0:
+        raise JobConfigError(f"{where}: factors must be >= 1, got {factors.min()} at pair {int(factors.argmin())}")
+    decreasing = np.flatnonzero(np.diff(factors) < 0)
+    if len(decreasing):
+        i = int(decreasing[0])
+        raise JobConfigError(
+            f"{where}: factors must be non-decreasing, got {factors[i]} then {factors[i + 1]} at pair {i + 1}"
+        )
+
+
+def check_source(field: str, source: str, text_field: str) -> int:
+    """A data source read as the search reads it (`read_source`: it exists and holds readable documents; every
+    file parsed), but not tokenized: the windows are cut by the search. Returns the number of documents. The
+    error names the field and the value, as a bad model.path does: "data.test_source: '/d' does not exist"."""
+    try:
+        return len(read_source(source, text_field=text_field))
+    except DataError as exc:
+        raise DataError(f"{field}: {str(exc).removeprefix('data source: ')}") from None
+
+
+def data_source_checks(config: JobConfig, *, offline: bool = False) -> list[dict]:
+    """The data sources' entries of `validate`'s checks. `--offline` skips the ones on disk (they may be on the
+    cluster only); `corpus:` sources ship with the package and are checked either way."""
+    checks = []
+    for name in ("search_source", "test_source"):
+        source = getattr(config.data, name)
+        if offline and not source.startswith(CORPUS_PREFIX):
+            checks.append(validation_check(f"data.{name}", source, "skipped", "--offline: not read"))
+            continue
+        count = check_source(f"data.{name}", source, config.data.text_field)
+        checks.append(validation_check(f"data.{name}", source, "ok", f"{count} documents read (not tokenized)"))
+    return checks
+
+
+def offline_checks(config: JobConfig) -> list[dict]:
+    """`validate --offline`: a cluster's config on a machine without its model or data. The config itself is
+    checked (it is loaded before this runs), and every factors file present here; what needs the model or the
+    cluster's files is listed as skipped. Imports neither torch nor Ray."""
+    original = config.original_length
+    lengths = (
+        validation_check("lengths", config.target_length, "ok", f"target_length > original_length ({original})")
+        if original
+        else validation_check("lengths", config.target_length, "skipped", "original_length comes from the model")
+    )
+    return [
+        validation_check("config", None, "ok", "fields, types, ranges and cross-field rules"),
+        validation_check("model.path", config.model.path, "skipped", "--offline: not read (config.json, tokenizer)"),
+        lengths,
+        validation_check("search.seeds", list(config.search.seeds), "skipped", "computed from the model's RoPE"),
+        *[_offline_factors_check(field, path) for field, path in _factors_paths(config)],
+        *data_source_checks(config, offline=True),
+    ]
+
+
+def _factors_paths(config: JobConfig) -> list[tuple[str, str]]:
+    search = config.search
+    paths = [("search.seed_files", path) for path in search.seed_files]
+    return paths + ([("search.long_factors", search.long_factors)] if search.long_factors else [])
+
+
+def _offline_factors_check(field: str, path: str) -> dict:
+    """A factors file present here is read and its long factors checked (>= 1, non-decreasing; their count
+    needs the model); a run directory or a path that exists only on the cluster is skipped."""
+    if not Path(path).is_file():
+        return validation_check(field, path, "skipped", "--offline: not a factors file on this machine")
+    block = read_factors_file(path).rope_parameters
+    check_seed_factors(f"{field}: {path}: rope_parameters.long_factor", np.asarray(block.long_factor), None)
+    return validation_check(field, path, "ok", "long factors >= 1 and non-decreasing (their count needs the model)")
+
+
+def tokenizer_source(config: JobConfig, model_dir: Path) -> str | Path:
+    """Where the job's tokenizer comes from: `data.tokenizer` "bytes" (and always for the byte-level reference
+    model), "model" (the model directory), or a directory of its own."""
+    choice = config.data.tokenizer
+    if choice == BYTE_TOKENIZER or config.model.is_reference:
+        return BYTE_TOKENIZER
+    if choice == "model":
+        return model_dir
+    if not Path(choice).is_dir():
+        raise DataError(f"data.tokenizer: {choice!r} is neither 'model', 'bytes' nor a tokenizer directory")
+    return Path(choice)
+
+
+def validation_check(what: str, value, result: str, detail: str) -> dict:
+    """One entry of `validate`'s "checks" list: what was looked at, its value, "ok" or "skipped", and how."""
+    return {"what": what, "value": value, "result": result, "detail": detail}
+
+
+def _run_target_length(path: str) -> int | None:
+    """The target length of a run directory (None for a factors file)."""
+    return RunDir(path).read_config().target_length if Path(path).is_dir() else None
+
+
+def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
+    """A run's long factors and attention factor: its best candidate's; a progressive job's last stage's; a
+    short-factor run's kept long factors (its candidates are short factors). The run directory is read as every
+    command reads it (`read_run`)."""
+    if run_dir.read_config().search.stages:
+        run_dir = last_stage(run_dir)
+    run = read_run(run_dir)
+    if run.job is not None and run.job.factor == "short":
+        return np.asarray(run.job.long_factor, dtype=np.float64), run.job.attention_factor
+    best = run.best
+    if best is None:
+        raise RunStoreError(f"{run_dir.file('history.jsonl')}: no scored candidate yet (is the run still starting?)")
+    return np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]

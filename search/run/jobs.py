@@ -1,0 +1,291 @@
+"""Starting and resuming a search job: validate everything, then take the run directory's lock, then score.
+
+Every check that can fail on bad input (config, model, data, seeds, a damaged run directory) runs before
+anything is written. A new run writes config.json and job.json before the first candidate is scored, so the
+directory can be resumed from the moment it exists. Resuming a finished run reads its state and best and stops
+there: no model, no windows, no Ray (not even imported: the pool is imported only where a run scores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.strict import JobConfigError
+from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.genome import Seed
+from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.run.coordinator import Coordinator, SearchProblem
+from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
+from longrope.search.run.job_context import JobContext, check_source
+from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
+from longrope.search.run.reporting import SearchReporter, SilentReporter
+from longrope.search.run.run_check import read_run
+from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_json_atomic
+from longrope.search.run.stages import is_staged, stage_configs, stage_run_dirs
+from longrope.workers.corpus import corpus_provenance
+from longrope.workers.errors import DataError
+from longrope.workers.windows import Windows
+
+
+def run_search(
+    config: JobConfig | None,
+    *,
+    resume_dir: str | Path | None = None,
+    reporter: SearchReporter | None = None,
+    sigterm_seen: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record.
+    `reporter`: where its lines and progress go (the command line's draws on a terminal; none: nothing is shown).
+    `sigterm_seen`: whether the process got SIGTERM (the CLI knows; Ray may report one as Ctrl-C), so that
+    heartbeat.json records the true cause of a stop."""
+    reporter = reporter or SilentReporter()
+    options = _Options(reporter, sigterm_seen)
+    if resume_dir:
+        RunDir(resume_dir).check_directory()  # a missing folder, a file, a link loop, a path too long: one line
+    if resume_dir and (finished := _finished_already(RunDir(resume_dir), config, reporter)):
+        return finished
+    if (resume_dir and is_staged(RunDir(resume_dir))) or (not resume_dir and config.search.stages):
+        return _run_stages(config, resume_dir, options)
+    if resume_dir:
+        run_dir = RunDir(resume_dir)
+        stored = run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
+        with run_dir.lock():
+            return _resume(run_dir, stored, config, options)
+    run_dir = RunDir(config.output_dir)
+    run_dir.check_new(config)
+    context = _checked_context(config)
+    windows = _search_windows(context)
+    with run_dir.lock():
+        run_dir.check_new(config)  # again under the lock: another start may have won the race
+        run_dir.create(config)
+        write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows).sealed())
+        coordinator = _coordinator(config, context, run_dir, options)
+        return _run(coordinator, context, windows, options.reporter)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """How a search reports (lines and progress), and the CLI's SIGTERM flag: handed on to every stage."""
+
+    reporter: SearchReporter
+    sigterm_seen: Callable[[], bool]
+
+
+def _finished_already(run_dir: RunDir, config: JobConfig | None, reporter: SearchReporter) -> dict[str, Any] | None:
+    """A finished run (every stage of a staged job): its best, said in one line, before any model, window or
+    worker is touched; None when there is something left to do (or the folder is no run: the caller says so)."""
+    if not run_dir.file(CONFIG).is_file():
+        return None
+    stored = run_dir.read_config()
+    if config is not None:
+        run_dir.check_matches(config)
+    folders = stage_run_dirs(run_dir) if stored.search.stages else [run_dir]
+    if not all(_is_finished(folder) for folder in folders):
+        return None
+    best = folders[-1].best_record()
+    reporter.log(
+        f"search {stored.name}: finished already, run dir {run_dir.path} (best search ppl {best['perplexity']:.4f}); "
+        f"see `longrope status {run_dir.path}`"
+    )
+    return best
+
+
+def _is_finished(folder: RunDir) -> bool:
+    """Whether a run directory holds a finished run, read as every command reads it (`read_run`: a damaged one
+    is an error, not "finished")."""
+    return folder.file(CONFIG).is_file() and read_run(folder).finished
+
+
+def _resume(run_dir: RunDir, stored: JobConfig, config: JobConfig | None, options: _Options) -> dict[str, Any]:
+    reporter = options.reporter
+    if config is not None:
+        run_dir.check_matches(config)  # equal but for where it is written and who scores it
+    # the given workers section may move the run to another cluster; the windows cache follows the directory
+    config = (config or stored).model_copy(update={"output_dir": str(run_dir.path)})
+    read_run(run_dir)  # its files agree with each other, as status and export check them, before anything else
+    context = _checked_context(config)
+    coordinator = _coordinator(config, context, run_dir, options)
+    history = coordinator.resume()  # a damaged run directory stops here, before the windows cache is written
+    windows = _search_windows(context)
+    record = job_record(context, windows)
+    write_job = check_job_record(run_dir, record)
+    # every check has passed: now the directory may be written
+    if write_job:
+        write_json_atomic(run_dir.file(JOB_FILE), record.sealed())
+    if history.torn_tail:
+        run_dir.cut_torn_history(history)
+        reporter.log(
+            f"search: warning: {run_dir.file('history.jsonl')} ended in a torn line ({len(history.torn_tail)} bytes "
+            "of a write cut short); cut it, and that candidate is scored again"
+        )
+    generation, last = coordinator.optimizer.generation, coordinator.total_generations - 1
+    reporter.log(
+        f"search: resuming at generation {generation}/{last}{' (initial population)' if generation == 0 else ''} "
+        f"with {final_count(coordinator.history)} candidates already scored"
+    )
+    return _run(coordinator, context, windows, reporter)
+
+
+def _run_stages(config: JobConfig | None, resume_dir: str | Path | None, options: _Options) -> dict[str, Any]:
+    """A progressive job (`stages.py`): every stage is checked before anything is written, then the stages run
+    in order, each started in its own directory or resumed there from its stored config (on the workers given
+    now: `--resume JOB --set workers.X=...` moves every stage)."""
+    job_dir, reporter = RunDir(resume_dir or config.output_dir), options.reporter
+    if resume_dir:
+        stored = job_dir.read_config()
+        if config is not None:
+            job_dir.check_matches(config)
+        config = config or stored
+    else:
+        job_dir.check_new(config)
+    stages = _checked_stages(config, job_dir)
+    with job_dir.lock():
+        if not resume_dir:
+            job_dir.check_new(config)
+            job_dir.create(config)
+        best: dict[str, Any] = {}
+        for index, stage in enumerate(stages):
+            folder = RunDir(stage.output_dir)
+            reporter.log(f"search {config.name}: stage {index + 1}/{len(stages)} at {stage.target_length} tokens")
+            started = folder.file(CONFIG).is_file()
+            if started:
+                stage = folder.read_config().model_copy(update={"workers": config.workers})
+            best = run_search(
+                stage,
+                resume_dir=folder.path if started else None,
+                reporter=reporter,
+                sigterm_seen=options.sigterm_seen,
+            )
+        return best
+
+
+def _checked_stages(config: JobConfig, job_dir: RunDir) -> list[JobConfig]:
+    """Every stage's config, model, search space and windows checked (the first stage's seeds too; a later
+    stage's seeds are the stage before it), writing nothing: one error naming the stage."""
+    stages = stage_configs(config, job_dir.path)
+    for index, stage in enumerate(stages):
+        try:
+            context = _checked_context(stage) if index == 0 else JobContext.resolve(stage)
+            context.space()
+            context.objective_windows(
+                stage.data.search_source, context.search_length, stage.data.search_windows, cached=False
+            )
+        except (JobConfigError, DataError) as exc:
+            raise JobConfigError(f"search.stages: stage {index + 1} at {stage.target_length} tokens: {exc}") from None
+    return stages
+
+
+def _checked_context(config: JobConfig) -> JobContext:
+    """Resolve and check the model, the seeds, the test data and the cluster; writes nothing. The test source is
+    read only by `compare`, after the search: it is read here as `validate` reads it, so a typo in it stops the job
+    now and not after hours of scoring. A cluster address is connected to here (bounded), so "auto" with no
+    cluster, or a dead one, fails before the run directory is made."""
+    context = JobContext.resolve(config)
+    context.space()
+    context.seeds()
+    context.check_model()
+    check_source("data.test_source", config.data.test_source, config.data.text_field)
+    if config.workers.address:
+        from longrope.workers.pool import ensure_ray  # Ray: only for a run that scores
+
+        ensure_ray(context.pool_spec())
+    return context
+
+
+def _search_windows(context: JobContext) -> Windows:
+    """The search windows (data too short for the target is an error here); writes only the windows cache."""
+    data = context.config.data
+    return context.objective_windows(data.search_source, context.search_length, data.search_windows)
+
+
+def _coordinator(config: JobConfig, context: JobContext, run_dir: RunDir, options: _Options) -> Coordinator:
+    seeds = context.seeds()
+    mix = ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows)
+    problem = SearchProblem(
+        pairs=context.pairs,
+        scale=context.scale,
+        seeds=seeds,
+        make_candidate=context.candidate,
+        windows=len(mix.objectives),
+        objective=mix,
+    )
+    optimizer = make_optimizer(
+        config.search,
+        pairs=context.pairs,
+        scale=context.scale,
+        seeds=seeds,
+        critical_dim=context.space().critical_dim,
+        mix=mix,
+    )
+    heartbeat = HeartbeatWriter(run_dir.file(HEARTBEAT), sigterm_seen=options.sigterm_seen)
+    return Coordinator(
+        config.search,
+        problem,
+        run_dir,
+        None,
+        optimizer,
+        reporter=options.reporter,
+        heartbeat=heartbeat,
+    )
+
+
+def _run(coordinator: Coordinator, context: JobContext, windows: Windows, reporter: SearchReporter) -> dict[str, Any]:
+    """Start the workers and search. heartbeat.json covers the workers' start too (Ray, model loads: minutes on
+    a large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
+    config = context.config
+    if coordinator.finished:  # a resumed finished run: no worker needs to start
+        reporter.log(f"search {config.name}: finished already, run dir {coordinator.run_dir.path}")
+        return coordinator.best_record()
+    reporter.log(
+        f"search {config.name}: {context.original_length} -> {context.target_length} tokens "
+        f"(scale {context.scale:g}), {context.pairs} pairs, run dir {coordinator.run_dir.path}"
+    )
+    from longrope.workers.pool import WorkerPool  # Ray: only for a run that scores
+
+    # every history line names the windows it was scored on (known only now: they are cut once every check passed)
+    coordinator.problem = replace(coordinator.problem, windows_hash=windows.content_hash)
+    with coordinator.heartbeat.held():
+        pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
+        coordinator.evaluator = pool
+        try:
+            return coordinator.run()
+        finally:
+            pool.shutdown()
+
+
+def seeds_hash(seeds: list[Seed]) -> str:
+    """Identity of the seeds as resolved: the optimizer's first generation is drawn from them."""
+    payload = [[s.name, [float(v) for v in s.factors], s.attention_factor] for s in seeds]
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
+
+
+def job_record(context: JobContext, windows: Windows) -> JobRecord:
+    return JobRecord(
+        config_hash=context.config.hash(),
+        seeds_hash=seeds_hash(context.seeds()),
+        model_dir=str(context.model_dir),
+        original_length=context.original_length,
+        target_length=context.target_length,
+        rope_theta=context.method.rope_theta,
+        head_dim=context.method.head_dim,
+        partial_rotary_factor=context.method.partial_rotary_factor,
+        search_windows_hash=windows.content_hash,
+        search_windows={"count": len(windows.names), "tokens": int(windows.tokens.shape[1])},
+        corpus=corpus_provenance(),
+        **_kept_long_fields(context),
+    )
+
+
+def _kept_long_fields(context: JobContext) -> dict[str, Any]:
+    """A short-factor run records the long factors it kept, so its export needs nothing but the run directory."""
+    kept = context.kept_long()
+    if kept is None:
+        return {}
+    attention = context.candidate(kept.factors).attention_factor
+    return {"factor": "short", "long_factor": [float(v) for v in kept.factors], "attention_factor": attention}

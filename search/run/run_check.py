@@ -1,0 +1,297 @@
+"""A run directory read as one whole, its files checked against each other: the one verdict every reader gives.
+
+A run directory's files are written by one search, but users copy, edit and merge them, and each file alone can
+look fine: a job.json whose target length was changed by hand, history lines appended from another run, a
+state.json copied from a longer run. Read file by file, `status` would report another run's progress, `export`
+would write factors under another length, a resumed run would call a copied line its best. So `read_run` reads
+config.json, job.json, history.jsonl and state.json and checks each against the others, the way a resumed run
+needs them to agree, and refuses in one line naming the file that disagrees:
+
+- config.json: its config hash (edited by hand?);
+- job.json: its own record hash, the config it belongs to, and what the config fixes (lengths, factor kind,
+  window count and length, model path);
+- history.jsonl: each line valid on its own (`HistoryRecord`), one final record per candidate, each carrying the
+  job's windows (their hash and count, the same tokens per window as every other line), the model's pair count,
+  and a mean NLL that is what its per-window NLLs give under the job's objective;
+- state.json: the config it belongs to, the optimizer the config names, its generation counts, and a final
+  record with the same score in history.jsonl for every candidate it counts as told.
+
+status, export, compare and verify (run directories as factors), seeds from a run and `--resume` all read a run
+through `read_run`, so one directory gets one verdict. It writes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from longrope.search.config.job_config import JobConfig
+from longrope.search.optimizers.evolution import told_from_json
+from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.run.job_record import JOB_FILE, JobRecord, read_job_record
+from longrope.search.run.run_store import (
+    FINAL_STATUSES,
+    HISTORY,
+    STATE,
+    History,
+    RunDir,
+    RunState,
+    RunStoreError,
+    best_of,
+)
+
+MONOTONE_TOLERANCE = 1e-9  # factors are recorded rounded to 6 decimals, which keeps their order
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """A run directory's files, read and found to agree (see the module docstring)."""
+
+    run_dir: RunDir
+    config: JobConfig
+    job: JobRecord | None  # None: not written yet, or lost (a resume writes it again; export needs it)
+    state: RunState | None  # None: no generation has ended yet
+    history: History
+
+    @property
+    def records(self) -> dict[str, dict[str, Any]]:
+        return self.history.records
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return best_of(self.records)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.state and self.state.finished)
+
+    @property
+    def last_generation(self) -> int:
+        """The run's last generation, numbered as the search numbers them: 0 is the initial population, so a
+        20-generation run ends at generation 20 (CMA-ES: as many as its evaluation budget gives)."""
+        total = self.state.total_generations if self.state and self.state.total_generations else None
+        return (total or 1 + self.config.search.generations) - 1
+
+    @property
+    def generation_done(self) -> int | None:
+        """The last generation whose every candidate is scored (0: the initial population); None before that."""
+        done = self.state.evolution.generation if self.state else 0
+        return done - 1 if done else None
+
+
+def read_run(run_dir: RunDir) -> CheckedRun:
+    """The run directory's files, each checked against the others; RunStoreError (one line, naming the file that
+    disagrees) otherwise. Writes nothing."""
+    config = run_dir.read_config()
+    job = _checked_job(run_dir, config) if _exists(run_dir, JOB_FILE) else None
+    history = run_dir.load_history()
+    state = run_dir.read_state()
+    state_model = RunState.model_validate(state) if state is not None else None
+    _check_history(run_dir, config, job, history)
+    _check_state(run_dir, config, state_model, history.records)
+    return CheckedRun(run_dir, config, job, state_model, history)
+
+
+def _exists(run_dir: RunDir, name: str) -> bool:
+    path = run_dir.file(name)
+    return path.exists() or path.is_symlink()  # a dangling link is a damaged file, not a missing one
+
+
+# ---- job.json against config.json ----
+
+
+def _checked_job(run_dir: RunDir, config: JobConfig) -> JobRecord:
+    job = read_job_record(run_dir)
+    where = run_dir.file(JOB_FILE)
+    if job.config_hash is not None and job.config_hash != config.hash():
+        raise RunStoreError(
+            f"{where}: belongs to another run (config hash {job.config_hash}, config.json's {config.hash()}); "
+            "was it copied from another run directory?"
+        )
+    for name, expected in _job_fields_fixed_by(config, job).items():
+        if expected is not None and getattr(job, name) != expected:
+            raise RunStoreError(
+                f"{where}: {name} is {getattr(job, name)!r}, but config.json says {expected!r} (edited by hand, or "
+                "copied from another run?)"
+            )
+    count, length = _windows_of(config, job)
+    if job.search_windows.count != count or job.search_windows.tokens != length + 1:
+        raise RunStoreError(
+            f"{where}: search_windows is {job.search_windows.count} windows of {job.search_windows.tokens} tokens, "
+            f"but config.json gives {count} of {length + 1}"
+        )
+    return job
+
+
+def _job_fields_fixed_by(config: JobConfig, job: JobRecord) -> dict[str, Any]:
+    """job.json's fields that config.json fixes (None: the config leaves it to the model)."""
+    model = None if config.model.is_reference else str(config.model.directory())
+    return {
+        "target_length": config.target_length,
+        "original_length": config.original_length,
+        "factor": config.search.factor,
+        "model_dir": model,
+    }
+
+
+def _windows_of(config: JobConfig, job: JobRecord) -> tuple[int, int]:
+    """(count, positions) of the search windows: `data.search_windows` per objective, each read at the target
+    length (a short-factor search: at original_length)."""
+    count = config.data.search_windows * len(config.data.objective_weights())
+    return count, job.original_length if job.factor == "short" else job.target_length
+
+
+# ---- history.jsonl against job.json and config.json ----
+
+
+def _check_history(run_dir: RunDir, config: JobConfig, job: JobRecord | None, history: History) -> None:
+    """Each line against config.json and, once it is written, job.json (a run that lost job.json is checked
+    against its config alone: a resume writes job.json again)."""
+    mix = ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows)
+    count = len(mix.objectives)
+    length = _windows_of(config, job)[1] if job else config.target_length
+    lines = _line_numbers(run_dir)
+    reference_tokens = max((r["tokens"] for r in history.records.values()), key=len, default=[])
+    for key, record in history.records.items():
+        where = f"{run_dir.file(HISTORY)}:{lines.get(key, '?')}"
+        problem = _record_problem(record, config, job, mix, count, length, reference_tokens)
+        if problem:
+            raise RunStoreError(f"{where}: {problem}; the line does not belong to this run")
+
+
+def _record_problem(record, config, job, mix, count, length, reference_tokens) -> str | None:
+    """What makes a (self-consistent) history record disagree with its run; None if nothing does."""
+    factors, nll, tokens = record["factors"], record["nll"], record["tokens"]
+    status = record.get("status", "scored")
+    if job is not None and len(factors) != job.pairs:
+        return f"{len(factors)} factors, but the model has {job.pairs} rotary pairs (job.json: head_dim {job.head_dim})"
+    if any(b < a - MONOTONE_TOLERANCE for a, b in itertools.pairwise(factors)):
+        return "factors decrease across pairs (every candidate of the search is non-decreasing)"
+    gradient = record.get("gradient")
+    if gradient is not None and (not isinstance(gradient, list) or len(gradient) != len(factors) + 1):
+        return f"a gradient of {len(gradient) if isinstance(gradient, list) else '?'} values for {len(factors)} factors"
+    if job is not None and record.get("windows") is not None and record["windows"] != job.search_windows_hash:
+        return f"scored on other windows (hash {record['windows']}, job.json's {job.search_windows_hash})"
+    if (status == "scored" and len(nll) != count) or len(nll) > count:
+        return f"{len(nll)} window NLLs for a {status} candidate, but the run has {count} search windows"
+    if tokens != reference_tokens[: len(tokens)] or max(tokens, default=0) > length:
+        return f"token counts {tokens[:4]}... differ from the other candidates' on the same windows"
+    if not config.search.n_hat.enabled and record["n_hat"] != 0:
+        return f"n_hat {record['n_hat']}, but the run does not search n_hat"
+    if record["n_hat"] and record["n_hat"] not in config.search.n_hat.choices:
+        return f"n_hat {record['n_hat']} is not one of search.n_hat.choices {list(config.search.n_hat.choices)}"
+    if status == "scored" and record["mean_nll"] is not None:
+        if any(v is None for v in nll):
+            return "a finite mean_nll from a window without a finite NLL"
+        expected = mix.mean_nll(nll, tokens)
+        if not math.isclose(record["mean_nll"], expected, rel_tol=1e-9, abs_tol=1e-12):
+            return f"mean_nll {record['mean_nll']!r}, but its per-window NLLs give {expected!r} ({mix.describe()})"
+    return None
+
+
+def _line_numbers(run_dir: RunDir) -> dict[str, int]:
+    """Each key's last line in history.jsonl (its record as read), to name the line an error is about."""
+    numbers: dict[str, int] = {}
+    try:
+        text = run_dir.file(HISTORY).read_bytes()
+    except OSError:
+        return numbers
+    for number, line in enumerate(text.splitlines(), start=1):
+        start = line.find(b'"key": "')
+        if start >= 0:
+            numbers[line[start + 8 : line.find(b'"', start + 8)].decode(errors="replace")] = number
+    return numbers
+
+
+# ---- state.json against config.json and history.jsonl ----
+
+
+def _check_state(
+    run_dir: RunDir, config: JobConfig, state: RunState | None, records: dict[str, dict[str, Any]]
+) -> None:
+    where = run_dir.file(STATE)
+    if state is None:
+        later = [r["generation"] for r in records.values() if r["generation"] > 0]
+        if later:
+            raise RunStoreError(
+                f"{where}: missing, but history.jsonl holds candidates of generation {max(later)} (state.json is "
+                "written when generation 0 ends); the run directory is damaged"
+            )
+        return
+    problem = _state_problem(config, state)
+    if problem:
+        raise RunStoreError(f"{where}: {problem}")
+    check_history_holds(run_dir, state, records)
+
+
+def _state_problem(config: JobConfig, state: RunState) -> str | None:
+    """What makes state.json disagree with config.json; None if nothing does."""
+    evolution = state.evolution
+    if state.config_hash is not None and state.config_hash != config.hash():
+        return (
+            f"belongs to another run (config hash {state.config_hash}, config.json's {config.hash()}); was it "
+            "copied from another run directory?"
+        )
+    if evolution.kind != config.search.optimizer:
+        return f"holds a {evolution.kind!r} optimizer, but config.json says {config.search.optimizer!r}"
+    low, high = _total_generations_range(config)
+    total = state.total_generations
+    if total is not None and not low <= total <= high:
+        expected = str(low) if low == high else f"{low} to {high}"
+        return f"total_generations is {total}, but config.json gives {expected} (generation 0 included)"
+    if evolution.generation > (total or high):
+        return f"generation {evolution.generation} is past the run's {total or high} generations"
+    if len(state.generation_seconds) != evolution.generation:
+        return f"{len(state.generation_seconds)} generation times for {evolution.generation} generations done"
+    return None
+
+
+def _total_generations_range(config: JobConfig) -> tuple[int, int]:
+    """How many generations the run's optimizer makes, generation 0 included: the GA's 1 + search.generations;
+    CMA-ES's 1 + ceil((budget - seeds) / samples per generation), with the number of distinct seeds between 1 and
+    the seeds the config can give (a seed file from a run gives two: `JobContext.seeds_from_file`)."""
+    search = config.search
+    if search.optimizer == "gradient":  # the seeds, the steps, the best point rounded to the grid
+        return 2 + search.gradient.steps, 2 + search.gradient.steps
+    if search.optimizer != "cmaes":
+        return 1 + search.generations, 1 + search.generations
+    budget = search.population + (search.mutations + search.crossovers) * search.generations
+    samples = search.cmaes.population or search.mutations + search.crossovers
+    most_seeds = len(search.seeds) + 2 * len(search.seed_files) + 1
+    return 1 + max(0, math.ceil((budget - most_seeds) / samples)), 1 + max(0, math.ceil((budget - 1) / samples))
+
+
+def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dict[str, Any]]) -> None:
+    """Every candidate state.json counts as told has a final record in history.jsonl (the one source of truth for
+    scores and the best) with the score state.json holds for it, and the records are of generations the state
+    has reached; otherwise the run directory is damaged, and every reader says so rather than go on."""
+    try:
+        _, scores = told_from_json(state.evolution.told)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise RunStoreError(f"{run_dir.file(STATE)}: corrupted (told: {exc})") from None
+    lost = [key for key in scores if records.get(key, {}).get("status", "scored") not in FINAL_STATUSES]
+    lost += [key for key in scores if key not in records]
+    if lost:
+        raise RunStoreError(
+            f"{run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(scores)} candidates "
+            f"that state.json counts as scored (first {lost[0]}, no final record); the run directory is damaged"
+        )
+    for key, score in scores.items():
+        recorded = records[key].get("mean_nll")
+        if recorded is not None and recorded != score:
+            raise RunStoreError(
+                f"{run_dir.file(STATE)}: candidate {key} told with score {score!r}, but history.jsonl holds "
+                f"{recorded!r} (copied from another run?); the run directory is damaged"
+            )
+    unknown = [key for key in state.evolution.population if key not in scores]
+    if unknown:
+        raise RunStoreError(f"{run_dir.file(STATE)}: population holds {unknown[0]}, which was never told")
+    generation = state.evolution.generation
+    ahead = [r["generation"] for r in records.values() if r["generation"] > generation]
+    if ahead:
+        raise RunStoreError(
+            f"{run_dir.file(HISTORY)}: holds candidates of generation {max(ahead)}, but state.json has reached "
+            f"generation {generation} (a state.json from earlier in the run, or another run's?)"
+        )

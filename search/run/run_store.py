@@ -1,0 +1,402 @@
+"""The run directory: everything a search needs to be watched, resumed and exported, as plain JSON.
+
+- config.json: the resolved job config and its hash (a run directory never holds two configs);
+- job.json: the model's shape and the search windows' hash, written with config.json (see `jobs.py`);
+- history.jsonl: every scored candidate with its per-window NLL, appended and fsynced as results arrive; with
+  racing also each window group of a candidate still racing ("partial") and the candidates racing stopped
+  ("stopped"; see HistoryRecord). It is the one source of truth for scores and for the best candidate: a crash
+  in the middle of a generation loses no evaluation, and a resumed run takes those scores instead of
+  recomputing them;
+- state.json: the optimizer's whole state (population, generator, asked-but-untold candidates), written
+  atomically after every generation (generational schedule) or every result (steady schedule).
+  Without it (a kill before the first generation ended) a resumed run starts the optimizer afresh from the same
+  seed, which asks for exactly the candidates already in history.jsonl, so none of them is scored again.
+
+- heartbeat.json: who holds the run (pid, host), its last sign of life, and how it stopped (`heartbeat.py`);
+  read only by `status`, never by the search, so no time reaches the files above.
+
+A run directory has one writer at a time: `RunDir.lock()` takes an exclusive `flock` on the directory itself
+(nothing is written for it), held for the run's life and released by the kernel when the process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from longrope.search.config.job_config import JobConfig
+from longrope.workers.atomic_files import atomic_file, fsync_folder
+from longrope.workers.path_limits import os_error_text, shown_path
+
+CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
+
+
+class HistoryRecord(BaseModel):
+    """One line of history.jsonl: a scored candidate (mean_nll / perplexity null when the score was not finite).
+
+    What one line can say about itself is checked here (a NLL is never negative, perplexity = exp(mean_nll), one
+    token count per window NLL); what it must agree with in the rest of the run directory (the model's pairs, the
+    job's windows and objective) is checked by `run_check`."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    key: str
+    status: Literal["scored", "stopped", "partial"] = "scored"  # see FINAL_STATUSES
+    generation: int = Field(ge=0)
+    seed: str | None = None  # the seed method's name for a seed candidate
+    factors: list[float]
+    n_hat: int = Field(ge=0)
+    attention_factor: float | None = Field(gt=0)
+    mean_nll: float | None = Field(ge=0)  # nats per token: -log of a probability, never below 0
+    perplexity: float | None = Field(ge=1)
+    nll: list[float | None]  # per window scored so far (all of them when scored), summed over its tokens
+    tokens: list[int]
+    windows: str | None = None  # the search windows' hash (job.json's search_windows_hash); absent in older runs
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HistoryRecord:
+        if any(f <= 0 for f in self.factors):
+            raise ValueError(f"factors: must be > 0, got {min(self.factors)}")
+        if any(v is not None and v < 0 for v in self.nll):
+            raise ValueError(f"nll: a window's NLL is never below 0, got {min(v for v in self.nll if v is not None)}")
+        if len(self.tokens) != len(self.nll) or any(t < 1 for t in self.tokens):
+            raise ValueError(f"tokens: one count >= 1 per window NLL ({len(self.nll)}), got {self.tokens[:8]}")
+        if self.status != "scored" and (self.mean_nll is not None or self.perplexity is not None):
+            raise ValueError(f"mean_nll: a {self.status!r} record has no score, got {self.mean_nll}")
+        if (self.mean_nll is None) != (self.perplexity is None):
+            raise ValueError(f"perplexity: must be exp(mean_nll) (mean_nll {self.mean_nll}), got {self.perplexity}")
+        if self.mean_nll is not None and not math.isclose(
+            math.log(self.perplexity), self.mean_nll, rel_tol=1e-9, abs_tol=1e-12
+        ):  # compared as logs: exp of a large NLL overflows
+            raise ValueError(f"perplexity: must be exp(mean_nll) (mean_nll {self.mean_nll}), got {self.perplexity}")
+        return self
+
+
+# "scored": every search window; "stopped": racing stopped it, clearly worse than the worst parent on the windows
+# in `nll` (never a parent, never the best); "partial": the windows scored so far of a candidate still racing (a
+# later line for the same key replaces it). Stopped and partial records have mean_nll and perplexity null.
+FINAL_STATUSES = ("scored", "stopped")
+
+
+class EvolutionState(BaseModel):
+    """The optimizer's state (`DimMonoEvolution` or `CmaesOptimizer`.state_dict())."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    kind: Literal["dim_mono", "cmaes", "gradient", "hybrid"] = "dim_mono"
+    generation: int = Field(ge=0)
+    rng: dict[str, Any] | None  # dim_mono: the PCG64 generator's state; cmaes: None (rebuilt by replay)
+    population: list[str]
+    told: list[list[Any]]
+    pending: list[list[Any]] = []  # steady: asked, not yet told (re-submitted on resume)
+    children_told: int = Field(default=0, ge=0)
+    generation_keys: list[str] = []  # what generation 0 / the current round asked
+    asked_keys: list[list[str]] = []  # cmaes: the keys each generation asked, for the replay
+    descent: dict[str, Any] | None = None  # gradient: the descent's own state (search/optimizers/gradient.py)
+    polish: dict[str, Any] | None = None  # hybrid: a polish in progress (a GradientDescent's state), or none
+    polished_through: int = Field(default=0, ge=0)  # hybrid: the last generation whose best was polished
+
+
+class RunState(BaseModel):
+    """state.json: the optimizer's state (after the last generation, or in steady mode the last result) and the
+    run's progress."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    evolution: EvolutionState
+    generation_seconds: list[float]
+    best_by_generation: list[float | None] = []
+    stopped_early: bool = False
+    finished: bool = False
+    exhausted: bool = False  # the optimizer could make no new candidate (the grid is used up around the parents)
+    total_generations: int | None = Field(default=None, ge=1)  # the optimizer's (CMA-ES: by its budget)
+    config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
+
+
+def first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    return f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
+
+
+class RunStoreError(ValueError):
+    """A run directory is missing, holds another config, is in use, has a damaged file, or cannot be written."""
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=1))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` atomically (`atomic_file`: readers never see half a file, the file keeps its mode). Any OS
+    error (disk full, read-only or immutable file) becomes one RunStoreError naming the file, with no temp file
+    left, so the old file is whole and a resumed run can write it again."""
+    try:
+        with atomic_file(path) as tmp:
+            tmp.write(text)
+    except OSError as exc:
+        raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def final_count(history: dict[str, dict[str, Any]]) -> int:
+    """Candidates done (scored on every window, or stopped by racing); a racing candidate's partial record is not."""
+    return sum(1 for r in history.values() if r.get("status", "scored") in FINAL_STATUSES)
+
+
+def window_passes(history: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """(forward, backward) window passes the run's history holds: every window a record has an NLL for was read
+    forward once; a descent step's gradient windows also once backward. A window-equivalent is one forward pass
+    of one window; what a backward costs in them is measured by bench/backward_cost.py."""
+    forward = sum(len(record["nll"]) for record in history.values())
+    backward = sum(int(record.get("backward_windows", 0)) for record in history.values())
+    return forward, backward
+
+
+def seed_perplexities(history: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Perplexity of each seed method (pi, ntk, yarn, ...) as scored in a run's history."""
+    return {r["seed"]: r["perplexity"] for r in history.values() if r.get("seed")}
+
+
+def best_of(history: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The best scored candidate: lowest mean NLL, ties broken by key (the optimizer's own order); None if none
+    has a finite score. Status, export, seeding from a run and the coordinator all use this one rule."""
+    finite = [r for r in history.values() if r.get("mean_nll") is not None and r.get("status", "scored") == "scored"]
+    return min(finite, key=lambda r: (r["mean_nll"], r["key"])) if finite else None
+
+
+@dataclass(frozen=True)
+class History:
+    """history.jsonl as read: the records by key, and the bytes of a torn last line (a write cut by a crash)."""
+
+    records: dict[str, dict[str, Any]]
+    torn_tail: bytes = b""
+    good_length: int = 0  # bytes up to and including the last complete line
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._config_hash: str | None = None
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    # ---- the writer's lock ----
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold an exclusive lock on the run directory (creating it) for the block; refuse a second writer."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise RunStoreError(f"output_dir {str(self.path)!r}: cannot open ({exc.strerror or exc})") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunStoreError(
+                    f"output_dir {str(self.path)!r} is in use by another running `longrope search`; "
+                    "wait for it to end (or stop it) before resuming"
+                ) from None
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock, as the kernel does when the process dies
+
+    def lock_held(self) -> bool:
+        """Whether a `longrope search` holds this directory now: the liveness signal `status` trusts most, since
+        the kernel drops the lock however the writer dies. Probed with a shared lock dropped at once (a writer
+        starting in that instant would be refused once, as by any second writer); writes nothing."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:  # a filesystem without flock: no answer here (status falls back on the heartbeat)
+            return False
+        finally:
+            os.close(fd)
+        return False
+
+    # ---- config ----
+
+    def create(self, config: JobConfig) -> None:
+        """Start a new run here; refuses a directory that already holds a run."""
+        self.check_new(config)
+        write_json_atomic(self.file(CONFIG), {"config_hash": config.hash(), "config": config.model_dump(mode="json")})
+        self._config_hash = config.hash()
+
+    def check_new(self, config: JobConfig) -> None:
+        """Refuse, without writing anything, a directory that already holds a run."""
+        existing = self.path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise RunStoreError(f"output_dir {str(self.path)!r}: {str(existing)!r} exists and is not a directory")
+        leftovers = [name for name in (STATE, HISTORY) if self.file(name).exists()]
+        if leftovers and not self.file(CONFIG).exists():
+            raise RunStoreError(
+                f"output_dir {str(self.path)!r} holds {', '.join(leftovers)} but no config.json (the rest of "
+                "another run?); choose another output_dir"
+            )
+        if self.file(CONFIG).exists():
+            stored = self.read_config()
+            if stored.hash() != config.hash():
+                raise RunStoreError(
+                    f"output_dir {str(self.path)!r} holds a run of another config (hash {stored.hash()}, this one "
+                    f"{config.hash()}); choose another output_dir"
+                )
+            raise RunStoreError(f"output_dir {str(self.path)!r} already holds this run; continue it with --resume")
+
+    def read_config(self) -> JobConfig:
+        data = self.read_json(CONFIG)
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            kind = type(data).__name__ if not isinstance(data, dict) else "object without a 'config' object"
+            raise RunStoreError(f"{self.file(CONFIG)}: not a run config (a JSON {kind})")
+        try:
+            config = JobConfig.model_validate(data["config"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from None
+        if data.get("config_hash") != config.hash():
+            raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
+        return config
+
+    def check_matches(self, config: JobConfig) -> None:
+        stored = self.read_config()
+        if stored.hash() != config.hash():
+            raise RunStoreError(
+                f"output_dir {str(self.path)!r} holds a run of another config (hash {stored.hash()}, "
+                f"given {config.hash()})"
+            )
+
+    # ---- state and history ----
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        """Write state.json stamped with the run's config hash, so a state.json copied from another run is seen."""
+        state = {**state, "config_hash": self.config_hash()}
+        RunState.model_validate(state)  # what is written is what read_state accepts
+        write_json_atomic(self.file(STATE), state)
+
+    def config_hash(self) -> str:
+        """config.json's hash, read once per RunDir (the config of a run directory never changes)."""
+        if self._config_hash is None:
+            self._config_hash = self.read_config().hash()
+        return self._config_hash
+
+    def read_state(self) -> dict[str, Any] | None:
+        if not self.file(STATE).exists():
+            return None
+        state = self.read_json(STATE)
+        try:
+            RunState.model_validate(state)
+        except ValidationError as exc:
+            raise RunStoreError(f"{self.file(STATE)}: corrupted ({first_error(exc)})") from None
+        return state
+
+    def append_history(self, record: dict[str, Any]) -> None:
+        path = self.file(HISTORY)
+        try:
+            new = not path.exists()
+            with path.open("a") as history:
+                history.write(json.dumps(record) + "\n")
+                history.flush()
+                os.fsync(history.fileno())
+            if new:
+                fsync_folder(path.parent)
+        except OSError as exc:
+            raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+    def read_history(self) -> dict[str, dict[str, Any]]:
+        """Scored candidates by key. A torn last line (no newline yet: a write in progress or cut by a crash) is
+        left out; any other line that is not a JSON object with a string `key` is an error naming the line."""
+        return self.load_history().records
+
+    def load_history(self) -> History:
+        path = self.file(HISTORY)
+        if not path.exists():
+            return History({})
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        good_length = data.rfind(b"\n") + 1
+        records: dict[str, dict[str, Any]] = {}
+        final_lines: dict[str, int] = {}
+        for number, line in enumerate(data[:good_length].splitlines(), start=1):
+            key, record = _history_entry(path, number, line)
+            if key in final_lines:  # nothing is scored twice: a resumed run takes the final record it finds
+                raise RunStoreError(
+                    f"{path}:{number}: a second record for candidate {key}, which line {final_lines[key]} already "
+                    "holds as final (a line copied or added by hand?); the run directory is damaged"
+                )
+            records[key] = record  # a partial record is replaced by the next one for its key
+            if record.get("status", "scored") in FINAL_STATUSES:
+                final_lines[key] = number
+        return History(records, data[good_length:], good_length)
+
+    def cut_torn_history(self, history: History) -> None:
+        """Drop a torn last line, so the next append starts on a line of its own (the writer does this on resume)."""
+        if not history.torn_tail:
+            return
+        try:
+            os.truncate(self.file(HISTORY), history.good_length)
+        except OSError as exc:
+            raise RunStoreError(f"{self.file(HISTORY)}: cannot cut the torn last line ({exc.strerror})") from None
+
+    def best_record(self) -> dict[str, Any]:
+        """The run's best scored candidate (see `best_of`), read from history.jsonl."""
+        best = best_of(self.read_history())
+        if best is None:
+            raise RunStoreError(f"{self.file(HISTORY)}: no scored candidate yet (is the run still starting?)")
+        return best
+
+    def check_directory(self) -> None:
+        """The run directory itself is there and is a directory: one line for a path too long for the system, a
+        symlink loop, a missing folder or a file, instead of an OSError traceback or "config.json: missing"."""
+        try:
+            info = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise RunStoreError(f"{shown_path(self.path)}: no such directory") from None
+        except OSError as exc:
+            raise RunStoreError(f"{shown_path(self.path)}: {os_error_text(exc)}") from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise RunStoreError(f"{shown_path(self.path)}: not a directory (a run directory holds config.json)")
+
+    def read_json(self, name: str) -> Any:
+        self.check_directory()
+        path = self.file(name)
+        if not path.is_file():
+            what = "not a regular file" if path.exists() else "missing"
+            raise RunStoreError(f"{path}: {what} (is {str(self.path)!r} a run directory?)")
+        try:
+            return json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise RunStoreError(f"{path}: corrupted ({str(exc).splitlines()[0][:200]})") from None
+        except OSError as exc:
+            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str, Any]]:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise RunStoreError(f"{path}:{number}: corrupted line (not JSON)") from None
+    if not isinstance(record, dict):
+        raise RunStoreError(f"{path}:{number}: corrupted line (a JSON {type(record).__name__}, not an object)")
+    try:
+        HistoryRecord.model_validate(record)
+    except ValidationError as exc:
+        raise RunStoreError(f"{path}:{number}: corrupted line ({first_error(exc)})") from None
+    return record["key"], record

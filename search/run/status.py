@@ -1,0 +1,202 @@
+"""`longrope status RUN_DIR`: where a search stands (running, stopped and why, or finished), best vs its seeds,
+and an ETA while it runs.
+
+Whether it runs is not in state.json (which holds no times, so a killed run's reads like a live one's): it comes
+from the writer's lock and heartbeat.json (`heartbeat.py`). A run nobody holds any more is "stopped", with when
+and why, and the command that resumes it; it gets no ETA.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import time
+from datetime import datetime
+from typing import Any
+
+from longrope.search.config.job_config import JobConfig
+from longrope.search.run import heartbeat as heartbeats
+from longrope.search.run.job_record import JobRecord
+from longrope.search.run.run_check import read_run
+from longrope.search.run.run_store import (
+    CONFIG,
+    HISTORY,
+    STATE,
+    RunDir,
+    RunStoreError,
+    final_count,
+    seed_perplexities,
+    window_passes,
+)
+from longrope.search.run.stages import stage_lengths, started_stages
+
+KILLED = "no clean stop was recorded: killed (SIGKILL, out of memory) or its machine went down"
+
+
+def run_status(
+    run_dir: RunDir, *, now: float | None = None, host: str | None = None, stale_after_s: float | None = None
+) -> dict[str, Any]:
+    """A run's status; a progressive job's is its latest started stage's, with the stage named. `now`, `host`
+    and `stale_after_s` are the clock, this machine and the heartbeat age past which another host's run counts
+    as dead (defaults: the real ones, heartbeat.STALE_AFTER_S). The run directory is read as `read_run` reads it
+    for every command, so a damaged one gets the verdict `--resume` and `export` give it.
+
+    Generations are numbered as the search's log numbers them: `generation` is the last one done (0: the initial
+    population; None before it is done) of `generations`, the run's last (a 20-generation run: 20)."""
+    now = time.time() if now is None else now
+    host = heartbeats.this_host() if host is None else host
+    stale_after_s = heartbeats.STALE_AFTER_S if stale_after_s is None else stale_after_s
+    config = run_dir.read_config()
+    if config.search.stages:
+        return _staged_status(run_dir, config, now=now, host=host, stale_after_s=stale_after_s)
+    run = read_run(run_dir)
+    history, seconds = run.records, run.state.generation_seconds if run.state else []
+    life = liveness(run_dir, run.finished, now=now, host=host, stale_after_s=stale_after_s)
+    left = run.last_generation - (-1 if run.generation_done is None else run.generation_done)
+    eta = statistics.median(seconds[1:] or seconds) * left if life["state"] == "running" and seconds else None
+    best = run.best
+    return {
+        "run_dir": str(run_dir.path),
+        "resume_dir": str(run_dir.path),
+        "name": config.name,
+        "generation": run.generation_done,
+        "generations": run.last_generation,
+        "evaluations": final_count(history),
+        **dict(zip(("forward_windows", "backward_windows"), window_passes(history), strict=True)),
+        "stopped_by_racing": sum(1 for r in history.values() if r.get("status") == "stopped"),
+        "finished": run.finished,
+        "stopped_early": bool(run.state and run.state.stopped_early),
+        **life,
+        "best_perplexity": best["perplexity"] if best else None,
+        "best_key": best["key"] if best else None,
+        "seed_perplexities": seed_perplexities(history),
+        "eta_seconds": eta,
+        **record_fields(run.job, best),
+    }
+
+
+def _staged_status(
+    run_dir: RunDir, config: JobConfig, *, now: float, host: str, stale_after_s: float
+) -> dict[str, Any]:
+    """The latest started stage's status, named; between two stages the job's own lock says it still runs, and
+    only the last stage's end finishes the job. The resume command names the job directory."""
+    started = started_stages(run_dir)
+    if not started:
+        raise RunStoreError(f"{run_dir.path}: no stage has started yet")
+    stages = len(stage_lengths(config))
+    status = run_status(started[-1], now=now, host=host, stale_after_s=stale_after_s)
+    status["stage"] = f"{len(started)}/{stages}"
+    status["resume_dir"] = str(run_dir.path)
+    if status["state"] != "running" and run_dir.lock_held():
+        status.update(state="running", stopped_at=None, stop_reason=None)
+    elif status["state"] == "finished" and len(started) < stages:
+        ended = now - (status["last_update_seconds"] or 0.0)
+        status.update(state="stopped", stopped_at=_iso(ended), stop_reason=f"after stage {len(started)}")
+    return status
+
+
+def liveness(run_dir: RunDir, finished: bool, *, now: float, host: str, stale_after_s: float) -> dict[str, Any]:
+    """The run's state: finished, running (the lock is held, or the heartbeat says so credibly: see
+    `heartbeat.is_alive`) or stopped; with who wrote the heartbeat, how long ago, and for a stopped run when and
+    why it stopped."""
+    beat = heartbeats.read_heartbeat(run_dir.file(heartbeats.HEARTBEAT))
+    alive = heartbeats.is_alive(beat, run_dir.lock_held(), now=now, host=host, stale_after_s=stale_after_s)
+    state = "finished" if finished else "running" if alive else "stopped"
+    life: dict[str, Any] = {
+        "state": state,
+        "pid": beat.pid if beat else None,
+        "host": beat.host if beat else None,
+        "heartbeat": beat.state if beat else None,
+        "last_update_seconds": max(0.0, now - beat.updated_at) if beat else None,
+        "stopped_at": None,
+        "stop_reason": None,
+    }
+    if state == "stopped":
+        stopped_at = beat.updated_at if beat else _last_write(run_dir)
+        life["stopped_at"] = _iso(stopped_at)
+        life["stop_reason"] = (beat.stop_reason if beat.state == "stopped" else KILLED) if beat else None
+    return life
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
+
+
+def _last_write(run_dir: RunDir) -> float:
+    """When a run without a heartbeat (an older version's) last wrote anything: its stop time, as near as known."""
+    times = [run_dir.file(name).stat().st_mtime for name in (STATE, HISTORY, CONFIG) if run_dir.file(name).exists()]
+    return max(times)
+
+
+def record_fields(job: JobRecord | None, best: dict | None) -> dict[str, Any]:
+    """What job.json says about the run: its model and lengths, and the best candidate as the encoding it was
+    scored with (its attention factor; a short-factor run's kept one). Empty before job.json is written."""
+    if job is None:
+        return {}
+    fields: dict[str, Any] = {
+        "model": job.model_dir,
+        "original_length": job.original_length,
+        "target_length": job.target_length,
+        "factor": job.factor,
+    }
+    if best:
+        fields["best_attention_factor"] = job.candidate(best).attention_factor
+    return fields
+
+
+def format_status(status: dict[str, Any]) -> str:
+    stage = f" (stage {status['stage']})" if status.get("stage") else ""
+    lines = [
+        f"run {status['name']} in {status['run_dir']}{stage}",
+        f"  {_generations_text(status)}, {status['evaluations']} evaluations ({status['forward_windows']} forward "
+        f"and {status['backward_windows']} backward window passes)"
+        + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else ""),
+        f"  {state_text(status)}",
+    ]
+    if "model" in status:
+        lines.append(
+            f"  {status['original_length']} -> {status['target_length']} tokens ({status['factor']} factors), "
+            f"model {status['model']}"
+        )
+    if status["best_perplexity"] is not None:
+        attention = status.get("best_attention_factor")
+        scale = f", attention factor {attention:.4f}" if attention is not None else ""
+        lines.append(f"  best perplexity {status['best_perplexity']:.4f} (candidate {status['best_key']}{scale})")
+    for name, ppl in sorted(status["seed_perplexities"].items(), key=lambda item: item[1] or float("inf")):
+        gain = f"  best is {100 * (1 - status['best_perplexity'] / ppl):.1f}% lower" if ppl else ""
+        lines.append(f"  seed {name:12s} perplexity {ppl:.4f}{gain}" if ppl else f"  seed {name:12s} diverged")
+    return "\n".join(lines)
+
+
+def _generations_text(status: dict[str, Any]) -> str:
+    """Generations numbered as the search's log numbers them: 0 is the initial population."""
+    done, last = status["generation"], status["generations"]
+    if done is None:
+        return f"generation 0/{last} (initial population) not done yet"
+    return f"generation {done}/{last} done (generation 0 is the initial population)"
+
+
+def state_text(status: dict[str, Any]) -> str:
+    """finished / running (who, how recently, ETA) / stopped (when, why, and how to go on)."""
+    if status["state"] == "finished":
+        return "finished" + (" (stopped early: no improvement)" if status["stopped_early"] else "")
+    if status["state"] == "running":
+        eta = f", ETA {status['eta_seconds'] / 60:.1f} min" if status["eta_seconds"] is not None else ""
+        if status["heartbeat"] != "running":  # the lock is held, the new holder has not written its heartbeat yet
+            return f"running (starting){eta}"
+        return (
+            f"running (pid {status['pid']} on {status['host']}, last update {_ago(status['last_update_seconds'])}){eta}"
+        )
+    reason = f" ({status['stop_reason']})" if status["stop_reason"] else ""
+    stopped_at = status["stopped_at"].replace("T", " ")
+    return (
+        f"stopped at {stopped_at}{reason}; resume with `longrope search --resume {shlex.quote(status['resume_dir'])}`"
+    )
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
