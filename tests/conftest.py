@@ -104,7 +104,9 @@ def local_ray():
 @pytest.fixture
 def fake_pool(monkeypatch):
     """compare's ComparePool replaced by FakePool (its count of pools built reset)."""
-    from compare_fakes import FakePool, compare
+    from compare_fakes import FakePool
+
+    from longrope.search.reports import compare
 
     FakePool.built = 0
     monkeypatch.setattr(compare, "ComparePool", FakePool)
@@ -113,7 +115,9 @@ def fake_pool(monkeypatch):
 @pytest.fixture
 def refusing_pool(monkeypatch):
     """compare's ComparePool replaced by RefusingPool: bad input must be refused before any pool is built."""
-    from compare_fakes import RefusingPool, compare
+    from compare_fakes import RefusingPool
+
+    from longrope.search.reports import compare
 
     monkeypatch.setattr(compare, "ComparePool", RefusingPool)
 
@@ -121,6 +125,8 @@ def refusing_pool(monkeypatch):
 @pytest.fixture
 def in_process_pool(monkeypatch):
     """The Ray WorkerPool under compare's real ComparePool replaced by InProcessPool."""
-    from compare_fakes import InProcessPool, compare_scoring
+    from compare_fakes import InProcessPool
+
+    from longrope.search.reports import compare_scoring
 
     monkeypatch.setattr(compare_scoring, "WorkerPool", InProcessPool)
