@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM
 
 from longrope.search.config.loading import load_job_config
 from longrope.search.export.factors_export import ExportError, factors_file_of_run, write_export
-from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir
@@ -102,27 +101,37 @@ def test_short_factor_search_keeps_the_long_factors_and_matches_transformers_sho
     # as another search's seed, a short-factor run gives the long factors it kept, not its short ones
     seed = JobContext.resolve(config).seed_from_file(str(short_run))
     assert seed.factors.tolist() == kept["long_factor"]
-    if exported.short_factor != [1.0] * len(exported.short_factor):
-        with pytest.raises(ExportError, match="--format csv"):
-            write_export(factors_file_of_run(RunDir(short_run)), tmp_path / "f.csv", "csv")
-    history = RunDir(short_run).read_history().values()
-    ones = next(r for r in history if r.get("seed") == "ones")
-    assert best["mean_nll"] <= ones["mean_nll"]
-    # transformers itself, given the exported block, reads windows of original_length with the short factors
+    # transformers itself, given the exported block, reads windows of original_length with the short factors;
+    # with short factors of 1 (the kept attention factor still applied), it gives the "ones" seed's score
+    windows = JobContext.resolve(config).objective_windows("corpus:search", 128, 3)
+    assert windows.tokens.shape == (3, 129)
+    ones = next(r for r in RunDir(short_run).read_history().values() if r.get("seed") == "ones")
+    unit = exported.model_copy(update={"short_factor": [1.0] * len(exported.short_factor)})
+    assert ones["mean_nll"] == pytest.approx(transformers_nll(windows.tokens, unit), rel=1e-4)
+    assert best["mean_nll"] == pytest.approx(transformers_nll(windows.tokens, exported), rel=1e-4)
+    # the release's CSV holds the long factors only: a file whose short factors were searched is refused
+    searched = exported.model_copy(update={"short_factor": [1.0 + 0.01 * k for k in range(len(kept["long_factor"]))]})
+    factors = factors_file_of_run(RunDir(short_run)).model_copy(update={"rope_parameters": searched})
+    with pytest.raises(ExportError, match=r"--format csv: .* searched short factors too"):
+        write_export(factors, tmp_path / "f.csv", "csv")
+    assert not (tmp_path / "f.csv").exists() and not (tmp_path / "f.csv.json").exists()
+
+
+def transformers_nll(tokens: np.ndarray, block) -> float:
+    """The mean NLL per token transformers' Llama gives the reference model's weights on `tokens` (n + 1 tokens
+    read at n positions, as the scorer does), with `block` as its rope_parameters, the model's length 1024."""
     model = AutoModelForCausalLM.from_pretrained(reference_model_dir())
-    model.config.rope_parameters = exported.model_dump(exclude_none=True)
+    model.config.rope_parameters = block.model_dump(exclude_none=True)
     model.config.max_position_embeddings = 1024
     hf = AutoModelForCausalLM.from_config(model.config)
     hf.load_state_dict(model.state_dict())
     hf.eval()
-    windows = JobContext.resolve(config).objective_windows("corpus:search", 128, 3)
-    assert windows.tokens.shape == (3, 129)
     losses = []
-    for window in torch.from_numpy(windows.tokens):  # n + 1 tokens read at n = 128 positions, as the scorer does
+    for window in torch.from_numpy(tokens):
         with torch.no_grad():
             logits = hf(input_ids=window[None, :-1]).logits[0]
         losses.append(float(torch.nn.functional.cross_entropy(logits.float(), window[1:])))
-    assert best["mean_nll"] == pytest.approx(float(np.mean(losses)), rel=1e-4)
+    return float(np.mean(losses))
 
 
 @pytest.mark.parametrize(("objective", "tokens"), [("tail", [1024 - 128] * 3), ("{perplexity: 1, needle: 3}", None)])
@@ -131,11 +140,13 @@ def test_search_scores_each_candidate_by_its_objective(objective, tokens, tmp_pa
         None, [*TINY, "target_length=1024", f"data.objective={objective}", f"output_dir={tmp_path}"]
     )
     run(config)
-    mix = ObjectiveMix.of(config.data.objective_weights(), 3)
     for record in RunDir(tmp_path).read_history().values():
-        if tokens is not None:
-            assert record["tokens"] == tokens
+        nll, counts = record["nll"], record["tokens"]
+        if tokens is not None:  # the tail: NLL per token over the positions past original_length
+            assert counts == tokens
+            worked = sum(nll) / sum(counts)
         else:
-            # interleaved: perplexity, needle, perplexity, ...; a needle counts " " + 7 digits
-            assert record["tokens"][::2] == [1024] * 3 and record["tokens"][1::2] == [8] * 3
-        assert record["mean_nll"] == pytest.approx(mix.mean_nll(record["nll"], record["tokens"]))
+            # interleaved: perplexity, needle, perplexity, ...; a needle counts " " + 7 digits; weights 1 and 3
+            assert counts[::2] == [1024] * 3 and counts[1::2] == [8] * 3
+            worked = (sum(nll[::2]) / sum(counts[::2]) + 3 * sum(nll[1::2]) / sum(counts[1::2])) / 4
+        assert record["mean_nll"] == pytest.approx(worked, rel=1e-12)

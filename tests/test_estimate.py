@@ -188,10 +188,29 @@ def test_cli_prints_the_demo_config(capsys):
 
 
 def test_cli_cpu_mode_measures_this_machine(capsys):
+    """The time printed is the time model at the rates it printed, and those rates are this machine's: its 2048
+    matmul rate within 3x of the same matmul timed here, on one thread as a demo worker has."""
     assert main(["estimate", str(DEMO), "--set", "target_length=256", "--gpu", "cpu", "--json"]) == 0
     device = json.loads(capsys.readouterr().out)["devices"][0]
     assert device["device"] == "cpu" and device["dtype"] == "float32"
-    assert device["rates"]["square_matmul"] > 0 and device["seconds_per_candidate"] > 0
+    config = load_job_config(DEMO, ["target_length=256"])
+    arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
+    again = device_estimate(config, arch, 128, "cpu", Rates(**device["rates"]), None)
+    assert again.seconds_per_candidate == pytest.approx(device["seconds_per_candidate"], rel=1e-9)
+    assert again.fixed_cost_share == pytest.approx(device["fixed_cost_share"], rel=1e-9)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a @ b
+        seconds = []
+        for _ in range(3):
+            started = time.perf_counter()
+            a @ b
+            seconds.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+    assert 1 / 3 < device["rates"]["square_matmul"] / (2 * 2048**3 / min(seconds)) < 3
 
 
 def test_known_architecture_for_a_missing_model_path(capsys):
@@ -203,27 +222,30 @@ def test_known_architecture_for_a_missing_model_path(capsys):
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "message"),
     [
-        ["--set", "target_length=64"],
-        ["--set", "search.population=0"],
-        ["--set", "model.path=/nowhere/at-all"],
-        ["--model-config", "/nowhere/config.json"],
-        ["--gpu", "V100"],
-        ["--mfu", "1.5"],
+        (["--set", "target_length=64"], "target_length: must be greater than original_length (128), got 64"),
+        (["--set", "search.population=0"], "search.population = 0: Input should be greater than or equal to 2"),
+        (["--set", "model.path=/nowhere/at-all"], "model.path: no config.json at '/nowhere/at-all'"),
+        (["--model-config", "/nowhere/config.json"], "--model-config '/nowhere/config.json': no such file"),
+        (["--gpu", "V100"], "--gpu 'V100': unknown GPU (known: A100, H100-SXM"),
+        (["--mfu", "1.5"], "--mfu = 1.5: must be in (0, 1]"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(argv, capsys, tmp_path):
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
+    """Each names the flag or field and the value given."""
     assert main(["estimate", str(DEMO), *argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("longrope: error: ") and captured.err.count("\n") == 1
+    assert message in captured.err
 
 
 def test_bad_model_config_json_is_one_line(capsys, tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     assert main(["estimate", str(DEMO), "--model-config", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"'{tmp_path / 'config.json'}' is not valid JSON (Expecting property name" in err
 
 
 def test_estimate_modules_import_neither_torch_nor_ray():
@@ -383,9 +405,14 @@ def test_time_is_withheld_where_forwards_fixed_cost_dominates():
     assert device.seconds_per_candidate is None and device.hours is None and device.hours_racing is None
     assert "33% forwards' fixed cost" in device.time_withheld and "above 25%" in device.time_withheld
     assert "bench/estimate_accuracy.py" in device.time_withheld and "search.generations=0" in device.time_withheld
-    assert device_estimate(config, arch, 16, "cpu", cpu_rates(2e-3), None).seconds_per_candidate > 0
+    work = SMALL_FORWARD_FLOPS / 1e10 + SMALL_FORWARD_BYTES / 1e10  # 6.186 ms
+    assert device_estimate(config, arch, 16, "cpu", cpu_rates(2e-3), None).seconds_per_candidate == pytest.approx(
+        work + 2e-3
+    )
     gpu = device_estimate(config, arch, 16, "H100-SXM", gpu_rates(find_gpu("H100"), 0.4), 80)
-    assert gpu.time_withheld is None and gpu.fixed_cost_share is None and gpu.seconds_per_candidate > 0
+    assert gpu.time_withheld is None and gpu.fixed_cost_share is None
+    # a GPU's time is the FLOPs at the datasheet's dense bf16 rate (989 TFLOP/s) x MFU 0.4
+    assert gpu.seconds_per_candidate == pytest.approx(SMALL_FORWARD_FLOPS / (989e12 * 0.4), rel=1e-6)
 
 
 def test_cli_says_in_one_line_why_no_time(capsys, monkeypatch):

@@ -226,7 +226,20 @@ def test_status_reads_the_run_record(finished_run, tmp_path):
     assert "64 -> 256 tokens (short factors), model m" in run_cli("status", str(short), cwd=tmp_path).stdout
 
 
-@pytest.mark.parametrize("name", ["demo", "llama2-7b-32k", "llama3-8b-64k", "mistral-7b-32k", "phi3-mini-128k"])
+# each shipped config: the target length its name promises, and the length its model was pre-trained at (the
+# model cards: Llama 2 4k, Llama 3 8k, Mistral 7B v0.1 8k, Phi-3-mini-4k 4k; the demo's is read from the model)
+SHIPPED = {
+    "demo": (1024, None),
+    "llama2-7b-32k": (32 * 1024, 4096),
+    "llama3-8b-64k": (64 * 1024, 8192),
+    "mistral-7b-32k": (32 * 1024, 8192),
+    "phi3-mini-128k": (128 * 1024, 4096),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_configs_validate(name):
     config = load_job_config(CONFIGS / f"{name}.yaml", ["model.path=reference"] if name != "demo" else [])
-    assert config.target_length > 0
+    assert (config.target_length, config.original_length) == SHIPPED[name]
+    assert config.name == name and config.output_dir == f"runs/{name}"
+    assert sorted(path.stem for path in CONFIGS.glob("*.yaml")) == sorted(SHIPPED), "a new config needs its row"

@@ -21,6 +21,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,7 @@ from longrope.workers.scoring_worker import (
 from longrope.workers.specs import ModelSpec, PoolSpec
 
 PROBE_INTERVAL_S = 0.5
+SHUTDOWN_DRAIN_S = 5.0  # at most this long collecting killed workers' calls (`shutdown`)
 
 
 @dataclass
@@ -160,9 +162,19 @@ class WorkerPool:
         return self.as_completed()
 
     def shutdown(self) -> None:
+        """Kill the workers, then collect what their outstanding calls became. A call that failed (the same
+        error as the one that stopped the run, on a second batch) and was never fetched makes Ray log an
+        "Unhandled error" with the worker's traceback when its ref is dropped: after the run's one-line error,
+        the user would get the traceback it replaced. Killed workers' calls end at once, so the wait is short."""
         for worker in self.workers:
             ray.kill(worker.actor, no_restart=True)
+        pending = list(self._calls)
         self.workers, self._calls = [], {}
+        if pending:
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=SHUTDOWN_DRAIN_S)
+            for ref in ready:
+                with suppress(RayError):  # the run's error was raised already; this one is its echo
+                    ray.get(ref)
 
     def _send_windows(self, worker: _Worker, *, probe: bool = False) -> None:
         """The windows to one worker (`load`), ahead of any batch sent to it (Ray runs one caller's calls to an
