@@ -1,4 +1,5 @@
-"""The worker pool on a real local Ray: results equal direct scoring, and killed workers lose nothing."""
+"""The worker pool on a real local Ray: results equal direct scoring, killed workers lose nothing, and a worker
+that fails on purpose (tests/scripted_workers.py) is probed back, reported or given up as it should be."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from scripted_workers import ScriptedWorker, calls_made, write_script
 from search_helpers import unloadable_safetensors
 
 from longrope.encodings import LongRope
@@ -199,88 +201,51 @@ def test_the_embedded_ray_never_joins_another_cluster(tmp_path):
     assert result.returncode == 0 and "nodes 1" in result.stdout, result.stderr[-2000:]
 
 
-class _FakeRef:
-    def __init__(self, kind: str, batch=None):
-        self.kind, self.batch = kind, batch
+# ---- failure handling: a real local Ray, a worker that fails on purpose (tests/scripted_workers.py) ----
 
 
-class _FakeActor:
-    """Stands for a Ray actor handle: `.score.remote(batch)` and `.ready.remote()` return refs."""
-
-    def __init__(self):
-        self.score = type("M", (), {"remote": staticmethod(lambda batch: _FakeRef("score", batch))})
-        self.ready = type("M", (), {"remote": staticmethod(lambda: _FakeRef("ready"))})
+def scripted_pool(folder, spec: PoolSpec) -> WorkerPool:
+    return WorkerPool(ModelSpec(model_dir=str(folder)), np.zeros((1, 2)), spec, worker_class=ScriptedWorker)
 
 
-def one_fake_worker_pool(spec: PoolSpec) -> WorkerPool:
-    """A WorkerPool holding one `_FakeActor` worker, built without Ray (its calls go to the test's ray.wait/get)."""
-    import longrope.workers.pool as pool_module
-
-    pool = WorkerPool.__new__(WorkerPool)
-    pool.spec = spec
-    pool.workers = [pool_module._Worker(_FakeActor(), 0)]
-    pool._queue, pool._calls, pool.failures = pool_module.deque(), {}, 0
-    pool.started_at, pool.answered, pool.start_warned = 0.0, False, False
-    return pool
-
-
-def test_a_transient_failure_with_a_call_still_in_flight_is_probed_back(monkeypatch):
+def test_a_transient_failure_with_a_call_still_in_flight_is_probed_back(local_ray, tmp_path):
     """Two calls in flight; the first fails as ActorUnavailableError (the actor is only unreachable), the second
-    succeeds. The worker must be probed back into service, not left neither usable nor dead (a busy loop)."""
-    from ray.exceptions import ActorUnavailableError
-
-    import longrope.workers.pool as pool_module
-
-    pool = one_fake_worker_pool(PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, restart_timeout_s=3600))
-    gets = []
-
-    def fake_get(ref):
-        gets.append(ref.kind)
-        if len(gets) == 1:
-            raise ActorUnavailableError("unreachable for a moment", None)
-        return {"pid": 1} if ref.kind == "ready" else [(key, f"score of {key}") for key, *_ in ref.batch]
-
-    monkeypatch.setattr(pool_module.ray, "wait", lambda refs, num_returns, timeout: (refs[:1], refs[1:]))
-    monkeypatch.setattr(pool_module.ray, "get", fake_get)
-    monkeypatch.setattr(pool_module, "PROBE_INTERVAL_S", 0.0)
-    results = dict(pool.imap([("a", None), ("b", None)]))
-    assert results == {"a": "score of a", "b": "score of b"}
-    assert "ready" in gets and pool.workers[0].usable and pool.workers[0].deaths == 0
+    succeeds. The worker must be probed back into service (a `ready` call), not left neither usable nor dead (a
+    busy loop), and the lost candidate scored by the call after the probe."""
+    folder = write_script(tmp_path / "worker", "unavailable", "ok")
+    pool = scripted_pool(folder, PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, restart_timeout_s=3600))
+    try:
+        results = {key: score.nll for key, score in pool.imap([("a", None), ("b", None)])}
+        assert results == {"a": (3.0,), "b": (2.0,)}, "b by the second call, a again by the third"
+        assert calls_made(folder) == ["score", "score", "ready", "score"]
+        assert pool.workers[0].usable and pool.workers[0].deaths == 0 and pool.failures == 1
+    finally:
+        pool.shutdown()
 
 
-def test_workers_that_never_answer_are_reported_once(monkeypatch):
-    """Actors Ray holds pending (a shared cluster's resources taken) must not be waited on in silence."""
-    import longrope.workers.pool as pool_module
-
-    pool = one_fake_worker_pool(PoolSpec(num_workers=1, batch_size=1, start_warning_s=0.0))
-    waits = []
-
-    def fake_wait(refs, num_returns, timeout):
-        waits.append(1)
-        return (refs[:1], refs[1:]) if len(waits) > 3 else ([], refs)  # pending three times, then it runs
-
-    monkeypatch.setattr(pool_module.ray, "wait", fake_wait)
-    monkeypatch.setattr(pool_module.ray, "get", lambda ref: [(key, "scored") for key, *_ in ref.batch])
-    with pytest.warns(UserWarning, match=r"no worker has answered after \d+ s \(1 started\)") as caught:
-        assert dict(pool.imap([("a", None)])) == {"a": "scored"}
-    assert len(caught) == 1, "said once, not on every wait"
+def test_workers_that_never_answer_are_reported_once(local_ray, tmp_path):
+    """A worker that has not answered after start_warning_s (here 0: its first call takes 2 s) is said once, not
+    on every wait: Ray holds actors pending without a word when a shared cluster's resources are taken."""
+    folder = write_script(tmp_path / "worker", "sleep 2")
+    pool = scripted_pool(folder, PoolSpec(num_workers=1, batch_size=1, start_warning_s=0.0))
+    try:
+        with pytest.warns(UserWarning, match=r"no worker has answered after \d+ s \(1 started\)") as caught:
+            assert {key: score.nll for key, score in pool.imap([("a", None)])} == {"a": (1.0,)}
+        assert len(caught) == 1, "said once, not on every wait"
+    finally:
+        pool.shutdown()
 
 
-def test_a_death_after_a_transient_failure_still_counts(monkeypatch):
-    """Unavailable first, then dead: the death is counted, so a worker past max_restarts is given up at once."""
-    from ray.exceptions import ActorDiedError, ActorUnavailableError
-
-    import longrope.workers.pool as pool_module
-
+def test_a_death_after_a_transient_failure_still_counts(local_ray, tmp_path):
+    """Unavailable first, then dead: the death is counted, so a worker past max_restarts is given up at once
+    (restart_timeout_s is an hour) and never called again."""
+    folder = write_script(tmp_path / "worker", "unavailable", "die")
     spec = PoolSpec(num_workers=1, batch_size=1, calls_per_worker=2, max_restarts=0, restart_timeout_s=3600)
-    pool = one_fake_worker_pool(spec)
-    errors = [ActorUnavailableError("unreachable for a moment", None), ActorDiedError()]
-
-    def fake_get(ref):
-        raise errors.pop(0) if errors else AssertionError("a worker past its restarts was called again")
-
-    monkeypatch.setattr(pool_module.ray, "wait", lambda refs, num_returns, timeout: (refs[:1], refs[1:]))
-    monkeypatch.setattr(pool_module.ray, "get", fake_get)
-    with pytest.raises(WorkerPoolError, match="no worker left"):
-        list(pool.imap([("a", None), ("b", None)]))
-    assert pool.workers[0].deaths == 1 and pool.workers[0].dead
+    pool = scripted_pool(folder, spec)
+    try:
+        with pytest.raises(WorkerPoolError, match=r"no worker left \(1 worker failures\); 2 candidates were not"):
+            list(pool.imap([("a", None), ("b", None)]))
+        assert pool.workers[0].deaths == 1 and pool.workers[0].dead
+        assert calls_made(folder) == ["score", "score"]
+    finally:
+        pool.shutdown()

@@ -143,9 +143,11 @@ class WorkerPool:
         while self._queue or any(not call.probe for call in self._calls.values()):  # submit() may add more
             self._dispatch()
             if all(w.dead for w in self.workers):
+                # queued, and still out with the dead workers (their calls never come back as results)
+                unscored = len(self._queue) + sum(len(call.batch) for call in self._calls.values())
                 raise WorkerPoolError(
                     f"worker pool: no worker left ({self.failures} worker failures); "
-                    f"{len(self._queue)} candidates were not scored"
+                    f"{unscored} candidates were not scored"
                 )
             if not self._calls:  # every worker is down and waiting for its next probe
                 time.sleep(PROBE_INTERVAL_S)
