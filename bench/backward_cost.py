@@ -53,6 +53,7 @@ from longrope.search.cost.memory import ForwardShape, gradient_memory, worker_me
 from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
+from longrope.workers.timing import alternating_times
 
 OUT = RESULTS / "backward_cost.json"
 DEMO = ROOT / "configs" / "demo.yaml"
@@ -77,18 +78,6 @@ class Case:
                              candidates_per_forward=config.workers.candidates_per_forward)  # fmt: skip
         self.batch = candidate_set(config.workers.batch_size, rope, self.stage.length)
 
-    def forward_seconds_per_window(self) -> float:
-        with torch_threads(THREADS):
-            start = time.perf_counter()
-            self.scorer.score(self.batch)
-            return (time.perf_counter() - start) / (len(self.batch) * self.stage.windows)
-
-    def gradient_seconds_per_window(self) -> float:
-        with torch_threads(THREADS):
-            start = time.perf_counter()
-            self.scorer.score_with_gradient(self.batch[0])
-            return (time.perf_counter() - start) / self.stage.windows
-
     def estimated_flop_ratio(self) -> float:
         """(forward + what a gradient pass adds) / forward, in FLOPs, as `longrope estimate` counts them."""
         forward = stage_flops(self.config, self.arch, self.stage, self.original).total / self.stage.windows
@@ -96,11 +85,18 @@ class Case:
 
 
 def run_case(case: Case, rounds: int) -> dict:
-    case.forward_seconds_per_window(), case.gradient_seconds_per_window()  # warm-up: the allocator's pools
-    forward, gradient = [], []
-    for _ in range(rounds):
-        forward.append(case.forward_seconds_per_window())
-        gradient.append(case.gradient_seconds_per_window())
+    """Seconds per window of each side, alternating round by round (workers/timing.py), after a warm-up call each
+    (the allocator's pools, the first autograd graph)."""
+    with torch_threads(THREADS):
+        times = alternating_times(
+            {
+                "forward": lambda: case.scorer.score(case.batch),
+                "gradient": lambda: case.scorer.score_with_gradient(case.batch[0]),
+            },
+            rounds,
+        )
+    forward = [t / (len(case.batch) * case.stage.windows) for t in times["forward"]]
+    gradient = [t / case.stage.windows for t in times["gradient"]]
     result = {
         "case": case.name,
         "tokens": case.stage.length,
