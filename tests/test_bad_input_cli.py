@@ -1,6 +1,7 @@
 """Bad input to the `longrope` CLI, run in-process through `main(argv)`: exit code 2, exactly one line on stderr
 ("longrope: error: ..." naming the field or value), nothing on stdout, and nothing written under the test's
-folder. Complements the subprocess cases in test_search_cli.py (none of those is repeated here).
+folder. Configs and values here; factors files, run and model directories in test_bad_input_cli_files.py.
+Complements the subprocess cases in test_search_cli.py (none of those is repeated here).
 
 The reference model (`model.path: reference`) has original length 128 and 16 rotary pairs; the cheap run
 directory (search_helpers.problem) has head_dim 32, original length 64 and target length 256.
@@ -9,138 +10,18 @@ directory (search_helpers.problem) has head_dim 32, original length 64 and targe
 from __future__ import annotations
 
 import json
-import random
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-import yaml
+from bad_input_helpers import (
+    alias_bomb,
+    base,
+    finished_run,
+    random_bytes,
+    search,
+    validate,
+    write,
+)
 from cli_checks import cli_error_line
-from search_helpers import JOB_RECORD
-from search_helpers import finished_run as make_finished_run
-
-# ---- helpers ----
-
-
-def write(path: Path, data) -> Path:
-    """Write bytes, text, or anything else as YAML."""
-    if isinstance(data, bytes):
-        path.write_bytes(data)
-    else:
-        path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
-    return path
-
-
-def base(t: Path, **fields) -> dict:
-    return {"target_length": 1024, "output_dir": str(t / "out"), **fields}
-
-
-def validate(t: Path, data, *overrides: str) -> list[str]:
-    """`longrope validate t/c.yaml [--set ...]`; `data` is YAML text, bytes, or a dict dumped as YAML."""
-    args = ["validate", str(write(t / "c.yaml", data))]
-    for override in overrides:
-        args += ["--set", override]
-    return args
-
-
-def search(t: Path, data) -> list[str]:
-    return ["search", "--no-progress", str(write(t / "c.yaml", data))]
-
-
-def factors(*args: str) -> list[str]:
-    return ["encodings", "factors", *args]
-
-
-def finished_run(t: Path) -> Path:
-    return make_finished_run(t / "run")
-
-
-def exportable_run(t: Path, **drop_or_change) -> Path:
-    """A finished run with a hand-written job.json; a keyword set to None drops that field."""
-    run_dir = finished_run(t)
-    job = {**JOB_RECORD, **drop_or_change}
-    job = {k: v for k, v in job.items() if v is not None}
-    (run_dir / "job.json").write_text(json.dumps(job))
-    return run_dir
-
-
-# a small Llama config (16 rotary pairs, original length 64), as a user's model directory would hold it
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "intermediate_size": 96,
-    "num_hidden_layers": 1,
-    "vocab_size": 96,
-    "max_position_embeddings": 64,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-}
-
-
-def model_dir(t: Path, config=None, *, weights: str | None = None, name: str = "m", **changes) -> Path:
-    """t/name with config.json (LLAMA with `changes`; a key set to None is dropped; `config` replaces it whole)
-    and, if given, a weights file of that name (any bytes: nothing reads them before the checks under test)."""
-    path = t / name
-    path.mkdir()
-    if config is None:
-        config = {k: v for k, v in {**LLAMA, **changes}.items() if v is not None}
-    (path / "config.json").write_text(json.dumps(config))
-    if weights:
-        (path / weights).write_bytes(b"not really weights")
-    return path
-
-
-def model_search(t: Path, model: Path, **model_fields) -> list[str]:
-    """`longrope search` of a model directory (byte tokenizer, so the tokenizer is not what fails)."""
-    return search(t, base(t, model={"path": str(model), **model_fields}, data={"tokenizer": "bytes"}))
-
-
-def edit_run(t: Path, name: str, edit: Callable[[str], str]) -> Path:
-    run_dir = finished_run(t)
-    path = run_dir / name
-    path.write_text(edit(path.read_text()))
-    return run_dir
-
-
-def replace_line(text: str, number: int, line: str) -> str:
-    lines = text.splitlines(keepends=True)
-    assert len(lines) > number + 1, "the run's history must have lines after the one replaced"
-    lines[number] = line + "\n"
-    return "".join(lines)
-
-
-def drop_key_of_line(text: str, number: int) -> str:
-    record = json.loads(text.splitlines()[number])
-    del record["key"]
-    return replace_line(text, number, json.dumps(record))
-
-
-def edited_hash(text: str) -> str:
-    data = json.loads(text)
-    data["config_hash"] = "0" * 16
-    return json.dumps(data)
-
-
-def deleted(path: Path) -> Path:
-    path.unlink()
-    return path
-
-
-def alias_bomb(levels: int = 9, width: int = 9) -> str:
-    lines = ["target_length: 1024", 'l0: &l0 ["lol"' + ', "lol"' * (width - 1) + "]"]
-    for level in range(1, levels):
-        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * width) + "]")
-    return "\n".join(lines) + "\n"
-
-
-def random_bytes() -> bytes:
-    data = bytearray(random.Random(0).randbytes(4096))
-    data[100] = 0  # a NUL for certain
-    return bytes(data)
-
 
 # ---- the table: id -> (argv builder, a substring of the one error line) ----
 
@@ -335,167 +216,6 @@ CASES = [
         ),
         "search.seed_files: s.json: rope_parameters.long_factor: factors must be non-decreasing, got 3.0 then 2.0",
         id="validate-offline-still-reads-a-local-seed-file",
-    ),
-    # 3. `longrope encodings factors`
-    pytest.param(
-        lambda t: factors("yarn", "--factor", "1e308", "--original-length", "128", "--head-dim", "32"),
-        "--factor: must be a finite number in (0, 10000], got 1e+308",
-        id="factors-factor-1e308",
-    ),
-    pytest.param(
-        lambda t: factors(
-            "yarn",
-            "--factor",
-            "4",
-            "--original-length",
-            "128",
-            "--head-dim",
-            "32",
-            "--beta-fast",
-            "1",
-            "--beta-slow",
-            "32",
-        ),
-        "--beta-fast: must be greater than --beta-slow (32.0), got 1.0",
-        id="factors-beta-fast-below-slow",
-    ),
-    pytest.param(
-        lambda t: factors("pi", "--factor", "4", "--original-length", "0", "--head-dim", "32"),
-        "--original-length: must be a positive integer, got 0",
-        id="factors-original-length-zero",
-    ),
-    pytest.param(
-        lambda t: factors(
-            "pi", "--factor", "4", "--original-length", "128", "--head-dim", "32", "--target-length", str(2**26 + 1)
-        ),
-        f"--target-length: must be at most {2**26} tokens, got {2**26 + 1}",
-        id="factors-target-length-over-max",
-    ),
-    pytest.param(
-        lambda t: factors("frobnicate", "--original-length", "128", "--head-dim", "32"),
-        "method: unknown value 'frobnicate'",
-        id="factors-unknown-method",
-    ),
-    pytest.param(
-        lambda t: factors("yarn", "--factor", "4", "--original-length", "128", "--head-dim", "32", "--param", "mscale"),
-        "--param: expected KEY=VALUE, got 'mscale'",
-        id="factors-param-without-equals",
-    ),
-    # 4. run directories
-    pytest.param(lambda t: ["status", str(t)], "config.json: missing (is", id="status-no-config"),
-    pytest.param(
-        lambda t: ["status", str(edit_run(t, "config.json", lambda text: json.dumps([json.loads(text)])))],
-        "config.json: not a run config (a JSON list)",
-        id="status-config-json-list",
-    ),
-    pytest.param(
-        lambda t: ["status", str(edit_run(t, "config.json", lambda text: "config_hash = 1\n"))],
-        "config.json: corrupted (Expecting value",
-        id="status-config-not-json",
-    ),
-    pytest.param(
-        lambda t: ["status", str(edit_run(t, "config.json", edited_hash))],
-        "config.json: config_hash does not match its config",
-        id="status-config-hash-edited",
-    ),
-    pytest.param(
-        lambda t: ["status", str(edit_run(t, "history.jsonl", lambda text: replace_line(text, 2, "{not json")))],
-        "history.jsonl:3: corrupted line (not JSON)",
-        id="status-history-line-not-json",
-    ),
-    pytest.param(
-        lambda t: ["status", str(edit_run(t, "history.jsonl", lambda text: replace_line(text, 2, "[1, 2]")))],
-        "history.jsonl:3: corrupted line (a JSON list, not an object)",
-        id="status-history-line-list",
-    ),
-    pytest.param(
-        lambda t: ["status", str(edit_run(t, "history.jsonl", lambda text: drop_key_of_line(text, 2)))],
-        "history.jsonl:3: corrupted line (key: Field required)",
-        id="status-history-line-without-key",
-    ),
-    pytest.param(
-        lambda t: ["search", "--no-progress", "--resume", str(deleted(finished_run(t) / "history.jsonl").parent)],
-        "history.jsonl: lacks",
-        id="resume-history-deleted",
-    ),
-    pytest.param(
-        lambda t: ["search", "--no-progress", "--resume", str(t / "nope")],
-        "nope: no such directory",
-        id="resume-missing-dir",
-    ),
-    pytest.param(
-        lambda t: ["export", str(exportable_run(t))],
-        "export: give -o FILE and/or --into MODEL_DIR",
-        id="export-no-destination",
-    ),
-    pytest.param(
-        lambda t: ["export", str(exportable_run(t)), "-o", str(t)],
-        "is a directory; give a file name",
-        id="export-output-is-dir",
-    ),
-    pytest.param(
-        lambda t: ["export", str(exportable_run(t)), "-o", str(write(t / "file", "x") / "x.json")],
-        "file' is not a directory",
-        id="export-output-under-file",
-    ),
-    pytest.param(
-        lambda t: ["export", str(exportable_run(t)), "--into", str(model_dir(t, head_dim=64, hidden_size=256))],
-        "the model has 32 rotary pairs (head_dim 64), the factors are for 16",
-        id="export-into-other-head-dim",
-    ),
-    pytest.param(
-        lambda t: ["export", str(exportable_run(t)), "--into", str(model_dir(t, max_position_embeddings=128))],
-        "the model's original length is 128, the factors' is 64",
-        id="export-into-other-original-length",
-    ),
-    pytest.param(
-        lambda t: ["export", str(exportable_run(t)), "--into", str(t)],
-        "has no config.json",
-        id="export-into-no-config",
-    ),
-    pytest.param(
-        lambda t: ["export", str(exportable_run(t)), "--into", str(model_dir(t, [LLAMA]))],
-        "config.json' holds a JSON list, not an object",
-        id="export-into-config-list",
-    ),
-    pytest.param(
-        lambda t: ["export", str(exportable_run(t, head_dim=None)), "-o", str(t / "f.json")],
-        "job.json: head_dim: Field required",
-        id="export-job-missing-field",
-    ),
-    # 5. model directories for `longrope search` (each fails before any worker starts)
-    pytest.param(lambda t: model_search(t, model_dir(t)), "has no weights (*.safetensors)", id="model-no-weights"),
-    pytest.param(
-        lambda t: model_search(t, model_dir(t, weights="pytorch_model.bin")),
-        "holds only pickle checkpoints (pytorch_model.bin)",
-        id="model-pickle-only",
-    ),
-    pytest.param(
-        lambda t: search(t, base(t, model={"device": "cuda"})),
-        "device: 'cuda' was asked for but torch sees no CUDA device",
-        id="model-device-cuda",
-    ),
-    pytest.param(
-        lambda t: model_search(
-            t, model_dir(t, weights="model.safetensors", num_attention_heads=3, num_key_value_heads=3, head_dim=None)
-        ),
-        "not a multiple of the number of attention heads",
-        id="model-heads-do-not-divide-hidden",
-    ),
-    pytest.param(
-        lambda t: model_search(t, model_dir(t, weights="model.safetensors", vocab_size=-1)),
-        "negative dimension -1",
-        id="model-negative-vocab-size",
-    ),
-    pytest.param(
-        lambda t: search(t, base(t, model={"attn_implementation": "flash_attention_2"})),
-        "'flash_attention_2' was asked for but flash-attn is not installed",
-        id="model-flash-attention-missing",
-    ),
-    pytest.param(
-        lambda t: model_search(t, model_dir(t, [LLAMA])),
-        "config.json' holds a JSON list, not an object",
-        id="model-config-json-list",
     ),
     # 6. found on review: --set goes through the same YAML guards; values Ray or JSON cannot take
     pytest.param(

@@ -14,45 +14,38 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from estimate_helpers import (
+    DEMO,
+    ROOT,
+    SMALL_FORWARD_BYTES,
+    SMALL_FORWARD_FLOPS,
+    counted_flops,
+    cpu_rates,
+    meta_parameters,
+    small_forward_config,
+    tiny_llama,
+)
+from transformers import LlamaForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from longrope.encodings import LongRope
 from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
 from longrope.search.cost.architecture import KNOWN_MODELS, Architecture, parameter_count
-from longrope.search.cost.budget import backward_flops, search_budget, stage_flops, window_evaluations
+from longrope.search.cost.budget import search_budget, stage_flops
 from longrope.search.cost.estimate import device_estimate
 from longrope.search.cost.flops import elementwise_bytes, forward_flops
 from longrope.search.cost.hardware import FIXED_COST_SHARE_LIMIT, Rates, find_gpu, gpu_rates
 from longrope.search.cost.memory import (
     ForwardShape,
     forwards_per_candidate,
-    gradient_memory,
-    saved_bytes_per_position,
     worker_memory,
     worker_threads,
 )
 from longrope.workers.models import load_model, model_rope, read_model_config
-from longrope.workers.random_llama import llama_config, save_random_llama
+from longrope.workers.random_llama import save_random_llama
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
-
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "configs" / "demo.yaml"
-
-
-def tiny_llama(**changes) -> LlamaConfig:
-    shape = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4)
-    shape.update(num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=128)
-    return llama_config(**{**shape, **changes})
-
-
-def meta_parameters(config) -> int:
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize(
@@ -76,12 +69,6 @@ def test_known_architectures_build_and_count(name):
     settings = KNOWN_MODELS[name]
     config = CONFIG_MAPPING[settings["model_type"]](**{k: v for k, v in settings.items() if k != "model_type"})
     assert parameter_count(Architecture.from_hf_config(settings)) == meta_parameters(config)
-
-
-def counted_flops(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
 
 
 @pytest.mark.parametrize("tokens", [64, 200])
@@ -363,27 +350,6 @@ def test_worker_threads_follow_ray():
     assert worker_threads(config, "3") == 3 and worker_threads(config, "") == 1 and worker_threads(config, "x") == 1
 
 
-def cpu_rates(fixed_cost: float) -> Rates:
-    return Rates(source="by hand", linear=1e10, attention=1e10, lm_head=1e10, memory=1e10, square_matmul=1e10,
-                 forward_fixed_cost=fixed_cost)  # fmt: skip
-
-
-def small_forward_config():
-    """The reference model (d 128, 4 layers, 4 heads of 32, MLP 384, vocabulary 256), one candidate on one window
-    of 32 tokens: one forward a candidate."""
-    return load_job_config(
-        DEMO,
-        ["original_length=16", "target_length=32", "data.search_windows=1", "workers.batch_size=1"],
-    )
-
-
-# By hand for small_forward_config: linear 2 x 32 x 4 x (4 x 128^2 + 3 x 128 x 384) = 54525952, attention
-# 4 x 4 x 4 x 32 x 32^2 / 2 = 1048576, lm_head 2 x 32 x 128 x 256 = 2097152 FLOPs; bytes per position: 4 layers x
-# 7808 values + embedding and final norm 9 x 128 values, x 4 bytes, + cos/sin tables 10.5 x 32 x 4 = 130880.
-SMALL_FORWARD_FLOPS = 54525952 + 1048576 + 2097152
-SMALL_FORWARD_BYTES = 32 * 130880
-
-
 def test_time_adds_forwards_fixed_cost_worked_by_hand():
     config = small_forward_config()
     arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
@@ -441,136 +407,3 @@ def test_forward_fixed_cost_is_measured_for_each_family(name):
     assert (toy.num_layers, toy.head_dim, toy.num_heads, toy.hidden_size) == (arch.num_layers, arch.head_dim, 1,
                                                                               arch.head_dim)  # fmt: skip
     assert forward_fixed_cost_seconds(settings, arch, "float32", "sdpa", 1, time.perf_counter) >= 0
-
-
-# ----------------------------------------------------------------------------------------------------- gradient
-
-
-def test_gradient_budget_worked_by_hand():
-    """The demo (8 search windows, seeds pi/ntk/yarn, 20 generations of 16 after 32) with the gradient optimizers:
-    gradient: 3 seeds + 60 steps + the best on the grid = 64 points on all 8 windows = 512 window evaluations,
-    and 60 steps x (8 - 2 held out) = 360 backward window passes (240 with 4 windows a step); two seed files add
-    at most 2 seeds each; hybrid: 32 + 20 x 16 = 352 GA candidates + 1 polish of the final best x (10 steps + 1 on
-    the grid) = 363 points, 10 x 6 = 60 passes; polishing every 5 generations: 20 / 5 = 4 polishes, 352 + 44 =
-    396 points, 240 passes; every 3: after 3, 6, .., 18 and the last, 7 polishes, 352 + 77 = 429, 420 passes."""
-    gradient = load_job_config(DEMO, ["search.optimizer=gradient"])
-    stage = search_budget(gradient, 128).stages[-1]
-    assert (stage.candidates, stage.windows, stage.backward_windows) == (64, 8, 360)
-    assert window_evaluations(gradient, search_budget(gradient, 128)) == 512
-    fewer = load_job_config(DEMO, ["search.optimizer=gradient", "search.gradient.windows_per_step=4"])
-    assert search_budget(fewer, 128).stages[-1].backward_windows == 240
-    files = load_job_config(DEMO, ["search.optimizer=gradient", "search.seed_files=[a.json, b]"])
-    assert search_budget(files, 128).stages[-1].candidates == 3 + 4 + 60 + 1
-    hybrid = search_budget(load_job_config(DEMO, ["search.optimizer=hybrid"]), 128).stages[-1]
-    assert (hybrid.candidates, hybrid.backward_windows) == (363, 60)
-    for every, candidates, passes in [(5, 396, 240), (3, 429, 420)]:
-        config = load_job_config(DEMO, ["search.optimizer=hybrid", f"search.gradient.polish_every={every}"])
-        stage = search_budget(config, 128).stages[-1]
-        assert (stage.candidates, stage.backward_windows) == (candidates, passes)
-    assert search_budget(load_job_config(DEMO), 128).stages[-1].backward_windows == 0, "the GA takes no backward"
-
-
-def gradient_flop_counts(tmp_path, attn_implementation: str) -> tuple[int, int]:
-    """torch's counter on the project's Scorer: (one window's forward, its gradient pass), 256 tokens."""
-    save_random_llama(tmp_path, tiny_llama())
-    model, rope = load_model(tmp_path, device="cpu", attn_implementation=attn_implementation)
-    scorer = Scorer(model, torch.randint(0, 300, (1, 257)), rope.method.original_inv_freq())
-    candidate = LongRope.from_factors(torch.linspace(1, 2, 8), head_dim=16, original_length=128, target_length=256)
-    forward = counted_flops(lambda: scorer.score([candidate]))
-    return forward, counted_flops(lambda: scorer.score_with_gradient(candidate))
-
-
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_backward_flops_match_torchs_counter_on_the_gradient_scorer(tmp_path, implementation):
-    """What a gradient pass adds to its forward, as `Scorer.score_with_gradient` spends it (checkpoint recompute
-    without down_proj, input gradients only, the first layer's q/k/v and values without a backward): exact with
-    eager attention; with SDPA the counter does not see the CPU flash kernel, so only linear and lm_head compare."""
-    base = {"target_length": 256, "original_length": 128, "model": {"attn_implementation": implementation},
-            "data": {"search_windows": 3}, "search": {"optimizer": "gradient"}}  # fmt: skip
-    config = load_job_config(None, base=base)
-    arch = Architecture.from_hf_config(tiny_llama().to_dict())
-    stage = search_budget(config, 128).stages[-1]
-    forward, gradient = gradient_flop_counts(tmp_path, implementation)
-    extra = backward_flops(config, arch, stage, 128)
-    expected = extra.total if implementation == "eager" else extra.linear + extra.lm_head
-    assert gradient - forward == pytest.approx(expected, rel=1e-9)
-    if implementation == "eager":  # by hand: recompute 90570752 - 2 x 2 x 256 x 64 x 176 (down_proj); backward
-        # linear 47185920 - 2 x 256 x 64 x 128 (layer 0's q/k/v), attention 2 x 33554432 - 8388608, lm_head 9830400
-        assert expected == 90570752 - 11534336 + 47185920 - 4194304 + 67108864 - 8388608 + 9830400
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_saved_bytes_per_position_equal_torchs_saved_tensors(dtype):
-    """A transformers Llama layer past the first (input and cos/sin carrying autograd, weights frozen), SDPA: the
-    bytes of every new storage autograd saves (not the input, cos/sin or weights), per position."""
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    for changes in ({}, {"num_attention_heads": 8, "hidden_size": 128, "intermediate_size": 300}):
-        config = tiny_llama(**changes)
-        config._attn_implementation = "sdpa"
-        torch_dtype = getattr(torch, dtype)
-        layer = LlamaDecoderLayer(config, layer_idx=1).eval().requires_grad_(False).to(torch_dtype)
-        hidden = torch.randn(2, 48, config.hidden_size, dtype=torch_dtype, requires_grad=True)
-        angles = torch.rand(2, 48, config.head_dim, requires_grad=True)
-        cos, sin = angles.cos().to(torch_dtype), angles.sin().to(torch_dtype)
-        known = {t.untyped_storage().data_ptr() for t in (hidden, cos, sin, *layer.parameters())}
-        saved: dict[int, int] = {}
-
-        def pack(tensor, known=known, saved=saved):
-            if tensor.untyped_storage().data_ptr() not in known:
-                saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            layer(hidden, attention_mask=None, position_embeddings=(cos, sin))
-        arch = Architecture.from_hf_config(config.to_dict())
-        assert sum(saved.values()) / (2 * 48) == saved_bytes_per_position(arch, dtype)
-
-
-def test_gradient_memory_worked_by_hand():
-    """d 64, 2 layers, 4 heads and 2 key/value heads of 16, MLP 128, vocabulary 100; 2 rows of 256 positions,
-    float32, SDPA: the forward's memory (test_worker_memory_worked_by_hand) plus the gradient's."""
-    arch = Architecture(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
-                        vocab_size=100)  # fmt: skip
-    shape = ForwardShape(tokens=256, rows=2)
-    forward = worker_memory(arch, shape, "float32", "sdpa")
-    memory = gradient_memory(arch, shape, "float32", "sdpa")
-    checkpoints = 2 * 512 * 64 * 4  # a hidden state per layer
-    # saved per position: (4 x 64 + 4 x 32 + 3 x 128) x 4 + the second norm's input 64 x 4 + (4 + 2) float32 = 3352;
-    # in flight: (64 + max(3 x 128, 2 x 64 + 2 x 32)) x 4 = 1792
-    layer_backward = 512 * (3352 + 1792)
-    loss = forward.loss_chunk + 512 * 64 * 4 + 512 * 100 * 4  # + the hidden states' and a chunk's logits' gradients
-    assert (memory.checkpoints, memory.layer_backward, memory.loss_chunk) == (checkpoints, layer_backward, loss)
-    assert memory.peak == forward.weights + checkpoints + max(forward.forward_peak + layer_backward, loss)
-    assert forward.peak == forward.weights + max(forward.forward_peak, forward.loss_chunk), "forward-only: unchanged"
-
-
-def test_gradient_time_and_memory_per_device():
-    """The demo with the gradient optimizer on a CPU priced by hand (rates 1e10, fixed cost 1 ms): a backward
-    window pass costs its FLOPs and 3 x the forward's elementwise bytes at those rates, plus 2 fixed costs per
-    gradient forward shared by its 2 stacked windows of 1024; the job's hours add 360 of them to 64 candidates
-    (3 seeds, 60 steps, the best on the grid)."""
-    config = load_job_config(DEMO, ["search.optimizer=gradient"])
-    arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
-    device = device_estimate(config, arch, 128, "cpu", cpu_rates(1e-3), None)
-    stage = search_budget(config, 128).stages[-1]
-    extra = backward_flops(config, arch, stage, 128)
-    backward = extra.total / 1e10 + 3 * elementwise_bytes(arch, 1024, 4) / 1e10 + 2 * 1e-3 / 2
-    assert device.gradient_rows_per_forward == 2 and device.seconds_per_backward_window == pytest.approx(backward)
-    assert device.hours == pytest.approx((64 * device.seconds_per_candidate + 360 * backward) / 3600)
-    assert device.gradient_memory == gradient_memory(arch, ForwardShape(tokens=1024, rows=2), "float32", "sdpa")
-    assert device_estimate(load_job_config(DEMO), arch, 128, "cpu", cpu_rates(1e-3), None).gradient_memory is None
-
-
-def test_cli_prints_the_gradient_budget(capsys):
-    assert main(["estimate", str(DEMO), "--set", "search.optimizer=gradient", "--gpu", "H100"]) == 0
-    text = capsys.readouterr().out
-    assert (
-        "64 (3 seeds + 60 steps + 1 on the grid" in text
-        and "360 backward window passes" in text
-        and "memory/grad." in text
-    )
-    assert main(["estimate", str(DEMO), "--set", "search.optimizer=hybrid", "--json", "--gpu", "H100"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["backward_window_passes"] == 60 and result["candidates"] == 363
-    assert result["devices"][0]["gradient_memory"]["checkpoints"] > 0

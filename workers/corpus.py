@@ -60,7 +60,7 @@ def _source_documents() -> list[Document]:
 
 
 def _pydoc_documents() -> list[Document]:
-    from pydoc_data.topics import topics
+    from pydoc_data.topics import topics  # pydoc_data: a large module, read only when the corpus is first built
 
     return [Document(f"pydoc:{name}", f"pydoc:{name}", topics[name]) for name in sorted(topics)]
 

@@ -74,7 +74,7 @@ def _read_jsonl(path: Path, text_field: str) -> list[TextDocument]:
 
 
 def _read_parquet(path: Path, text_field: str) -> list[TextDocument]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # pyarrow: an optional extra, needed only for .parquet sources
 
     try:
         table = pq.read_table(path)

@@ -29,7 +29,7 @@ def model_config(model_dir: Path, *, trust_remote_code: bool = False, config_ove
     `num_hidden_layers: -1` built a model with no layers and `head_dim: 7` failed only in the workers. A key that
     is no attribute of the class is refused, as the load refused it (from_pretrained passes it on to the model's
     constructor, which raises TypeError)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # only where a config is checked
 
     overrides = dict(config_overrides or {})
     try:
@@ -145,7 +145,7 @@ def blamed(model_dir: Path, overrides: dict[str, Any] | None, exc: BaseException
 
 def build_on_meta(config, trust_remote_code: bool):
     """The model built on the meta device: every module and shape, no memory, no weight read."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # only where a model is built
 
     with quiet_transformers(), torch.device("meta"):
         return AutoModelForCausalLM.from_config(
@@ -156,7 +156,7 @@ def build_on_meta(config, trust_remote_code: bool):
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
     """transformers logs and warns about configs it will then refuse; the refusal is the one line to show."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # only where a model is built
 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()

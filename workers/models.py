@@ -180,7 +180,7 @@ def no_progress_bars() -> Iterator[None]:
     """transformers draws a "Loading weights" bar per load: one per worker in a search, one in `verify`, each a
     line of carriage returns in a log. A local load from disk is too short to follow, so the bar is switched off
     for the load and restored after; transformers' warnings and errors are left as they are."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # only where a model is loaded
 
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -213,7 +213,7 @@ def load_model(
 
     `config_overrides` change model config attributes at load (e.g. `sliding_window: None` for Mistral, so every
     token attends to the whole window being scored), through the config class as `check_model` checked them."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # only where a model is loaded
 
     rope = rope_with_overrides(read_model_config(model_dir), config_overrides)
     check_weights(model_dir)

@@ -52,7 +52,7 @@ def save_random_llama(path: Path, config, *, seed: int = 0, weight_scale: float 
     """A `LlamaForCausalLM(config)` initialised under `torch.manual_seed(seed)`, every parameter multiplied by
     `weight_scale` (larger than transformers' init makes positions visibly matter in a test), saved as
     config.json + model.safetensors in `path`."""
-    import torch
+    import torch  # torch: only when a model is made; llama_config above needs transformers alone
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)

@@ -65,7 +65,7 @@ def heldout_perplexity(model, documents: list[np.ndarray], length: int, span: in
 
 def train_reference(out_dir: Path, recipe: TrainingRecipe, *, log=print) -> dict:
     """Train the reference model and write config.json, model.safetensors and training.json to `out_dir`."""
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM  # transformers: only to train; reading the recipe needs none
 
     torch.manual_seed(recipe.seed)
     torch.use_deterministic_algorithms(True)

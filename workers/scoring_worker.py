@@ -76,7 +76,7 @@ class ScoringWorker:
 
     @staticmethod
     def _load_model(spec: ModelSpec):
-        import torch
+        import torch  # torch: in the actor process, so the driver importing this module pays nothing
 
         from longrope.workers.models import load_model
 
@@ -92,7 +92,7 @@ class ScoringWorker:
         )
 
     def _load_windows(self, windows: list[np.ndarray], loss_masks: list[np.ndarray | None]) -> None:
-        import torch
+        import torch  # torch: in the actor process, so the driver importing this module pays nothing
 
         from longrope.workers.scorer import Scorer
 

@@ -24,7 +24,7 @@ class TextTokenizer:
             self._decode = decode_bytes
             self.identity = BYTE_TOKENIZER
             return
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # transformers: only for a model's own tokenizer; bytes need none
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(
