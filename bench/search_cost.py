@@ -28,9 +28,10 @@
    attention factor (temperature) tuned the same way (`yarn_tuned`, wide grid); then the GA's, gradient's and
    hybrid's bests per seed. Test perplexity at 2048 (24 windows), paired interval and ratio to the best baseline
    (tuned included); target: <= 0.6x. Writes search_cost_16x.json and search_cost_16x.png.
-3. cluster (only with --parts cluster): 8 Ray workers with fake GPUs score a synthetic objective (no model) whose
-   latency is 20 ms per window, jittered uniformly by +-30%; worker utilisation = busy time / (workers x wall),
-   generational vs steady (each with and without racing), at the demo's search sizes.
+3. cluster (only with --parts cluster): 8 Ray workers with fake GPUs score the tests' known problem on 8 windows
+   (longrope.search.run.known_problem: no model) with a latency of 20 ms per window, jittered uniformly by +-30%;
+   worker utilisation = busy time / (workers x wall), generational vs steady (each with and without racing), at
+   the demo's search sizes.
 
 Run: .venv/bin/python bench/search_cost.py --seeds 0 1 2 3 4 [--seeds-16x 0 1 2] [--parts model 16x]
      [--variants official_ga gradient hybrid] [--out bench/results]
@@ -60,11 +61,11 @@ from longrope.search.config.job_config import JobConfig
 from longrope.search.config.loading import load_job_config
 from longrope.search.cost.cpu_rates import torch_threads
 from longrope.search.optimizers.factory import make_optimizer
-from longrope.search.optimizers.genome import Seed
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.reports.ntk_tuning import NTK_SCALE_MULTIPLIERS, ntk_grid
-from longrope.search.run.coordinator import Coordinator, SearchProblem
+from longrope.search.run import known_problem
+from longrope.search.run.coordinator import Coordinator
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir
@@ -686,15 +687,7 @@ def print_16x_table(result: dict) -> None:
 
 LATENCY_PER_WINDOW_S = 0.02
 JITTER = 0.3
-SIM_HEAD_DIM, SIM_PAIRS, SIM_ORIGINAL, SIM_TARGET, SIM_WINDOWS = 32, 16, 64, 256, 8
-SIM_OPTIMUM = 1.0 + 3.6 * np.linspace(0.0, 1.0, SIM_PAIRS) ** 1.5
-
-
-def synthetic_nll(factors: np.ndarray, window: int) -> float:
-    """A known objective on 8 windows of different difficulty (log-distance to SIM_OPTIMUM), with window noise."""
-    base = float(np.mean((np.log(factors) - np.log(SIM_OPTIMUM)) ** 2))
-    weight = 1.0 + 0.5 * (((window * 0.618) % 1.0) - 0.5)
-    return base * weight + 0.1 * window + 0.002 * math.sin(1000.0 * float(np.sum(factors)) + 7.0 * window)
+SIM_WINDOWS = 8  # the known problem (longrope.search.run.known_problem) on 8 windows of different difficulty
 
 
 class SyntheticWorker:
@@ -718,36 +711,15 @@ class SyntheticWorker:
             time.sleep(seconds)
             self.busy_s += seconds
             factors = np.asarray(method.long_factor, dtype=np.float64)
-            nll = tuple(synthetic_nll(factors, j) for j in range(start, stop))
+            nll = tuple(known_problem.window_nll(factors, j, SIM_WINDOWS) for j in range(start, stop))
             results.append((key, CandidateScore(nll=nll, tokens=(1,) * len(nll))))
         return results
-
-
-def sim_problem() -> SearchProblem:
-    shape = {"head_dim": SIM_HEAD_DIM, "max_position_embeddings": SIM_TARGET}
-    seeds = [
-        Seed("pi", np.full(SIM_PAIRS, 4.0)),
-        Seed("ntk", NtkRope(factor=4.0, **shape).factors().double().numpy()),
-        Seed("yarn", YarnRope(factor=4.0, original_max_position_embeddings=SIM_ORIGINAL, **shape).factors().numpy()),
-    ]
-
-    def make_candidate(factors, attention_factor=None, n_hat=0):
-        return LongRope.from_factors(
-            torch.as_tensor(factors),
-            head_dim=SIM_HEAD_DIM,
-            original_length=SIM_ORIGINAL,
-            target_length=SIM_TARGET,
-            attention_factor=attention_factor,
-            n_hat=n_hat,
-        )
-
-    return SearchProblem(SIM_PAIRS, 4.0, seeds, make_candidate, windows=SIM_WINDOWS)
 
 
 def simulate(schedule: str, racing: bool, seed: int, work: Path) -> dict:
     config = JobConfig.model_validate(
         {
-            "target_length": SIM_TARGET,
+            "target_length": known_problem.TARGET,
             "output_dir": str(work / f"{schedule}-{racing}-{seed}"),
             "data": {"search_windows": SIM_WINDOWS},
             "search": {
@@ -767,7 +739,7 @@ def simulate(schedule: str, racing: bool, seed: int, work: Path) -> dict:
     pool.worker_info()  # every actor up before the clock starts
     run_dir = RunDir(config.output_dir)
     run_dir.create(config)
-    problem = sim_problem()
+    problem = known_problem.problem(SIM_WINDOWS)
     optimizer = make_optimizer(config.search, pairs=problem.pairs, scale=problem.scale, seeds=problem.seeds)
     coordinator = Coordinator(config.search, problem, run_dir, pool, optimizer)
     workers = len(pool.workers)
