@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from longrope.encodings import LongRope
-from longrope.search.job_config import JobConfig, load_job_config
+from longrope.search.config.job_config import JobConfig
+from longrope.search.config.loading import load_job_config
 from longrope.workers.random_llama import llama_config, save_random_llama
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,6 @@
-"""A cheap known objective for search tests: no model, the optimum is a known factor vector."""
+"""What the search tests share beyond the known problem itself (longrope.search.run.known_problem: a cheap
+objective, no model, the optimum a known factor vector): an in-process evaluator of it, a coordinator built as
+`longrope search` builds one, a finished run directory, and job.json as a model run of the problem's shape writes it."""
 
 from __future__ import annotations
 
@@ -7,16 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from longrope.encodings import LongRope, NtkRope, YarnRope
-from longrope.search.optimizers.genome import Seed
+from longrope.encodings import LongRope
 from longrope.search.run.coordinator import SearchProblem
+from longrope.search.run.known_problem import HEAD_DIM, ORIGINAL, TARGET, problem, window_nll, window_nll_gradient
 from longrope.workers.scorer import CandidateScore
-
-HEAD_DIM, PAIRS, ORIGINAL, TARGET = 32, 16, 64, 256
-OPTIMUM = np.round(1.0 + 3.6 * np.linspace(0.0, 1.0, PAIRS) ** 1.5, 2)  # inside the bound [1, 1.25 x 4]
-
 
 # job.json as a model run of this problem's shape would have written it (export reads it)
 JOB_RECORD = {
@@ -37,57 +34,6 @@ def unloadable_safetensors() -> bytes:
     how a test reaches a worker's own load error."""
     header = json.dumps({"w": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}).encode()
     return len(header).to_bytes(8, "little") + header + bytes(4)
-
-
-def objective(factors: np.ndarray) -> float:
-    return float(np.mean((np.log(factors) - np.log(OPTIMUM)) ** 2))
-
-
-def make_candidate(factors, attention_factor=None, n_hat=0) -> LongRope:
-    return LongRope.from_factors(
-        torch.as_tensor(factors),
-        head_dim=HEAD_DIM,
-        original_length=ORIGINAL,
-        target_length=TARGET,
-        attention_factor=attention_factor,
-        n_hat=n_hat,
-    )
-
-
-def problem(windows: int = 1) -> SearchProblem:
-    shape = {"head_dim": HEAD_DIM, "max_position_embeddings": TARGET}
-    seeds = [
-        Seed("pi", np.full(PAIRS, 4.0)),
-        Seed("ntk", NtkRope(factor=4.0, **shape).factors().double().numpy()),
-        Seed(
-            "yarn", YarnRope(factor=4.0, original_max_position_embeddings=ORIGINAL, **shape).factors().double().numpy()
-        ),
-    ]
-    return SearchProblem(pairs=PAIRS, scale=4.0, seeds=seeds, make_candidate=make_candidate, windows=windows)
-
-
-def window_nll(factors: np.ndarray, window: int, windows: int, wobble: float = 0.002) -> float:
-    """The known objective on one of `windows` windows: window j scales it by w_j and adds an offset o_j (windows
-    differ in difficulty, paired differences keep their sign), plus a candidate-and-window term of size `wobble`
-    (noise that paired differences do not cancel). One window: `objective` itself."""
-    base = objective(factors)
-    if windows == 1:
-        return base
-    weight = 1.0 + 0.5 * (((window * 0.618) % 1.0) - 0.5)
-    noise = wobble * np.sin(1000.0 * float(np.sum(factors)) + 7.0 * window)
-    return base * weight + 0.1 * window + float(noise) + wobble  # + wobble: an NLL is never below 0
-
-
-def window_nll_gradient(factors: np.ndarray, window: int, windows: int, wobble: float = 0.002) -> np.ndarray:
-    """d window_nll / d (factors, attention factor), by hand: d objective / d f_i = 2 (ln f_i - ln opt_i) / (P f_i),
-    times the window's weight, plus the wobble's d/d f_i = 1000 wobble cos(1000 sum f + 7 j); the objective does not
-    depend on the attention factor (its entry is 0)."""
-    base = 2.0 * (np.log(factors) - np.log(OPTIMUM)) / (len(factors) * factors)
-    if windows == 1:
-        return np.append(base, 0.0)
-    weight = 1.0 + 0.5 * (((window * 0.618) % 1.0) - 0.5)
-    noise = 1000.0 * wobble * np.cos(1000.0 * float(np.sum(factors)) + 7.0 * window)
-    return np.append(base * weight + noise, 0.0)
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from search_helpers import PAIRS, objective, problem
 
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import DimMonoEvolution
 from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.run.known_problem import PAIRS, objective, problem
 
 
 def run_generations(settings: SearchConfig, generations: int) -> tuple[DimMonoEvolution, list[list]]:

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 from cli_checks import cli_error_line
-from search_helpers import OPTIMUM, FunctionEvaluator, make_coordinator, objective, problem, window_nll_gradient
+from search_helpers import FunctionEvaluator, make_coordinator
 
 from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
@@ -18,6 +18,7 @@ from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.genome import Genome
 from longrope.search.optimizers.gradient import Parametrization, objective_gradient, subset_mix
 from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.run.known_problem import OPTIMUM, objective, problem, window_nll_gradient
 from longrope.search.run.run_store import RunDir
 
 WINDOWS = 4

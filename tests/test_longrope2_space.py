@@ -13,15 +13,15 @@ import math
 
 import numpy as np
 import pytest
-from search_helpers import PAIRS, objective, problem
 
 from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.search.cli.main import main
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.optimizers.genome import Genome, SearchSpace, Seed, resolve_space
+from longrope.search.run.known_problem import PAIRS, objective, problem
 
-SCALE = 4.0  # search_helpers: 64 -> 256 tokens, 16 pairs, theta 1e4
+SCALE = 4.0  # known_problem: 64 -> 256 tokens, 16 pairs, theta 1e4
 
 
 # ---- the critical dimension ----
@@ -192,7 +192,7 @@ def test_projection_caps_the_last_pair_and_clips_to_length_scale():
 
 
 def test_resolve_space_defaults():
-    # search_helpers' shape: theta 1e4, d 32, L0 64: log(64/2pi)/log(1e4) * 16 = 4.03 -> d_cd 4; length_scale 2 x 4
+    # known_problem's shape: theta 1e4, d 32, L0 64: log(64/2pi)/log(1e4) * 16 = 4.03 -> d_cd 4; length_scale 2 x 4
     space = resolve_space(longrope2(), pairs=PAIRS, scale=SCALE, rope_theta=1e4, rotary_dim=32, original_length=64)
     assert space == SearchSpace("longrope2", critical_dim=4, low=400, high=800, cap=400)
     given = resolve_space(

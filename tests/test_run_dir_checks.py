@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 from cli_checks import cli_error_line
 from rich.console import Console
-from search_helpers import JOB_RECORD, FunctionEvaluator, finished_run, make_coordinator, problem, write_job_record
+from search_helpers import JOB_RECORD, FunctionEvaluator, finished_run, make_coordinator, write_job_record
 
 from longrope.search.cli.main import main
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.config.loading import load_job_config
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.run.coordinator import Coordinator
+from longrope.search.run.known_problem import problem
 from longrope.search.run.run_store import RunDir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

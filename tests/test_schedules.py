@@ -8,12 +8,13 @@ import random
 
 import numpy as np
 import pytest
-from search_helpers import PAIRS, FunctionEvaluator, make_coordinator, objective, problem, run_job
+from search_helpers import FunctionEvaluator, make_coordinator, run_job
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.cmaes import CmaesOptimizer
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.optimizers.genome import Genome, GenomeGrid
+from longrope.search.run.known_problem import PAIRS, objective, problem
 from longrope.search.run.run_store import RunDir
 
 WINDOWS = 8

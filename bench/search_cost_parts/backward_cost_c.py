@@ -1,0 +1,78 @@
+"""c, what a backward pass costs in window-equivalents, measured first on this CPU (the docstring of
+bench/search_cost.py, part 0, says how)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from longrope.search.config.loading import load_job_config
+from longrope.search.cost.cpu_rates import torch_threads
+from longrope.search.run.job_context import JobContext
+from longrope.workers.models import load_model
+from longrope.workers.scorer import Scorer
+from search_cost_parts.variants import ROOT
+
+
+def backward_cost(length: int, rounds: int, work: Path) -> dict[str, Any]:
+    """c at `length`: seconds per window of a gradient task over seconds per window of the GA's forward, minus 1.
+
+    Both sides run in the same process, on the same windows, one torch thread (a demo worker's), alternating, so
+    the machine's load hits both alike; the median of the per-round ratios is c. A single-candidate forward on
+    the same windows (how descent scores its held-out windows) is timed too, to show that the unit does not depend
+    on which forward defines it."""
+    config = load_job_config(ROOT / "configs/demo.yaml", [f"target_length={length}", f"output_dir={work}"])
+    context = JobContext.resolve(config)
+    windows = context.windows(config.data.search_source, length, config.data.search_windows)
+    spec = context.model_spec()
+    model, rope = load_model(
+        context.model_dir, device="cpu", dtype=spec.dtype, attn_implementation=spec.attn_implementation
+    )
+    scorer = Scorer(
+        model,
+        torch.from_numpy(windows.tokens),
+        rope.method.original_inv_freq(),
+        candidates_per_forward=spec.candidates_per_forward,
+        tokens_per_forward=spec.tokens_per_forward,
+        loss_chunk_tokens=spec.loss_chunk_tokens,
+    )
+    gradient_windows = config.data.search_windows - config.search.gradient.holdout_windows
+    share = math.ceil(gradient_windows / config.workers.num_workers)  # one chunk per worker (_point_ranges)
+    span = (0, share)
+    yarn = next(seed for seed in context.seeds() if seed.name == "yarn")
+    candidates = [context.longrope(torch.tensor(yarn.factors), attention_factor=a) for a in (1.10, 1.15, 1.20, 1.25)][
+        : spec.candidates_per_forward
+    ]
+    timings: dict[str, list[float]] = {"forward_batched": [], "forward_one": [], "gradient": []}
+
+    def timed(run, windows_scored: int) -> float:
+        start = time.perf_counter()
+        run()
+        return (time.perf_counter() - start) / windows_scored
+
+    with torch_threads(1):
+        scorer.score(candidates, span)  # warm-up: the allocator's pools, the first autograd graph
+        scorer.score_with_gradient(candidates[0], span)
+        for _ in range(rounds):
+            timings["forward_batched"].append(timed(lambda: scorer.score(candidates, span), share * len(candidates)))
+            timings["gradient"].append(timed(lambda: scorer.score_with_gradient(candidates[0], span), share))
+            timings["forward_one"].append(timed(lambda: scorer.score(candidates[:1], span), share))
+    ratios = [g / f for g, f in zip(timings["gradient"], timings["forward_batched"], strict=True)]
+    ratios_one = [g / f for g, f in zip(timings["gradient"], timings["forward_one"], strict=True)]
+    return {
+        "length": length,
+        "c": statistics.median(ratios) - 1.0,
+        "c_vs_single_candidate_forward": statistics.median(ratios_one) - 1.0,
+        "round_ratios": ratios,
+        "seconds_per_window": {name: statistics.median(values) for name, values in timings.items()},
+        "timings": timings,
+        "rounds": rounds,
+        "windows_per_task": share,
+        "candidates_per_forward": len(candidates),
+        "torch_threads": 1,
+    }
