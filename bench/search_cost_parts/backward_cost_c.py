@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from longrope.search.cost.cpu_rates import torch_threads
 from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model
 from longrope.workers.scorer import Scorer
+from longrope.workers.timing import alternating_times
 from search_cost_parts.variants import ROOT
 
 
@@ -48,20 +48,17 @@ def backward_cost(length: int, rounds: int, work: Path) -> dict[str, Any]:
     candidates = [context.longrope(torch.tensor(yarn.factors), attention_factor=a) for a in (1.10, 1.15, 1.20, 1.25)][
         : spec.candidates_per_forward
     ]
-    timings: dict[str, list[float]] = {"forward_batched": [], "forward_one": [], "gradient": []}
-
-    def timed(run, windows_scored: int) -> float:
-        start = time.perf_counter()
-        run()
-        return (time.perf_counter() - start) / windows_scored
-
-    with torch_threads(1):
-        scorer.score(candidates, span)  # warm-up: the allocator's pools, the first autograd graph
-        scorer.score_with_gradient(candidates[0], span)
-        for _ in range(rounds):
-            timings["forward_batched"].append(timed(lambda: scorer.score(candidates, span), share * len(candidates)))
-            timings["gradient"].append(timed(lambda: scorer.score_with_gradient(candidates[0], span), share))
-            timings["forward_one"].append(timed(lambda: scorer.score(candidates[:1], span), share))
+    windows_scored = {"forward_batched": share * len(candidates), "gradient": share, "forward_one": share}
+    with torch_threads(1):  # warm-up call each first: the allocator's pools, the first autograd graph
+        seconds = alternating_times(
+            {
+                "forward_batched": lambda: scorer.score(candidates, span),
+                "gradient": lambda: scorer.score_with_gradient(candidates[0], span),
+                "forward_one": lambda: scorer.score(candidates[:1], span),
+            },
+            rounds,
+        )
+    timings = {name: [t / windows_scored[name] for t in times] for name, times in seconds.items()}
     ratios = [g / f for g, f in zip(timings["gradient"], timings["forward_batched"], strict=True)]
     ratios_one = [g / f for g, f in zip(timings["gradient"], timings["forward_one"], strict=True)]
     return {
