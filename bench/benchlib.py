@@ -20,9 +20,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from longrope.encodings import LongRope
+from longrope.encodings import LongRope, NtkRope, YarnRope
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.loading import load_job_config
 from longrope.workers.random_llama import llama_config, save_random_llama
@@ -103,6 +104,43 @@ def candidate_set(count: int, rope, target: int) -> list[LongRope]:
         )
         for i in range(count)
     ]
+
+
+def ranking_candidates(rope, target: int, near_ties: int, seed: int = 0) -> dict[str, LongRope]:
+    """Candidates that span bad to good factors and candidates a converging search tells apart, for the model whose
+    RoPE is `rope` (`models.ModelRope`) read at `target` (scale s = target / original length): PI (s everywhere),
+    NTK-aware and YaRN's factors at s, each with attention factor 1 and 1.2; power curves 1 + (s - 1) t^p across
+    the pairs (p = 0.5, 1, 2, 3); and `near_ties` children of YaRN's factors, each factor times exp(N(0, 0.006)) and
+    the attention factor 1.2 + N(0, 0.003) (numpy's generator, `seed`): as close as a GA's late children are."""
+    scale = target / rope.original_length
+    pairs = rope.rotary_dim // 2
+    shape = {"head_dim": rope.head_dim, "max_position_embeddings": target, "rope_theta": rope.rope_theta}
+    closed = {
+        "pi": np.full(pairs, scale),
+        "ntk": NtkRope(factor=scale, **shape).factors().double().numpy(),
+        "yarn": YarnRope(factor=scale, original_max_position_embeddings=rope.original_length, **shape)
+        .factors()
+        .double()
+        .numpy(),
+    }
+    steps = np.linspace(0.0, 1.0, pairs)
+    factors = {f"{name}/{a}": (f, a) for name, f in closed.items() for a in (1.0, 1.2)}
+    factors |= {f"power {p}": (1.0 + (scale - 1.0) * steps**p, 1.2) for p in (0.5, 1.0, 2.0, 3.0)}
+    rng = np.random.default_rng(seed)
+    for k in range(near_ties):
+        child = np.clip(closed["yarn"] * np.exp(rng.normal(0.0, 0.006, pairs)), 1.0, None)
+        factors[f"near tie {k}"] = (child, 1.2 + rng.normal(0.0, 0.003))
+    return {
+        name: LongRope.from_factors(
+            torch.from_numpy(f),
+            head_dim=rope.head_dim,
+            original_length=rope.original_length,
+            target_length=target,
+            rope_theta=rope.rope_theta,
+            attention_factor=float(a),
+        )
+        for name, (f, a) in factors.items()
+    }
 
 
 def d1024_llama(out: Path) -> Path:
