@@ -44,10 +44,18 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "ray": metadata.version("ray"),
+        "ray": installed_version("ray"),
         "torch_threads_of_this_process": torch.get_num_threads(),
         "load_average_1_5_15": list(os.getloadavg()),
     }
+
+
+def installed_version(package: str) -> str | None:
+    """None where the package is not installed (the GPU machine has no Ray: bench/gpu_check.py)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def cpu_model() -> str:
@@ -67,16 +75,24 @@ def command() -> str:
 def provenance() -> dict[str, Any]:
     """The command, the date (UTC), the commit (and whether tracked files differ from it) and the machine: what
     every saved result starts with."""
-    git = ["git", "-C", str(ROOT)]
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    commit, changed = git_output("rev-parse", "HEAD"), git_output("status", "--porcelain", "--untracked-files=no")
     return {
         "command": command(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": commit,
-        "uncommitted_changes": bool(changed.stdout.strip()),
+        "uncommitted_changes": None if changed is None else bool(changed),
         "machine": machine(),
     }
+
+
+def git_output(*args: str) -> str | None:
+    """A git command's output in this checkout; None where there is no git or no repository (a copy of the
+    working tree on the GPU machine)."""
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    except OSError:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def save_json(path: Path, result: dict[str, Any]) -> Path:
