@@ -407,3 +407,23 @@ def test_forward_fixed_cost_is_measured_for_each_family(name):
     assert (toy.num_layers, toy.head_dim, toy.num_heads, toy.hidden_size) == (arch.num_layers, arch.head_dim, 1,
                                                                               arch.head_dim)  # fmt: skip
     assert forward_fixed_cost_seconds(settings, arch, "float32", "sdpa", 1, time.perf_counter) >= 0
+
+
+def test_one_thread_is_timed_in_its_own_cpu_time():
+    """A one-thread worker's forward is timed in thread CPU time, which other processes' load does not reach (the
+    wall clock put the demo at 4.7 s a candidate instead of 0.3 with two test suites running beside it); several
+    threads work outside the calling thread, so they keep the wall clock. Checked here by burning CPU in another
+    thread while timing: thread CPU time does not see it."""
+    import threading
+
+    from longrope.search.cost.cpu_rates import worker_clock
+
+    assert worker_clock(1) is time.thread_time and worker_clock(2) is time.perf_counter
+    stop = threading.Event()
+    burner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)], daemon=True)
+    started_cpu, started_wall = time.thread_time(), time.perf_counter()
+    burner.start()
+    time.sleep(0.3)  # this thread sleeps: no CPU of its own, while the burner holds the GIL and a core
+    stop.set()
+    burner.join()
+    assert time.thread_time() - started_cpu < 0.1 < time.perf_counter() - started_wall
