@@ -38,6 +38,9 @@ def test_rank_agreement_worked_by_hand():
     assert agreement.difference_spread == pytest.approx(np.sqrt(0.4**2 / 5))
     assert agreement.reference_gap == pytest.approx(0.1)
     assert agreement.kendall_tau == pytest.approx((8 - 2) / 10)
+    assert agreement.best_regret == 0.0
+    # the best lost: `other` keeps the second (1.1), which costs 0.1 in the reference's score
+    assert rank_agreement(reference, [1.3, 1.2, 1.4, 1.5, 1.6]).best_regret == pytest.approx(0.1)
 
 
 @pytest.mark.slow

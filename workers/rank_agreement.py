@@ -2,9 +2,10 @@
 worker must keep is the order of the candidates, not their exact NLL.
 
 `rank_agreement(reference, other)` compares two lists of mean NLLs per token, one per candidate in the same order:
-Kendall's tau between them, whether the best candidate and the best k are the same, the largest difference, and
-the spread of the differences about their median. A shift common to every candidate (bfloat16 scoring every
-window a little worse, say) reorders nothing; only the spread can, and only candidates closer than it.
+Kendall's tau between them, whether the best candidate and the best k are the same (and what keeping `other`'s
+best costs in `reference`'s score), the largest difference, and the spread of the differences about their
+median. A shift common to every candidate (bfloat16 scoring every window a little worse, say) reorders nothing;
+only the spread can, and only candidates closer than it.
 
 Used by bench/bf16_ranking.py, bench/gpu_check.py and tests/test_bf16_ranking.py. Plain numpy.
 """
@@ -36,6 +37,7 @@ class RankAgreement:
     candidates: int
     kendall_tau: float
     best_same: bool  # the candidate a search would keep
+    best_regret: float  # reference score of the candidate `other` keeps, less the best reference score (0 if same)
     best_k: int
     best_k_same: bool  # the same k best, in any order
     max_abs_difference: float  # max |other - reference|, nats per token
@@ -56,6 +58,7 @@ def rank_agreement(reference: Sequence[float], other: Sequence[float], best_k: i
         candidates=len(a),
         kendall_tau=kendall_tau(a, b),
         best_same=bool(np.argmin(a) == np.argmin(b)),
+        best_regret=float(a[np.argmin(b)] - a.min()),
         best_k=k,
         best_k_same=set(np.argsort(a, kind="stable")[:k]) == set(np.argsort(b, kind="stable")[:k]),
         max_abs_difference=float(np.abs(difference).max()),
