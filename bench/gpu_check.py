@@ -10,7 +10,9 @@ in bfloat16 with SDPA and scored by the project's own Scorer (no Ray, no files),
    `worker_memory`);
 3. `ranking`: a few candidates (bench/benchlib.py `ranking_candidates`) at 8k in bfloat16 and in float32, ranked
    alike or not (longrope.workers.rank_agreement);
-4. `gradient`: the gradient optimizer's forward + backward (`Scorer.score_with_gradient`, layers checkpointed) at
+4. `overhead`: a 16-token forward, all launch overhead, against what estimate assumes for one (search/cost/
+   hardware.py `gpu_forward_overhead`: ~10 us an eager op, where it withholds GPU times of tiny models);
+5. `gradient`: the gradient optimizer's forward + backward (`Scorer.score_with_gradient`, layers checkpointed) at
    32k: its time and peak memory against the forward's, and memory against estimate's `gradient_memory`.
 It writes one JSON file (`--out`, default $OUT/gpu_check.json where $OUT is set, else
 bench/results/gpu_check.json), each part as it finishes, so a run stopped at its limit keeps what it measured.
@@ -64,6 +66,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from longrope.search.cost.architecture import Architecture  # noqa: E402
 from longrope.search.cost.flops import forward_flops  # noqa: E402
+from longrope.search.cost.hardware import gpu_forward_overhead  # noqa: E402
 from longrope.search.cost.memory import ForwardShape, gradient_memory, worker_memory  # noqa: E402
 from longrope.workers.models import model_rope  # noqa: E402
 from longrope.workers.random_llama import llama_config  # noqa: E402
@@ -181,6 +184,17 @@ def ranking_part(model, config, length: int, count: int, device: Device) -> dict
     return {"tokens": length, "mean_nll": scores, **agreement.as_dict()}
 
 
+def overhead_part(model, config, device: Device, layers: int) -> dict:
+    """One candidate on one 16-token window: no matmul is large enough to matter, so its time is the overhead."""
+    scorer = Scorer(model, torch.randint(0, config.vocab_size, (1, 17)),
+                    model_rope(config.to_dict()).method.original_inv_freq(), candidates_per_forward=1)  # fmt: skip
+    candidate = candidates_for(config, 16, 1)
+    seconds = device.seconds(lambda: scorer.score(candidate), repeats=10, warm_ups=3)
+    assumed = gpu_forward_overhead(layers)
+    print(f"overhead: a 16-token forward {seconds * 1e3:.2f} ms, estimate assumes {assumed * 1e3:.2f} ms", flush=True)
+    return {"forward_seconds": seconds, "estimate_assumes_seconds": assumed, "ratio": seconds / assumed}
+
+
 def gradient_part(model, config, length: int, device: Device, repeats: int) -> dict:
     tokens = torch.randint(0, config.vocab_size, (1, length + 1))
     scorer = Scorer(model, tokens, model_rope(config.to_dict()).method.original_inv_freq(),
@@ -223,6 +237,8 @@ def main() -> None:
     result["forward"] = forward_part(model, config, sizes["lengths"], device, peak, repeats)
     save_json(out, result)
     result["ranking"] = ranking_part(model, config, sizes["ranking_length"], sizes["candidates"], device)
+    save_json(out, result)
+    result["overhead"] = overhead_part(model, config, device, args.layers)
     save_json(out, result)
     result["gradient"] = gradient_part(model, config, sizes["gradient_length"], device, repeats)
     save_json(out, result)

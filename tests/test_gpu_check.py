@@ -43,6 +43,9 @@ def test_dry_run_measures_every_part(tmp_path):
     ranking = result["ranking"]
     assert set(ranking["mean_nll"]) == {"bfloat16", "float32"} and ranking["candidates"] == 2
     assert len(ranking["mean_nll"]["float32"]) == 2
+    overhead = result["overhead"]
+    assert overhead["estimate_assumes_seconds"] == pytest.approx((40 * 2 + 20) * 10e-6)  # 2 layers, by hand
+    assert overhead["ratio"] == pytest.approx(overhead["forward_seconds"] / overhead["estimate_assumes_seconds"])
     gradient = result["gradient"]
     assert gradient["time_ratio"] == pytest.approx(gradient["gradient_seconds"] / gradient["forward_seconds"])
 

@@ -31,7 +31,7 @@ from longrope.search.cost.budget import (
     window_evaluations,
 )
 from longrope.search.cost.flops import Flops, elementwise_bytes
-from longrope.search.cost.hardware import FIXED_COST_SHARE_LIMIT, Rates, seconds
+from longrope.search.cost.hardware import FIXED_COST_SHARE_LIMIT, Rates, gpu_forward_overhead, seconds
 from longrope.search.cost.memory import (
     DTYPE_BYTES,
     Memory,
@@ -69,7 +69,9 @@ class DeviceEstimate(Frozen):
     memory: Memory  # at the longest stage
     memory_capacity_gib: float | None
     forwards_per_candidate: float  # at the target
-    fixed_cost_share: float | None  # the largest share of a candidate's time that is forwards' fixed cost (CPU)
+    # the largest share of a candidate's time that is forwards' fixed cost (CPU: measured, in the time; GPU: the
+    # assumed launch overhead, `hardware.gpu_forward_overhead`, which only withholds)
+    fixed_cost_share: float | None
     time_withheld: str | None  # why the times below are None (`withheld_time`)
     seconds_per_candidate: float | None  # at the target (last stage)
     hours: float | None  # device-hours of the whole job, every candidate on every window (upper bound)
@@ -164,8 +166,12 @@ def device_estimate(
         seconds(s.flops_per_candidate, rates, s.elementwise_bytes_per_candidate, count)
         for s, count in zip(stages, forwards, strict=True)
     ]
-    shares = [count * (rates.forward_fixed_cost or 0.0) / t for count, t in zip(forwards, per_candidate, strict=True)]
-    withheld = withheld_time(stages, shares, rates)
+    fixed = rates.forward_fixed_cost if kind == "cpu" else gpu_forward_overhead(arch.num_layers)
+    overheads = [count * (fixed or 0.0) for count in forwards]
+    # a CPU's time holds its fixed cost already; a GPU's leaves the assumed overhead out, so it is added here
+    totals = per_candidate if kind == "cpu" else [t + o for t, o in zip(per_candidate, overheads, strict=True)]
+    shares = [o / t for o, t in zip(overheads, totals, strict=True)]
+    withheld = withheld_time(stages, shares, fixed or 0.0, kind)
     per_backward = [backward_window_seconds(config, s, rates, kind) for s in stages]
     hours = sum(s.candidates * t + s.backward_windows * b for s, t, b in zip(stages, per_candidate, per_backward,
                                                                              strict=True)) / 3600  # fmt: skip
@@ -186,7 +192,7 @@ def device_estimate(
         memory=worker_memory(arch, shape, dtype, config.model.attn_implementation),
         memory_capacity_gib=capacity_gib,
         forwards_per_candidate=forwards[-1],
-        fixed_cost_share=max(shares) if rates.forward_fixed_cost is not None else None,
+        fixed_cost_share=max(shares) if fixed is not None else None,
         time_withheld=withheld,
         seconds_per_candidate=None if withheld else per_candidate[-1],
         hours=None if withheld else hours,
@@ -215,18 +221,25 @@ def gradient_device_fields(
     }
 
 
-def withheld_time(stages: tuple[StageEstimate, ...], shares: list[float], rates: Rates) -> str | None:
+def withheld_time(
+    stages: tuple[StageEstimate, ...], shares: list[float], fixed: float, kind: Literal["cpu", "gpu"]
+) -> str | None:
     """Why no time is given, or None. Above FIXED_COST_SHARE_LIMIT of a candidate's time in a forward's fixed
-    cost, the estimate rests on its least certain term (a difference of two sub-millisecond timings, which leaves
-    out what tiny ops cost beyond dispatch) and bench/estimate_accuracy.py measured it off by more than 25%."""
+    cost, the estimate rests on its least certain term: on a CPU a difference of two sub-millisecond timings, which
+    leaves out what tiny ops cost beyond dispatch (bench/estimate_accuracy.py measured it off by more than 25%); on
+    a GPU the assumed launch overhead of eager ops, which the FLOP count does not see at all."""
     worst = max(range(len(stages)), key=lambda i: shares[i])
     if shares[worst] <= FIXED_COST_SHARE_LIMIT:
         return None
+    what = {
+        "cpu": "on this CPU: Python, module calls, op dispatch); above "
+        f"{FIXED_COST_SHARE_LIMIT:.0%} the estimate missed real scoring by over 25% (bench/estimate_accuracy.py)",
+        "gpu": "assumed: ~10 us of launch per eager op, hardware.py GPU_OP_OVERHEAD_S); the model is too small for "
+        "its FLOPs to set a GPU's time",
+    }[kind]
     return (
         f"at {stages[worst].length} tokens a candidate's time is {shares[worst]:.0%} forwards' fixed cost "
-        f"({(rates.forward_fixed_cost or 0.0) * 1e3:.2g} ms each on this CPU: Python, module calls, op dispatch); "
-        f"above {FIXED_COST_SHARE_LIMIT:.0%} the estimate missed real scoring by over 25% "
-        "(bench/estimate_accuracy.py). Time a short real run instead: longrope search CONFIG --set "
+        f"({fixed * 1e3:.2g} ms each {what}. Time a short real run instead: longrope search CONFIG --set "
         "search.generations=0"
     )
 

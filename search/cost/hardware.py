@@ -40,6 +40,22 @@ FIXED_COST_SHARE_LIMIT = 0.25
 DEFAULT_MFU = 0.4
 
 
+# What a GPU forward costs whatever its size, in eager PyTorch: every op is launched from Python, about 10 us of
+# dispatch and launch each (PyTorch's own profiler shows 5-20 us of CPU time per eager op; CUDA documents a kernel
+# launch at a few us), and a Llama-family decoder layer runs about 40 ops (two norms of ~5, four projections,
+# the rotary's ~10, attention, the MLP's 5, two residual adds), plus ~20 outside the layers. An assumption, not a
+# measurement: bench/gpu_check.py times a 16-token forward, which is all overhead, where a GPU is at hand. Used only
+# to withhold GPU times that such overhead would dominate (the demo's 0.9M-parameter model: 58 us of FLOPs a
+# candidate against ~1.8 ms a forward); on the shipped 7-8B configs it is under 1% and left out of the time.
+GPU_OP_OVERHEAD_S = 10e-6
+OPS_PER_LAYER, OPS_OUTSIDE_LAYERS = 40, 20
+
+
+def gpu_forward_overhead(num_layers: int) -> float:
+    """Seconds of launch-bound overhead in one eager GPU forward of a model with `num_layers` decoder layers."""
+    return (OPS_PER_LAYER * num_layers + OPS_OUTSIDE_LAYERS) * GPU_OP_OVERHEAD_S
+
+
 def find_gpu(name: str) -> Gpu:
     key = name.lower()
     gpu = GPUS.get(GPU_ALIASES.get(key, key))
