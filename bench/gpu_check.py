@@ -188,7 +188,7 @@ def overhead_part(model, config, device: Device, layers: int) -> dict:
     """One candidate on one 16-token window: no matmul is large enough to matter, so its time is the overhead."""
     scorer = Scorer(model, torch.randint(0, config.vocab_size, (1, 17)),
                     model_rope(config.to_dict()).method.original_inv_freq(), candidates_per_forward=1)  # fmt: skip
-    candidate = candidates_for(config, 16, 1)
+    candidate = candidates_for(config, 2 * config.max_position_embeddings, 1)  # any candidate: 16 tokens read alike
     seconds = device.seconds(lambda: scorer.score(candidate), repeats=10, warm_ups=3)
     assumed = gpu_forward_overhead(layers)
     print(f"overhead: a 16-token forward {seconds * 1e3:.2f} ms, estimate assumes {assumed * 1e3:.2f} ms", flush=True)
