@@ -1,6 +1,6 @@
 """What the benchmark scripts share: where results go and what each records about its run, the candidates they
-time, the random Llama they time at a realistic width, the one-window job, and a run's evaluations trajectory (its cost
-trajectory is the package's `longrope.search.run.trajectory`, which `longrope status --plot` draws).
+time, the random Llama they time at a realistic width, the one-window job, and a run's cost trajectory (the package's
+`longrope.search.run.trajectory`, which `longrope status --plot` draws, re-exported here for the scripts).
 
 The scripts run as `.venv/bin/python bench/NAME.py`, which puts bench/ on the import path, so they import this
 module as `benchlib` and never each other (a script's module-level state stays its own). Timing itself is
@@ -24,6 +24,7 @@ import torch
 from longrope.encodings import LongRope
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.loading import load_job_config
+from longrope.search.run.trajectory import CostPoint as CostPoint  # re-exported: the scripts import it from here
 from longrope.search.run.trajectory import cost_trajectory
 from longrope.workers.random_llama import llama_config, save_random_llama
 

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from benchlib import provenance
+from benchlib import CostPoint, cost_trajectory, provenance
 from rich.console import Console
 
 from longrope.encodings import LongRope, NtkRope, YarnRope
@@ -68,7 +68,6 @@ from longrope.search.run.coordinator import Coordinator, SearchProblem
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir
-from longrope.search.run.trajectory import CostPoint, cost_trajectory
 from longrope.workers.models import load_model
 from longrope.workers.pool import WorkerPool
 from longrope.workers.scorer import CandidateScore, Scorer
