@@ -1,4 +1,5 @@
-"""`longrope validate | search | status | export | compare`: the search service from the command line."""
+"""`longrope validate | search | export | verify | compare`: the search service from the command line (`status`:
+status_command.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.needle_report import needle_table
 from longrope.search.run.job_context import JobContext, offline_checks
 from longrope.search.run.run_store import CONFIG, RunDir
-from longrope.search.run.status import format_status, run_status
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import Terminated, WorkerPoolError
 
@@ -56,13 +56,6 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
     search.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
     search.set_defaults(handler=run_search_command)
-
-    status = subparsers.add_parser("status", help="summarise a running or finished search")
-    status.add_argument("run_dir", help="a run directory (a search's output_dir)")
-    status.add_argument(
-        "--json", action="store_true", help="print the summary as one JSON document (for scripts and dashboards)"
-    )
-    status.set_defaults(handler=run_status_command)
 
     export = subparsers.add_parser("export", help="write a run's best factors (transformers rope_parameters)")
     export.add_argument("run_dir", help="a run directory (a search's output_dir), finished or not: its best so far")
@@ -236,12 +229,6 @@ def _resume_overrides(run_dir: str, overrides: list[str]) -> JobConfig | None:
                 f"--set {text!r}: a resumed run can change only workers.* (where it is scored), not the search"
             )
     return load_job_config(None, overrides, base=RunDir(run_dir).read_config().model_dump(mode="json"))
-
-
-def run_status_command(args: argparse.Namespace) -> int:
-    status = run_status(RunDir(args.run_dir))
-    print(json.dumps(status, indent=2) if args.json else format_status(status))
-    return 0
 
 
 def run_export_command(args: argparse.Namespace) -> int:
