@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from longrope.search.cli.console import cli_console
+from longrope.search.cli.estimate_command import job_backward_cost
 from longrope.search.cli.progress import CountProgress
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.cli.stops import ResumableWorkerError, SigtermSeen, Stopped
@@ -204,6 +205,7 @@ def run_search_command(args: argparse.Namespace) -> int:
             resume_dir=args.resume,
             reporter=ConsoleReporter(cli_console(), show_progress=not args.no_progress),
             sigterm_seen=lambda: SigtermSeen.received,
+            backward_cost=lambda job: job_backward_cost(job)[0],  # search.tensorboard's window-equivalents
         )
     except KeyboardInterrupt as exc:
         started = run_dir.file(CONFIG).exists()
@@ -219,14 +221,15 @@ def run_search_command(args: argparse.Namespace) -> int:
 
 
 def _resume_overrides(run_dir: str, overrides: list[str]) -> JobConfig | None:
-    """`--resume DIR --set workers.X=...`: the stored config scored elsewhere; any other field would change the
-    run itself, which a resume cannot do."""
+    """`--resume DIR --set workers.X=...`: the stored config scored elsewhere (or `search.tensorboard=true`:
+    watched from now on); any other field would change the run itself, which a resume cannot do."""
     if not overrides:
         return None
     for text in overrides:
-        if not text.strip().startswith("workers."):
+        if not text.strip().startswith(("workers.", "search.tensorboard=")):
             raise JobConfigError(
-                f"--set {text!r}: a resumed run can change only workers.* (where it is scored), not the search"
+                f"--set {text!r}: a resumed run can change only workers.* (where it is scored) and "
+                "search.tensorboard (whether TensorBoard watches it), not the search"
             )
     return load_job_config(None, overrides, base=RunDir(run_dir).read_config().model_dump(mode="json"))
 
