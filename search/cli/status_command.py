@@ -125,8 +125,8 @@ def cost_label(priced: list[tuple[float, str]]) -> tuple[str, bool]:
     whether c differs between them (then each such run's line names its own)."""
     if not priced:
         return "window-equivalents (window forward passes: no backward pass in these runs)", False
-    what = "window-equivalents: forward + c × backward window passes"
+    what = "window-equivalents: forward + c × backward window passes"  # two lines: the second names c
     if len({(round(c, 2), source) for c, source in priced}) == 1:
-        return f"{what}, c = {priced[0][0]:.2f} ({priced[0][1]})", False
+        return f"{what}\nc = {priced[0][0]:.2f} ({priced[0][1]})", False
     sources = ", ".join(dict.fromkeys(source for _, source in priced))
-    return f"{what}, c per run in the legend ({sources})", True
+    return f"{what}\nc per run in the legend ({sources})", True
