@@ -21,6 +21,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
+from longrope.search.config.strict import JobConfigError
+from longrope.search.run.jobs import _backward_cost, _Options
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.tensorboard_scalars import INSTALL, TENSORBOARD_DIR
 
@@ -183,3 +185,32 @@ def test_a_resume_may_turn_tensorboard_on_and_nothing_else(tmp_path, capsys, cap
         ["search", "--resume", str(run_dir), "--set", "search.seed=4"], capsys, caplog, folder=tmp_path
     )
     assert "can change only workers.* (where it is scored) and search.tensorboard" in line
+
+
+def test_the_search_asks_its_caller_for_c_only_for_a_watched_run_with_backward_passes(tmp_path):
+    """`run_search(backward_cost=...)` (the CLI passes `longrope estimate`'s c): asked only when search.tensorboard
+    is on and the optimizer takes backward passes; a price that fails is one warning line, and no
+    window_equivalents."""
+    lines, asked = [], []
+
+    class Lines:
+        def log(self, line):
+            lines.append(line)
+
+    def price(config):
+        asked.append(config.search.optimizer)
+        if config.data.search_windows == 3:
+            raise JobConfigError("model.path: no config.json at '/cluster/model'")
+        return 2.5
+
+    options = _Options(Lines(), lambda: False, price)
+    gradient = ["search.optimizer=gradient"]
+    assert _backward_cost(job(tmp_path, windows=4), options) is None, "dim_mono: forward only"
+    assert _backward_cost(job(tmp_path, *gradient, "search.tensorboard=false", windows=4), options) is None
+    assert _backward_cost(job(tmp_path, *gradient, windows=4), options) == 2.5
+    assert asked == ["gradient"] and not lines
+    assert _backward_cost(job(tmp_path, *gradient, windows=3), options) is None
+    assert lines == [
+        "search: warning: search.tensorboard: no search/window_equivalents scalar (model.path: no config.json at "
+        "'/cluster/model')"
+    ]
