@@ -1,5 +1,6 @@
 """What the benchmark scripts share: where results go and what each records about its run, the candidates they
-time, the random Llama they time at a realistic width, the one-window job, and a run's cost trajectory.
+time, the random Llama they time at a realistic width, the one-window job, and a run's cost trajectory (the package's
+`longrope.search.run.trajectory`, which `longrope status --plot` draws, re-exported here for the scripts).
 
 The scripts run as `.venv/bin/python bench/NAME.py`, which puts bench/ on the import path, so they import this
 module as `benchlib` and never each other (a script's module-level state stays its own). Timing itself is
@@ -10,12 +11,10 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import platform
 import subprocess
 import sys
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,8 @@ import torch
 from longrope.encodings import LongRope, NtkRope, YarnRope
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.loading import load_job_config
+from longrope.search.run.trajectory import CostPoint as CostPoint  # re-exported: the scripts import it from here
+from longrope.search.run.trajectory import cost_trajectory
 from longrope.workers.random_llama import llama_config, save_random_llama
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,34 +188,7 @@ def one_window_config(tokens: int, original: int, model: str = "reference") -> J
     return load_job_config(None, base=base)
 
 
-# ---- a search run's cost, read back from its history.jsonl ----
-
-
-@dataclass(frozen=True)
-class CostPoint:
-    forward: int  # window forwards so far
-    backward: int  # of which also had a backward pass
-    cost: float  # window-equivalents so far: forward + c x backward
-    best_nll: float  # best fully scored mean NLL so far
-    best: dict | None  # its record
-
-
-def cost_trajectory(run_dir: Path, c: float) -> list[CostPoint]:
-    """One CostPoint after each history line, in the order written: a line's new windows are its NLLs not
-    counted before (a raced candidate's line may be written twice), its backward windows `backward_windows`."""
-    done: dict[str, int] = {}
-    forward, backward, best, points = 0, 0, None, []
-    for line in (run_dir / "history.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        forward += len(record["nll"]) - done.get(record["key"], 0)
-        backward += int(record.get("backward_windows", 0)) if record["key"] not in done else 0
-        done[record["key"]] = len(record["nll"])
-        scored = record.get("status", "scored") == "scored" and record["mean_nll"] is not None
-        if scored and (best is None or (record["mean_nll"], record["key"]) < (best["mean_nll"], best["key"])):
-            best = record  # best_of's rule: lowest mean NLL, ties by key
-        best_nll = math.inf if best is None else best["mean_nll"]
-        points.append(CostPoint(forward, backward, forward + c * backward, best_nll, best))
-    return points
+# ---- a search run's cost, read back from its history.jsonl (`longrope.search.run.trajectory`) ----
 
 
 def history_trajectory(run_dir: Path) -> list[tuple[int, float]]:

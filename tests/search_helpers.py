@@ -81,8 +81,9 @@ def run_job(config, run_dir, evaluator, *, resume: bool = False):
     return coordinator.run(), coordinator
 
 
-def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem | None = None):
-    """A quiet coordinator for `config` with its optimizer built as `longrope search` builds it."""
+def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem | None = None, **options):
+    """A quiet coordinator for `config` with its optimizer built as `longrope search` builds it; `options` go to
+    the Coordinator (a watcher, a backward_cost)."""
 
     from longrope.search.optimizers.factory import make_optimizer
     from longrope.search.run.coordinator import Coordinator
@@ -95,7 +96,7 @@ def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem |
         seeds=search_problem.seeds,
         mix=search_problem.mix,
     )
-    return Coordinator(config.search, search_problem, run_dir, evaluator, optimizer)
+    return Coordinator(config.search, search_problem, run_dir, evaluator, optimizer, **options)
 
 
 class FunctionEvaluator:

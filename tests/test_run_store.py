@@ -280,8 +280,8 @@ def test_resuming_a_finished_run_starts_no_worker(clean, capsys):
 
 def test_a_run_directory_written_before_racing_still_reads_and_resumes(tmp_path):
     """config.json as the release before racing wrote it: no optimizer/schedule/racing/cmaes fields (nor the
-    later space/critical_dim/length_scale/factor/long_factors/stages and data.objective), and its hash taken over
-    the config without them (computed here from the dump, a second formulation)."""
+    later space/critical_dim/length_scale/factor/long_factors/stages/tensorboard and data.objective), and its hash
+    taken over the config without them (computed here from the dump, a second formulation)."""
     later_search = (
         "gradient",
         "optimizer",
@@ -294,6 +294,7 @@ def test_a_run_directory_written_before_racing_still_reads_and_resumes(tmp_path)
         "factor",
         "long_factors",
         "stages",
+        "tensorboard",  # never part of a run's identity, whatever its value
     )
     config = job(tmp_path, generations=2)
     identity = config.model_dump(mode="json", exclude={"output_dir", "workers"})

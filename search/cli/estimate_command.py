@@ -21,7 +21,7 @@ from longrope.search.cost.architecture import (
     model_config_path,
     read_config_json,
 )
-from longrope.search.cost.budget import search_budget, seed_count
+from longrope.search.cost.budget import backward_cost, search_budget, seed_count
 from longrope.search.cost.estimate import DeviceEstimate, JobEstimate, job_estimate, resolve_original_length
 from longrope.search.cost.hardware import DEFAULT_MFU, Rates, find_gpu, gpu_rates
 from longrope.search.cost.memory import forward_shape, worker_dtype, worker_threads
@@ -73,6 +73,16 @@ def resolve_architecture(config: JobConfig, model_config: str | None) -> tuple[A
         settings = read_config_json(path, overrides)
         return Architecture.from_hf_config(settings, name=name), str(path), settings
     return _known(config.model.path, overrides, f"model.path: no config.json at {str(directory)!r}")
+
+
+def job_backward_cost(config: JobConfig, original_length: int | None = None) -> tuple[float, str]:
+    """(c, the model it was priced for): what `estimate` prices a window's backward pass at, in forwards of it
+    (`cost.budget.backward_cost`), for the job's model as `resolve_architecture` finds it (model.path's
+    config.json, else the known table); a run gives its job.json's `original_length`. The c of the
+    window-equivalents that `status --plot` draws and the TensorBoard scalars count."""
+    arch, _, _ = resolve_architecture(config, None)
+    original = original_length or resolve_original_length(config, arch)
+    return backward_cost(config, arch, original), arch.name
 
 
 def _known(name: str, overrides: dict, problem: str) -> tuple[Architecture, str, dict[str, Any]]:

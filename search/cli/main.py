@@ -14,6 +14,7 @@ from longrope.search.cli import (
     estimate_command,
     extrapolation_command,
     search_commands,
+    status_command,
     train_reference,
 )
 from longrope.search.cli.stops import SigtermSeen, Stopped, raise_terminated
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     encodings_commands.add_parser(subparsers)
     train_reference.add_parser(subparsers)
     search_commands.add_parsers(subparsers)
+    status_command.add_parser(subparsers)
     estimate_command.add_parser(subparsers)
     extrapolation_command.add_parser(subparsers)
     return parser

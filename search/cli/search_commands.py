@@ -1,4 +1,5 @@
-"""`longrope validate | search | status | export | compare`: the search service from the command line."""
+"""`longrope validate | search | export | verify | compare`: the search service from the command line (`status`:
+status_command.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 from longrope.search.cli.console import cli_console
+from longrope.search.cli.estimate_command import job_backward_cost
 from longrope.search.cli.progress import CountProgress
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.cli.stops import ResumableWorkerError, SigtermSeen, Stopped
@@ -32,7 +34,6 @@ from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.needle_report import needle_table
 from longrope.search.run.job_context import JobContext, offline_checks
 from longrope.search.run.run_store import CONFIG, RunDir
-from longrope.search.run.status import format_status, run_status
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import Terminated, WorkerPoolError
 
@@ -56,13 +57,6 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
     search.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
     search.set_defaults(handler=run_search_command)
-
-    status = subparsers.add_parser("status", help="summarise a running or finished search")
-    status.add_argument("run_dir", help="a run directory (a search's output_dir)")
-    status.add_argument(
-        "--json", action="store_true", help="print the summary as one JSON document (for scripts and dashboards)"
-    )
-    status.set_defaults(handler=run_status_command)
 
     export = subparsers.add_parser("export", help="write a run's best factors (transformers rope_parameters)")
     export.add_argument("run_dir", help="a run directory (a search's output_dir), finished or not: its best so far")
@@ -211,6 +205,7 @@ def run_search_command(args: argparse.Namespace) -> int:
             resume_dir=args.resume,
             reporter=ConsoleReporter(cli_console(), show_progress=not args.no_progress),
             sigterm_seen=lambda: SigtermSeen.received,
+            backward_cost=lambda job: job_backward_cost(job)[0],  # search.tensorboard's window-equivalents
         )
     except KeyboardInterrupt as exc:
         started = run_dir.file(CONFIG).exists()
@@ -226,22 +221,17 @@ def run_search_command(args: argparse.Namespace) -> int:
 
 
 def _resume_overrides(run_dir: str, overrides: list[str]) -> JobConfig | None:
-    """`--resume DIR --set workers.X=...`: the stored config scored elsewhere; any other field would change the
-    run itself, which a resume cannot do."""
+    """`--resume DIR --set workers.X=...`: the stored config scored elsewhere (or `search.tensorboard=true`:
+    watched from now on); any other field would change the run itself, which a resume cannot do."""
     if not overrides:
         return None
     for text in overrides:
-        if not text.strip().startswith("workers."):
+        if not text.strip().startswith(("workers.", "search.tensorboard=")):
             raise JobConfigError(
-                f"--set {text!r}: a resumed run can change only workers.* (where it is scored), not the search"
+                f"--set {text!r}: a resumed run can change only workers.* (where it is scored) and "
+                "search.tensorboard (whether TensorBoard watches it), not the search"
             )
     return load_job_config(None, overrides, base=RunDir(run_dir).read_config().model_dump(mode="json"))
-
-
-def run_status_command(args: argparse.Namespace) -> int:
-    status = run_status(RunDir(args.run_dir))
-    print(json.dumps(status, indent=2) if args.json else format_status(status))
-    return 0
 
 
 def run_export_command(args: argparse.Namespace) -> int:

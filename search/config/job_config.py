@@ -99,11 +99,13 @@ class JobConfig(Strict):
         return self
 
     def hash(self) -> str:
-        """Identity of a run: everything that changes its result (not where it is written or who scores it).
+        """Identity of a run: everything that changes its result (not where it is written, who scores it, or
+        whether TensorBoard watches it: `search.tensorboard`).
 
         Search fields added after the first release (LATER_SEARCH_FIELDS) count only when they differ from their
         defaults, so a run directory written before them still matches its config and can be resumed."""
-        identity = self.model_dump(mode="json", exclude={"output_dir", "workers"})
+        unrelated = {"output_dir": True, "workers": True, "search": {"tensorboard"}}
+        identity = self.model_dump(mode="json", exclude=unrelated)
         for section, names, defaults in (
             ("search", LATER_SEARCH_FIELDS, SearchConfig().model_dump(mode="json")),
             ("data", LATER_DATA_FIELDS, DataConfig().model_dump(mode="json")),

@@ -195,6 +195,11 @@ class SearchConfig(Strict):
     stages: tuple[int, ...] = Field(
         default=(), description="progressive search: shorter target lengths first, each seeding the next"
     )
+    tensorboard: bool = Field(
+        default=False,
+        description="write TensorBoard scalars to RUN/tensorboard/ after every generation (the tensorboard extra: "
+        "pip install 'longrope-search[tensorboard]'); not part of the run's identity, like workers",
+    )
 
     @field_validator("stages")
     @classmethod

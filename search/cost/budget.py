@@ -177,3 +177,13 @@ def window_forward_flops(config: JobConfig, arch: Architecture, stage: StageBudg
     causal = attention_fraction(config.model.attn_implementation)
     lm_tokens = objective_loss_tokens(config, stage.length, original_length)
     return forward_flops(arch, stage.length, loss_tokens=lm_tokens, causal=causal)
+
+
+def backward_cost(config: JobConfig, arch: Architecture, original_length: int) -> float:
+    """c, what a window's backward pass costs in forwards of it (`run.trajectory`'s window-equivalents: such a
+    window costs 1 + c): the FLOPs `backward_flops` prices beyond the forward over `window_forward_flops`, at the
+    length of the search's (last) stage. About 1.7 (mostly linear) to 3.5 (mostly flash attention); 2.38 for the
+    demo, where bench/backward_cost.py measured 2.82 on a CPU."""
+    stage = search_budget(config, original_length).stages[-1]
+    forward = window_forward_flops(config, arch, stage, original_length).total
+    return backward_flops(config, arch, stage, original_length).total / forward

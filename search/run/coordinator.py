@@ -25,7 +25,9 @@ Progress: generations are numbered from 0, the initial population (seeds and the
 countdown, `generation_log.py`) goes to the reporter with the progress (`reporting.py`): the command line draws a
 live bar on a terminal, and piped output (nohup, `ray job logs`) gets the lines alone, as they happen. The descent
 loop (gradient steps, the hybrid's polish) is `descent_loop.py`. While it runs the coordinator keeps heartbeat.json
-(`heartbeat.py`) for `status`; nothing it writes there feeds back into the search.
+(`heartbeat.py`) for `status`; nothing it writes there feeds back into the search. After every generation (and
+descent or polish step) it tells its `ProgressWatcher` where the run stands: with `search.tensorboard: true`,
+TensorBoard scalars in RUN/tensorboard/ (`tensorboard_scalars.py`), which feed nothing back either.
 """
 
 from __future__ import annotations
@@ -47,10 +49,20 @@ from longrope.search.run.generation_log import (
     held_out_countdown_text,
 )
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
-from longrope.search.run.reporting import SearchReporter, SilentReporter
+from longrope.search.run.reporting import Progress, ProgressWatcher, SearchReporter, SilentReporter
 from longrope.search.run.run_check import check_history_holds
-from longrope.search.run.run_store import FINAL_STATUSES, History, RunDir, RunState, RunStoreError, best_of, final_count
+from longrope.search.run.run_store import (
+    FINAL_STATUSES,
+    History,
+    RunDir,
+    RunState,
+    RunStoreError,
+    best_of,
+    final_count,
+    window_passes,
+)
 from longrope.search.run.search_problem import Candidate, Evaluator, SearchProblem
+from longrope.search.run.tensorboard_scalars import TENSORBOARD_DIR, TensorBoardScalars
 from longrope.workers.scorer import CandidateScore
 
 
@@ -65,7 +77,9 @@ class _Race:
 
 class Coordinator(DescentLoop):
     """Joins an optimizer (ask/tell) to an evaluator (the worker pool); records every result in the run directory,
-    reports progress to a reporter, and keeps heartbeat.json while it runs."""
+    reports progress to a reporter, and keeps heartbeat.json while it runs. `watcher`: told the run's progress
+    after every generation (default: TensorBoard scalars when `settings.tensorboard`, their window-equivalents
+    counting a backward pass as `backward_cost` forwards)."""
 
     def __init__(
         self,
@@ -77,11 +91,17 @@ class Coordinator(DescentLoop):
         *,
         reporter: SearchReporter | None = None,
         heartbeat: HeartbeatWriter | None = None,
+        watcher: ProgressWatcher | None = None,
+        backward_cost: float | None = None,
     ):
         self.settings, self.problem, self.run_dir, self.evaluator = settings, problem, run_dir, evaluator
         self.optimizer = optimizer
         self.heartbeat = heartbeat or HeartbeatWriter(run_dir.file(HEARTBEAT))
         self.reporter = reporter or SilentReporter()
+        if watcher is None and settings.tensorboard:  # a forward-only optimizer's window-equivalents need no c
+            forward_only = settings.optimizer not in ("gradient", "hybrid")
+            watcher = TensorBoardScalars(run_dir.file(TENSORBOARD_DIR), 0.0 if forward_only else backward_cost)
+        self.watcher = watcher
         self.groups = window_groups(problem.windows, settings.racing)
         self.history: dict[str, dict[str, Any]] = {}
         self.races: dict[str, _Race] = {}
@@ -138,17 +158,21 @@ class Coordinator(DescentLoop):
         """Run until the optimizer stops (or early stopping); returns the best candidate's history record.
         heartbeat.json says the run is alive meanwhile, and records how it ended (an exception: which one)."""
         done = final_count(self.history)
-        with self.heartbeat.held(), self.reporter.progress(self._expected_evaluations(), done) as bar:
-            self.bar = bar
-            if not bar.live:  # no bar: say at once what is being scored, not only when generation 0 ends
-                generation = generation_label(self.optimizer.generation, self.total_generations)
-                self._log(f"search: scoring {generation}, {done} evaluations done")
-            if self.descent:
-                self._run_descent(self.optimizer, self._end_descent_generation)
-            elif self.steady:
-                self._run_steady()
-            else:
-                self._run_generational()
+        try:
+            with self.heartbeat.held(), self.reporter.progress(self._expected_evaluations(), done) as bar:
+                self.bar = bar
+                if not bar.live:  # no bar: say at once what is being scored, not only when generation 0 ends
+                    generation = generation_label(self.optimizer.generation, self.total_generations)
+                    self._log(f"search: scoring {generation}, {done} evaluations done")
+                if self.descent:
+                    self._run_descent(self.optimizer, self._end_descent_generation)
+                elif self.steady:
+                    self._run_steady()
+                else:
+                    self._run_generational()
+        finally:
+            if self.watcher is not None:
+                self.watcher.close()
         return self.best_record()
 
     def best_record(self) -> dict[str, Any]:
@@ -343,6 +367,16 @@ class Coordinator(DescentLoop):
             self.stopped_early = self.stopped_early or gain < self.settings.early_stop.min_improvement
         self._log(self._generation_line(seconds))
         self.heartbeat.beat()
+        self._tell_watcher()
+
+    def _tell_watcher(self) -> None:
+        """The run's progress, counted from its history as `status` counts it, to the watcher (if any)."""
+        if self.watcher is None:
+            return
+        best, (forward, backward) = best_of(self.history), window_passes(self.history)
+        done = final_count(self.history)
+        nll = best["mean_nll"] if best else None
+        self.watcher.update(Progress(self.optimizer.generation - 1, done, forward, backward, nll))
 
     def _generation_line(self, seconds: float) -> str:
         """The line for the generation just ended (`generation_log.generation_line`), with the countdown of the

@@ -80,6 +80,7 @@ class DescentLoop:
         what = "on the grid" if polisher.stop() else f"step {step}/{last - 1}"
         self._log(f"polish {what}  best ppl {math.exp(best_nll):.4f}  ({seconds:.1f}s)")
         self.heartbeat.beat()
+        self._tell_watcher()
         self._write_state()
 
     def _score_points(self, points: list, generation: int) -> list[dict[str, Any]]:

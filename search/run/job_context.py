@@ -18,6 +18,7 @@ from longrope.search.run.job_record import RopeShape
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir, RunStoreError
 from longrope.search.run.stages import last_stage
+from longrope.search.run.tensorboard_scalars import check_tensorboard
 from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
 from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
@@ -241,6 +242,7 @@ class JobContext:
             ),
             validation_check("search.seeds", [seed.name for seed in seeds], "ok", "seeds and seed files resolved"),
             *data_source_checks(self.config),
+            *tensorboard_checks(self.config),
         ]
 
     def check_model(self) -> None:
@@ -335,6 +337,7 @@ def offline_checks(config: JobConfig) -> list[dict]:
         validation_check("search.seeds", list(config.search.seeds), "skipped", "computed from the model's RoPE"),
         *[_offline_factors_check(field, path) for field, path in _factors_paths(config)],
         *data_source_checks(config, offline=True),
+        *tensorboard_checks(config, offline=True),
     ]
 
 
@@ -365,6 +368,21 @@ def tokenizer_source(config: JobConfig, model_dir: Path) -> str | Path:
     if not Path(choice).is_dir():
         raise DataError(f"data.tokenizer: {choice!r} is neither 'model', 'bytes' nor a tokenizer directory")
     return Path(choice)
+
+
+def tensorboard_checks(config: JobConfig, *, offline: bool = False) -> list[dict]:
+    """`search.tensorboard: true` needs the tensorboard package on the machine that runs `longrope search`
+    (--offline: maybe not this one, so a missing package is a skip there, not an error)."""
+    if not config.search.tensorboard:
+        return []
+    try:
+        check_tensorboard(config)
+    except JobConfigError as exc:
+        if not offline:
+            raise
+        return [validation_check("search.tensorboard", True, "skipped", f"--offline: {exc}")]
+    detail = "the tensorboard package is installed (scalars go to RUN/tensorboard/)"
+    return [validation_check("search.tensorboard", True, "ok", detail)]
 
 
 def validation_check(what: str, value, result: str, detail: str) -> dict:

@@ -28,8 +28,9 @@ from longrope.search.run.reporting import SearchReporter, SilentReporter
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_json_atomic
 from longrope.search.run.stages import is_staged, stage_configs, stage_run_dirs
+from longrope.search.run.tensorboard_scalars import check_tensorboard
 from longrope.workers.corpus import corpus_provenance
-from longrope.workers.errors import DataError
+from longrope.workers.errors import DataError, ModelLoadError
 from longrope.workers.windows import Windows
 
 
@@ -39,13 +40,16 @@ def run_search(
     resume_dir: str | Path | None = None,
     reporter: SearchReporter | None = None,
     sigterm_seen: Callable[[], bool] = lambda: False,
+    backward_cost: Callable[[JobConfig], float] | None = None,
 ) -> dict[str, Any]:
     """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record.
     `reporter`: where its lines and progress go (the command line's draws on a terminal; none: nothing is shown).
     `sigterm_seen`: whether the process got SIGTERM (the CLI knows; Ray may report one as Ctrl-C), so that
-    heartbeat.json records the true cause of a stop."""
+    heartbeat.json records the true cause of a stop. `backward_cost`: what a job's backward window pass costs in
+    forwards (the CLI's: `longrope estimate`'s c), for the window-equivalents of `search.tensorboard`'s scalars;
+    asked only for a run that takes backward passes."""
     reporter = reporter or SilentReporter()
-    options = _Options(reporter, sigterm_seen)
+    options = _Options(reporter, sigterm_seen, backward_cost)
     if resume_dir:
         RunDir(resume_dir).check_directory()  # a missing folder, a file, a link loop, a path too long: one line
     if resume_dir and (finished := _finished_already(RunDir(resume_dir), config, reporter)):
@@ -71,10 +75,12 @@ def run_search(
 
 @dataclass(frozen=True)
 class _Options:
-    """How a search reports (lines and progress), and the CLI's SIGTERM flag: handed on to every stage."""
+    """How a search reports (lines and progress), the CLI's SIGTERM flag and its price of a backward pass: handed
+    on to every stage."""
 
     reporter: SearchReporter
     sigterm_seen: Callable[[], bool]
+    backward_cost: Callable[[JobConfig], float] | None = None
 
 
 def _finished_already(run_dir: RunDir, config: JobConfig | None, reporter: SearchReporter) -> dict[str, Any] | None:
@@ -154,13 +160,16 @@ def _run_stages(config: JobConfig | None, resume_dir: str | Path | None, options
             folder = RunDir(stage.output_dir)
             reporter.log(f"search {config.name}: stage {index + 1}/{len(stages)} at {stage.target_length} tokens")
             started = folder.file(CONFIG).is_file()
-            if started:
-                stage = folder.read_config().model_copy(update={"workers": config.workers})
+            if started:  # on the workers given now, watched as asked now (neither is part of a run's identity)
+                stored_stage = folder.read_config()
+                watched = stored_stage.search.model_copy(update={"tensorboard": config.search.tensorboard})
+                stage = stored_stage.model_copy(update={"workers": config.workers, "search": watched})
             best = run_search(
                 stage,
                 resume_dir=folder.path if started else None,
                 reporter=reporter,
                 sigterm_seen=options.sigterm_seen,
+                backward_cost=options.backward_cost,
             )
         return best
 
@@ -185,7 +194,9 @@ def _checked_context(config: JobConfig) -> JobContext:
     """Resolve and check the model, the seeds, the test data and the cluster; writes nothing. The test source is
     read only by `compare`, after the search: it is read here as `validate` reads it, so a typo in it stops the job
     now and not after hours of scoring. A cluster address is connected to here (bounded), so "auto" with no
-    cluster, or a dead one, fails before the run directory is made."""
+    cluster, or a dead one, fails before the run directory is made. TensorBoard scalars asked for where the
+    package is missing are refused first."""
+    check_tensorboard(config)
     context = JobContext.resolve(config)
     context.space()
     context.seeds()
@@ -232,7 +243,23 @@ def _coordinator(config: JobConfig, context: JobContext, run_dir: RunDir, option
         optimizer,
         reporter=options.reporter,
         heartbeat=heartbeat,
+        backward_cost=_backward_cost(config, options),
     )
+
+
+def _backward_cost(config: JobConfig, options: _Options) -> float | None:
+    """c for the TensorBoard scalars' window-equivalents: only a watched run with backward passes needs one; one
+    that cannot be priced (its model's shape unknown here) writes no window-equivalents, and says so."""
+    if not config.search.tensorboard or config.search.optimizer not in ("gradient", "hybrid"):
+        return None
+    why = "no price for a backward pass was given"
+    if options.backward_cost is not None:
+        try:
+            return options.backward_cost(config)
+        except (JobConfigError, ModelLoadError) as exc:
+            why = str(exc)
+    options.reporter.log(f"search: warning: search.tensorboard: no search/window_equivalents scalar ({why})")
+    return None
 
 
 def _run(coordinator: Coordinator, context: JobContext, windows: Windows, reporter: SearchReporter) -> dict[str, Any]:

@@ -180,6 +180,7 @@ class History:
     records: dict[str, dict[str, Any]]
     torn_tail: bytes = b""
     good_length: int = 0  # bytes up to and including the last complete line
+    lines: tuple[dict[str, Any], ...] = ()  # every complete line in the order written (partial ones too)
 
 
 class RunDir:
@@ -334,8 +335,10 @@ class RunDir:
         good_length = data.rfind(b"\n") + 1
         records: dict[str, dict[str, Any]] = {}
         final_lines: dict[str, int] = {}
+        lines: list[dict[str, Any]] = []
         for number, line in enumerate(data[:good_length].splitlines(), start=1):
             key, record = _history_entry(path, number, line)
+            lines.append(record)
             if key in final_lines:  # nothing is scored twice: a resumed run takes the final record it finds
                 raise RunStoreError(
                     f"{path}:{number}: a second record for candidate {key}, which line {final_lines[key]} already "
@@ -344,7 +347,7 @@ class RunDir:
             records[key] = record  # a partial record is replaced by the next one for its key
             if record.get("status", "scored") in FINAL_STATUSES:
                 final_lines[key] = number
-        return History(records, data[good_length:], good_length)
+        return History(records, data[good_length:], good_length, tuple(lines))
 
     def cut_torn_history(self, history: History) -> None:
         """Drop a torn last line, so the next append starts on a line of its own (the writer does this on resume)."""
