@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # The wheels bench/gpu_check.py needs on the GPU machine, whose image (Python 3.12, torch, transformers, numpy,
-# PyYAML, rich, safetensors) has no pydantic and reaches no registry: downloaded here into .whl/ (ignored by git),
+# PyYAML, rich, safetensors) has no pydantic and reaches no registry: downloaded here into .whl/ (.gitignore'd),
 # carried there with the checkout, and installed there with
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 # pydantic-core is a compiled wheel (about 2 MB), the others pure Python; the versions this project is tested with (make install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
