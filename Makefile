@@ -6,8 +6,14 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst /,_,$(subst =,_,$(subst >,_,$(subst <,_,$(TORCH)))))
+# vLLM for the tests marked `vllm` (its own rotary code against transformers'): the pinned wheel and the few modules
+# its imports need, all with --no-deps (its requirements pin a CUDA torch and an older transformers), into a folder
+# of their own that only that pytest run puts on PYTHONPATH; the main suite never sees it.
+VLLM_SITE ?= .vllm-site
+VLLM_REQUIREMENTS := tests/vllm-requirements.txt
+VLLM_STAMP := $(VLLM_SITE)/.installed
 
-.PHONY: install test demo lint clean
+.PHONY: install install-vllm test demo lint clean
 
 install: $(STAMP)
 
@@ -18,9 +24,21 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-test: $(STAMP)
+# The CPU torch and vLLM's folder install side by side (the latter with the interpreter's own pip, ~30 s);
+# the vLLM tests run last, in their own process, where a missing vLLM fails instead of skipping.
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_REQUIREMENTS)
+	rm -rf $(VLLM_SITE)
+	PIP_ROOT_USER_ACTION=ignore $(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
+		--target $(VLLM_SITE) -r $(VLLM_REQUIREMENTS)
+	touch $@
+
+test:
+	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not vllm"
+	LONGROPE_REQUIRE_VLLM=1 PYTHONPATH=$(abspath $(VLLM_SITE)) $(BIN)/python -m pytest -m vllm
 
 DEMO_DIR ?= runs/demo
 
@@ -38,4 +56,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_SITE) build dist *.egg-info

@@ -11,9 +11,12 @@ Dynamic (transformers 5.x `modeling_rope_utils.py`, `_compute_dynamic_ntk_parame
 `L0 = max_position_embeddings` (not `original_max_position_embeddings`) and `L = max(seq_len, L0)`,
 `b' = b * (s * L / L0 - (s - 1)) ** (d / (d - 2))`, attention factor 1; at L <= L0 the bracket is 1, plain RoPE.
 Worked values (d 128, b 1e4, L0 4096, s 2): L 8192 gives b' 30527.7, L 16384 gives 72195.7. When a running model
-recomputes is transformers' `dynamic_rope_update` decorator (`DynamicFrequencyCache`). vLLM 0.33's
-`DynamicNTKScalingRotaryEmbedding` builds one static table at its maximum length instead, and older vLLM used
-the constant `s**2 - s + 1` (vllm#3488, fixed by vllm#41277), so vLLM is not the reference for dynamic NTK.
+recomputes is transformers' `dynamic_rope_update` decorator (`DynamicFrequencyCache`). vLLM 0.33.0's
+`DynamicNTKScalingRotaryEmbedding` (dynamic_ntk_scaling_rope.py) instead builds one static table of P =
+max_position_embeddings rows on `b * (s * P / max_trained_positions - (s - 1)) ** (d / (d - 2))`, which is b itself
+when the config has no `max_trained_positions` (plain RoPE, as transformers up to P; tests/test_runtimes.py checks
+it), and older vLLM used the constant `s**2 - s + 1` (vllm#3488, fixed by vllm#41277), so vLLM is not the reference for
+dynamic NTK.
 """
 
 from __future__ import annotations

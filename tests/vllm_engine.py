@@ -1,0 +1,125 @@
+"""vLLM's own rotary code on the CPU, as a vLLM engine would build it for a model directory.
+
+vLLM 0.33.0's wheel is built against a CUDA torch, but its rotary package imports and runs on our pinned CPU
+torch when the wheel is installed with `--no-deps` next to the few modules its imports need
+(tests/vllm-requirements.txt; `make test` installs them into .venv/vllm-site and runs the tests marked `vllm` with
+that folder on PYTHONPATH). What the tests here read is vLLM's code end to end:
+- `engine_rope`: the engine's config from the model's config.json (`vllm.config.ModelConfig`, which also derives
+  `max_model_len` when none is given, in `_get_and_verify_max_len`, vllm/config/model.py), set as the current
+  config, then `get_rope` called with the arguments vLLM's Llama attention passes
+  (vllm/model_executor/models/llama.py: head_dim, `max_position=config.max_position_embeddings`,
+  `rope_parameters=config.rope_parameters`, neox style, the default dtype);
+- `applied_cos_sin`: the cos/sin the module's forward applies at positions 0..n-1, read off by rotating basis
+  vectors (query head i is the unit vector e_i, so its output holds cos_i at i and sin_i at i + d/2): the forward
+  picks the rows (vLLM's LongRoPE offsets them into its long table when the engine's max_model_len is past L0),
+  so nothing of vLLM's indexing is copied here. On the CPU the forward is vLLM's PyTorch-native one
+  (`RotaryEmbedding.forward_native`); its CUDA kernel reads the same `cos_sin_cache`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from longrope.workers.random_llama import llama_config
+
+REQUIRE_VLLM = "LONGROPE_REQUIRE_VLLM"  # set by `make test`: vLLM missing there is a failure, not a skip
+REQUIREMENTS = Path(__file__).with_name("vllm-requirements.txt")
+
+
+def pinned_vllm_version() -> str:
+    lines = REQUIREMENTS.read_text().splitlines()
+    return next(line.split("==")[1].strip() for line in lines if line.startswith("vllm=="))
+
+
+def require_vllm():
+    """vLLM, or a skip where it is not installed (a plain `pytest`); under `make test` (LONGROPE_REQUIRE_VLLM=1)
+    its absence is an error, and the version must be the pinned one the README names."""
+    if os.environ.get(REQUIRE_VLLM) != "1":
+        return pytest.importorskip("vllm", reason="vLLM is not installed here; `make test` installs and runs it")
+    vllm = importlib.import_module("vllm")
+    assert vllm.__version__ == pinned_vllm_version(), f"{vllm.__file__} is vLLM {vllm.__version__}"
+    return vllm
+
+
+def write_model_config(
+    folder: Path, block: dict, *, head_dim: int, max_position_embeddings: int, top_level_original: int | None = None
+) -> Path:
+    """A one-layer Llama's config.json with `block` as its rope_parameters, written as `longrope export` writes a
+    block into a model's config (`factors_export.config_with_block`), no weights (neither runtime's rotary code
+    reads any). `top_level_original` adds the Phi-3-style top-level `original_max_position_embeddings`."""
+    config = llama_config(
+        hidden_size=4 * head_dim,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        vocab_size=32,
+        max_position_embeddings=max_position_embeddings,
+    ).to_dict()
+    config["rope_parameters"] = dict(block)
+    config["architectures"] = ["LlamaForCausalLM"]
+    if top_level_original is not None:
+        config["original_max_position_embeddings"] = top_level_original
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def engine_rope(model_dir: Path, max_model_len: int | None = None):
+    """(vLLM's rotary module for the model, the engine's max_model_len): `max_model_len` None is an engine
+    started without `--max-model-len`. vLLM memoises `get_rope` on its arguments, which do not include the
+    engine's max_model_len that its LongRoPE reads at construction: one engine per process never notices, a
+    test that builds several must empty that cache first."""
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers import rotary_embedding
+
+    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=max_model_len)
+    # the CPU named: vLLM's CUDA wheel finds no platform of its own on a CPU torch
+    engine = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
+    hf_config = model_config.hf_config
+    rotary_embedding._ROPE_DICT.clear()
+    with set_current_vllm_config(engine):
+        rope = rotary_embedding.get_rope(
+            hf_config.head_dim,
+            max_position=hf_config.max_position_embeddings,
+            rope_parameters=hf_config.rope_parameters,
+            is_neox_style=True,
+        )
+    return rope, model_config.max_model_len
+
+
+def applied_cos_sin(rope, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, rotary_dim / 2] that vLLM's module applies at positions 0..length-1 (a prompt of
+    `length` tokens), mscale included: its forward run on unit vectors."""
+    pairs = rope.rotary_dim // 2
+    index = torch.arange(pairs)
+    probe = torch.zeros(length, pairs, rope.head_size)
+    probe[:, index, index] = 1.0
+    probe = probe.reshape(length, pairs * rope.head_size)
+    with torch.no_grad():
+        query, _ = rope(torch.arange(length), probe.clone(), probe.clone())
+    query = query.view(length, pairs, rope.head_size)
+    return query[:, index, index], query[:, index, index + pairs]
+
+
+def transformers_cos_sin(model_dir: Path, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, rotary_dim / 2] that transformers applies to a prompt of `length` tokens: the same
+    config.json read by `AutoConfig`, its Llama rotary module (which picks LongRoPE's factors per forward from
+    max(position) + 1), the first half of its rotate_half layout."""
+    rotary = LlamaRotaryEmbedding(AutoConfig.from_pretrained(model_dir, local_files_only=True))
+    with torch.no_grad():
+        cos, sin = rotary(torch.zeros(1), torch.arange(length)[None])
+    pairs = cos.shape[-1] // 2
+    return cos[0, :, :pairs], sin[0, :, :pairs]
+
+
+def max_diff(a, b) -> float:
+    return max(float((a[i] - b[i]).abs().max()) for i in (0, 1))
