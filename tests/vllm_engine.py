@@ -25,10 +25,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import hf_config
 from transformers import AutoConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-from longrope.workers.random_llama import llama_config
 
 REQUIRE_VLLM = "LONGROPE_REQUIRE_VLLM"  # set by `make test`: vLLM missing there is a failure, not a skip
 REQUIREMENTS = Path(__file__).with_name("vllm-requirements.txt")
@@ -55,16 +54,9 @@ def write_model_config(
     """A one-layer Llama's config.json with `block` as its rope_parameters, written as `longrope export` writes a
     block into a model's config (`factors_export.config_with_block`), no weights (neither runtime's rotary code
     reads any). `top_level_original` adds the Phi-3-style top-level `original_max_position_embeddings`."""
-    config = llama_config(
-        hidden_size=4 * head_dim,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        head_dim=head_dim,
-        vocab_size=32,
-        max_position_embeddings=max_position_embeddings,
-    ).to_dict()
-    config["rope_parameters"] = dict(block)
+    plain = {"rope_type": "default", "rope_theta": 10000.0}
+    config = hf_config(plain, head_dim=head_dim, max_position_embeddings=max_position_embeddings).to_dict()
+    config["rope_parameters"] = dict(block)  # as export writes it, not as a LlamaConfig would normalise it
     config["architectures"] = ["LlamaForCausalLM"]
     if top_level_original is not None:
         config["original_max_position_embeddings"] = top_level_original
