@@ -84,7 +84,7 @@ def mean_nll(model_dir: Path, windows: np.ndarray, candidates: dict, dtype: str,
         started = time.perf_counter()
         scores = scorer.score(list(candidates.values()))
         seconds = time.perf_counter() - started
-    return [sum(s.nll) / sum(s.tokens) for s in scores], seconds
+    return [s.mean_nll for s in scores], seconds
 
 
 def compare(model_dir: Path, windows: np.ndarray, target: int, near_ties: int, variants) -> dict:

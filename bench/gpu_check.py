@@ -8,8 +8,9 @@ in bfloat16 with SDPA and scored by the project's own Scorer (no Ray, no files),
    `longrope estimate` counts a forward (search/cost/flops.py `forward_flops`, SDPA's causal half), MFU against
    the measured peak, and the peak memory torch allocated against estimate's figure (search/cost/memory.py
    `worker_memory`);
-3. `ranking`: a few candidates (bench/benchlib.py `ranking_candidates`) at 8k in bfloat16 and in float32, ranked
-   alike or not (longrope.workers.rank_agreement);
+3. `ranking`: a few candidates (bench/benchlib.py `ranking_candidates`) at 32k (scale 4: at 8k, the model's own
+   length, every candidate is nearly the plain RoPE) in bfloat16 and in float32, ranked alike or not
+   (longrope.workers.rank_agreement);
 4. `overhead`: a 16-token forward, all launch overhead, against what estimate assumes for one (search/cost/
    hardware.py `gpu_forward_overhead`: ~10 us an eager op, where it withholds GPU times of tiny models);
 5. `gradient`: the gradient optimizer's forward + backward (`Scorer.score_with_gradient`, layers checkpointed) at
@@ -77,7 +78,7 @@ FULL = {
     "shape": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                   head_dim=128, vocab_size=128256, max_position_embeddings=8192,
                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
-    "lengths": (8192, 32768, 131072), "ranking_length": 8192, "gradient_length": 32768, "matmul": 8192,
+    "lengths": (8192, 32768, 131072), "ranking_length": 32768, "gradient_length": 32768, "matmul": 8192,
     "candidates": 4,
 }  # fmt: skip
 DRY = {
@@ -142,6 +143,13 @@ def candidates_for(config, length: int, count: int) -> list:
     return [named["yarn/1.2"], named["pi/1.0"], *[c for n, c in named.items() if n.startswith("near tie")]][:count]
 
 
+def one_window_scorer(model, config, length: int, seed: int = 0) -> Scorer:
+    """The project's Scorer on one window of `length` random tokens (seeded), one candidate a forward."""
+    tokens = torch.randint(0, config.vocab_size, (1, length + 1), generator=torch.Generator().manual_seed(seed))
+    inv_freq = model_rope(config.to_dict()).method.original_inv_freq()
+    return Scorer(model, tokens, inv_freq, candidates_per_forward=1, tokens_per_forward=length)
+
+
 def estimate_memory(config, tokens: int, dtype: str, gradient: bool = False) -> float:
     arch = Architecture.from_hf_config(config.to_dict())
     shape = ForwardShape(tokens=tokens, rows=1)
@@ -153,9 +161,7 @@ def forward_part(model, config, lengths, device: Device, peak_tflops: float, rep
     arch = Architecture.from_hf_config(config.to_dict())
     rows = []
     for length in lengths:
-        tokens = torch.randint(0, config.vocab_size, (1, length + 1))
-        scorer = Scorer(model, tokens, model_rope(config.to_dict()).method.original_inv_freq(),
-                        candidates_per_forward=1, tokens_per_forward=length)  # fmt: skip
+        scorer = one_window_scorer(model, config, length)
         candidate = candidates_for(config, length, 1)
         device.reset_peak()
         seconds = device.seconds(lambda s=scorer, c=candidate: s.score(c), repeats)
@@ -171,13 +177,11 @@ def forward_part(model, config, lengths, device: Device, peak_tflops: float, rep
 
 
 def ranking_part(model, config, length: int, count: int, device: Device) -> dict:
-    tokens = torch.randint(0, config.vocab_size, (1, length + 1), generator=torch.Generator().manual_seed(1))
     candidates = candidates_for(config, length, count)
-    inv_freq = model_rope(config.to_dict()).method.original_inv_freq()
     scores = {}
     for dtype in (torch.bfloat16, torch.float32):
-        scorer = Scorer(model.to(dtype), tokens, inv_freq, candidates_per_forward=1, tokens_per_forward=length)
-        scores[str(dtype).removeprefix("torch.")] = [sum(s.nll) / sum(s.tokens) for s in scorer.score(candidates)]
+        scorer = one_window_scorer(model.to(dtype), config, length, seed=1)
+        scores[str(dtype).removeprefix("torch.")] = [s.mean_nll for s in scorer.score(candidates)]
     model.to(torch.bfloat16)
     agreement = rank_agreement(scores["float32"], scores["bfloat16"], best_k=min(3, count))
     print(f"ranking at {length}: tau {agreement.kendall_tau:.3f}, best the same {agreement.best_same}", flush=True)
@@ -186,8 +190,7 @@ def ranking_part(model, config, length: int, count: int, device: Device) -> dict
 
 def overhead_part(model, config, device: Device, layers: int) -> dict:
     """One candidate on one 16-token window: no matmul is large enough to matter, so its time is the overhead."""
-    scorer = Scorer(model, torch.randint(0, config.vocab_size, (1, 17)),
-                    model_rope(config.to_dict()).method.original_inv_freq(), candidates_per_forward=1)  # fmt: skip
+    scorer = one_window_scorer(model, config, 16)
     candidate = candidates_for(config, 2 * config.max_position_embeddings, 1)  # any candidate: 16 tokens read alike
     seconds = device.seconds(lambda: scorer.score(candidate), repeats=10, warm_ups=3)
     assumed = gpu_forward_overhead(layers)
@@ -196,9 +199,7 @@ def overhead_part(model, config, device: Device, layers: int) -> dict:
 
 
 def gradient_part(model, config, length: int, device: Device, repeats: int) -> dict:
-    tokens = torch.randint(0, config.vocab_size, (1, length + 1))
-    scorer = Scorer(model, tokens, model_rope(config.to_dict()).method.original_inv_freq(),
-                    candidates_per_forward=1, tokens_per_forward=length)  # fmt: skip
+    scorer = one_window_scorer(model, config, length)
     (candidate,) = candidates_for(config, length, 1)
     device.reset_peak()
     forward = device.seconds(lambda: scorer.score([candidate]), repeats)

@@ -61,7 +61,7 @@ def test_bfloat16_ranks_the_reference_models_candidates_as_float32(tmp_path):
     for dtype in ("float32", "bfloat16"):
         model, rope = load_model(context.model_dir, device="cpu", dtype=dtype)
         scorer = Scorer(model, windows, rope.method.original_inv_freq(), candidates_per_forward=4)
-        scores[dtype] = [sum(s.nll) / sum(s.tokens) for s in scorer.score(candidates)]
+        scores[dtype] = [s.mean_nll for s in scorer.score(candidates)]
     agreement = rank_agreement(scores["float32"], scores["bfloat16"], best_k=3)
     assert agreement.best_same and agreement.best_k_same, agreement
     assert agreement.kendall_tau >= 0.9, agreement
