@@ -229,7 +229,7 @@ def test_label_names_a_row(tmp_path, fake_pool, capsys):
     ("case", "message"),
     [
         ("same file twice", "is given twice; give each factors file or run directory once"),
-        ("same file by two paths", "are one file"),
+        ("same file by two paths", "name the same file or folder"),
         ("two equal labels", "two rows labelled 'mine'"),
         ("label equal to a file's label", "two rows labelled 'file:factors.json'"),
         ("label of a baseline", "'yarn' is a baseline's row"),

@@ -94,7 +94,7 @@ def test_the_figure_draws_the_trajectory_and_names_c(tmp_path):
     """The figure's line is the hand-worked trajectory: x the window-equivalents, y the best perplexity so far,
     as steps; the x axis names c, the legend the run's name, optimizer and directory."""
     run = progress_plot.plotted_run(str(tiny_run(tmp_path / "run")))
-    assert run.backward_windows == 1 and run.label == f"tiny (dim_mono), {tmp_path / 'run'}"
+    assert run.backward_windows == 1 and run.label == f"tiny (dim_mono), {tmp_path / 'run'}, 256 tokens"
     line = progress_plot.progress_line(run, C)
     fig = progress_plot.plot_progress([line], "window-equivalents, c = 2.00", tmp_path / "p.png")
     ax = fig.axes[0]
@@ -169,8 +169,9 @@ def test_status_plot_draws_every_run_on_one_axis(runs, tmp_path, capsys, drawn):
     assert err.strip() == f"status: wrote {png}"
     ax = drawn[0].axes[0]
     ga_line, gd_line = (line for line in ax.get_lines() if not line.get_label().startswith("_"))
-    assert ga_line.get_label() == f"longrope-search (dim_mono), {ga}"
-    assert gd_line.get_label() == f"longrope-search (gradient), {gd}"
+    assert ga_line.get_label() == f"longrope-search (dim_mono), {ga}, 256 tokens"
+    assert gd_line.get_label() == f"longrope-search (gradient), {gd}, 256 tokens"
+    assert ax.get_title() == "search progress: best candidate against cost", "one length: no warning"
     for line, run in ((ga_line, ga), (gd_line, gd)):
         xs, ys = by_hand(run, 2.82)
         assert np.allclose(line.get_xdata(), xs) and np.allclose(line.get_ydata(), ys)
@@ -215,7 +216,7 @@ def test_a_progressive_job_draws_its_latest_started_stage(tmp_path):
         make_coordinator(stage, RunDir(stage.output_dir), FunctionEvaluator()).run()
     run = progress_plot.plotted_run(str(tmp_path))
     assert run.run_dir.path == tmp_path / "stage-2-256"
-    assert run.label == f"longrope-search (dim_mono), {tmp_path}, stage 2/2 at 256 tokens"
+    assert run.label == f"longrope-search (dim_mono), {tmp_path}, 256 tokens, stage 2/2"
     assert [p.cost for p in run.points] == [p.cost for p in cost_trajectory(tmp_path / "stage-2-256", 0.0)]
 
 
@@ -231,9 +232,9 @@ def test_status_plot_bad_input_is_one_line(runs, tmp_path, capsys, caplog):
     cases = [
         (["status", str(tmp_path / "missing"), "--plot"], f"{tmp_path / 'missing'}: no such directory"),
         (["status", str(empty), "--plot"], f"{empty}: no scored candidate yet"),
-        (["status", str(ga), "--plot", str(tmp_path)], f"--plot {str(tmp_path)!r}: cannot write (Is a directory)"),
-        (["status", str(ga), "--plot", str(tmp_path / "file" / "p.png")], "a folder on its path is a file"),
-        (["status", str(ga), "--plot", "--backward-cost", "-1"], "--backward-cost: must be a number >= 0, got '-1'"),
+        (["status", str(ga), "--plot", str(tmp_path)], f"--plot {str(tmp_path)!r}: is a directory; give a file name"),
+        (["status", str(ga), "--plot", str(tmp_path / "file" / "p.png")], f"{str(tmp_path / 'file')!r} is not a dir"),
+        (["status", str(ga), "--plot", "--backward-cost", "-1"], "--backward-cost: must be a number from 0 to"),
         (["status", str(ga), "--plot", "--backward-cost", "many"], "got 'many'"),
         (["status", str(ga), "--backward-cost", "2"], "--backward-cost: it prices the window-equivalents --plot"),
     ]

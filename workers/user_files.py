@@ -70,3 +70,19 @@ def read_text_capped(path: Path, max_bytes: int, what: str, where: str, error: t
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{where}: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+
+
+def repeated_path(paths: list[str]) -> str | None:
+    """Why `paths` name one file or folder twice ("'a' is given twice", "'a' and 'b' name the same file or
+    folder"), or None.
+    Paths are compared resolved (`os.path.realpath`: symlinks, `..`), which never raises: a link loop stays as given
+    and is named when it is read."""
+    seen: dict[Path, str] = {}
+    for path in paths:
+        real = Path(os.path.realpath(path))
+        if real in seen:
+            if seen[real] == path:
+                return f"{path!r} is given twice"
+            return f"{seen[real]!r} and {path!r} name the same file or folder"
+        seen[real] = path
+    return None

@@ -21,6 +21,7 @@ from longrope.search.cli.stops import SigtermSeen, Stopped, raise_terminated
 from longrope.search.config.factors_file import package_version
 from longrope.search.config.strict import JobConfigError
 from longrope.search.export.factors_export import ExportError
+from longrope.search.run.output_paths import OutputPathError
 from longrope.search.run.run_store import RunStoreError
 from longrope.workers.errors import DataError, ModelLoadError, Terminated, WorkerPoolError
 
@@ -30,6 +31,7 @@ USER_ERRORS = (
     JobConfigError,
     RunStoreError,
     ExportError,
+    OutputPathError,
     DataError,
     ModelLoadError,
     WorkerPoolError,

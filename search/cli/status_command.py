@@ -14,11 +14,17 @@ from pathlib import Path
 from longrope.search.cli.console import cli_console
 from longrope.search.cli.estimate_command import job_backward_cost
 from longrope.search.config.strict import JobConfigError
+from longrope.search.run.output_paths import check_output_path
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.status import format_status, run_status
 from longrope.workers.errors import ModelLoadError
+from longrope.workers.path_limits import shown_path
+from longrope.workers.user_files import repeated_path
 
 PLOT_FILE = "progress.png"
+# the most --backward-cost takes: a backward pass costs about 2 forwards in FLOPs (3 with activations recomputed);
+# past 100 the plot's x axis would be the backward passes alone, and a value like 1e308 a typo
+MAX_BACKWARD_COST = 100.0
 DEFAULT_PLOT = ""  # --plot without a PNG: PLOT_FILE in the first RUN_DIR
 
 
@@ -57,9 +63,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_status_command(args: argparse.Namespace) -> int:
-    """Every run is read (and drawn) before anything is printed, so bad input is one error line and nothing else."""
+    """Every run is read (and drawn) before anything is printed, so bad input is one error line and nothing else;
+    the plot's path is checked before any run is read (`output_paths`: never a run's own file)."""
+    repeated = repeated_path(args.run_dir)
+    if repeated:
+        raise JobConfigError(f"status: {repeated}; give each run directory once")
     if args.backward_cost is not None:
         args.backward_cost = _backward_cost_value(args.backward_cost, args.plot is not None)
+    for path in args.run_dir:
+        RunDir(path).check_directory()  # a mistyped RUN is named as such, not as the folder of its default plot
+    if args.plot is not None:
+        args.plot = plot_path(args)
     statuses = [run_status(RunDir(path)) for path in args.run_dir]
     written = write_plot(args, statuses) if args.plot is not None else None
     if args.json:
@@ -78,9 +92,21 @@ def _backward_cost_value(text: str, plotting: bool) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise JobConfigError(f"--backward-cost: must be a number >= 0, got {text!r}")
+    if not (math.isfinite(value) and 0 <= value <= MAX_BACKWARD_COST):
+        raise JobConfigError(f"--backward-cost: must be a number from 0 to {MAX_BACKWARD_COST:g}, got {text!r}")
     return value
+
+
+def plot_path(args: argparse.Namespace) -> Path:
+    """Where --plot writes, checked before anything is read: by export's rules for an output file
+    (`check_output_path`), in a format matplotlib writes that the name's extension says (none: PNG)."""
+    from longrope.search.reports.progress_plot import plot_format  # matplotlib: only for --plot
+
+    path = Path(args.plot or Path(args.run_dir[0]) / PLOT_FILE)
+    where = f"--plot {shown_path(path)!r}"
+    check_output_path(path, where)
+    plot_format(path, where)
+    return path
 
 
 def write_plot(args: argparse.Namespace, statuses: list[dict]) -> Path:
@@ -99,9 +125,8 @@ def write_plot(args: argparse.Namespace, statuses: list[dict]) -> Path:
             line if c is None else progress_plot.ProgressLine(f"{line.label}, c = {c:.2f}", line.cost, line.perplexity)
             for line, c in zip(lines, prices, strict=True)
         ]
-    path = Path(args.plot or Path(args.run_dir[0]) / PLOT_FILE)
-    progress_plot.plot_progress(lines, label, path)
-    return path
+    progress_plot.plot_progress(lines, label, args.plot, title=progress_plot.lengths_title(runs))
+    return args.plot
 
 
 def _price(run, status: dict, given: float | None) -> tuple[float, str]:

@@ -4,16 +4,15 @@ config.json, or the official LongRoPE release's one-factor-per-line CSV."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import shutil
-import stat
 import time
 from pathlib import Path
 
 from longrope.search.config.factors_file import FactorsFile, LongRopeParameters, Provenance, read_factors_file
 from longrope.search.run.job_record import read_job_record
+from longrope.search.run.output_paths import check_output_path, is_run_directory, write_output
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import (
     CONFIG,
@@ -24,10 +23,8 @@ from longrope.search.run.run_store import (
     write_json_atomic,
 )
 from longrope.search.run.stages import last_stage
-from longrope.workers.atomic_files import atomic_file
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.models import ModelRope, model_rope, read_model_config
-from longrope.workers.user_files import file_kind
 
 
 class ExportError(ValueError):
@@ -145,78 +142,21 @@ def factors_of_path(path: str | Path) -> FactorsFile:
     return read_factors_file(path)
 
 
-def check_output_path(out: Path, where: str | None = None) -> None:
-    """Refuse, before anything is written, what cannot become a regular file by an atomic replace: a directory,
-    a FIFO, a device or a socket (opening a FIFO blocks; replacing one with a file is never what was meant), a
-    symlink to one of those, a loop of symlinks, a name the filesystem refuses (longer than NAME_MAX), and a path
-    under something that is not a directory. A symlink to a file, or a dangling one, is fine: the export writes
-    through it (`write_output`). Reads only metadata (lstat/stat), so a FIFO is never opened. `where` names the
-    path in the error (default: -o and the path)."""
-    where = where or f"-o {str(out)!r}"
-    info = _lstat(out, where)
-    target = Path(out)
-    if info is not None and stat.S_ISLNK(info.st_mode):
-        try:
-            info = os.stat(out)
-        except FileNotFoundError:
-            info = None  # dangling: its target is created
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise ExportError(f"{where}: a symlink loop; give a file name") from None
-            raise ExportError(f"{where}: cannot write there ({exc.strerror or exc})") from None
-        if info is not None and not stat.S_ISREG(info.st_mode):
-            raise ExportError(f"{where}: a symlink to {file_kind(info)}, not a regular file; give a file name")
-        target = Path(os.path.realpath(out))
-    elif info is not None and stat.S_ISDIR(info.st_mode):
-        raise ExportError(f"{where}: is a directory; give a file name")
-    elif info is not None and not stat.S_ISREG(info.st_mode):
-        raise ExportError(f"{where}: {file_kind(info)}, not a regular file; give a file name")
-    _check_folders(target, where)
+def export_path(out: Path, where: str | None = None) -> Path:
+    """`check_output_path` with the export's name for the path in its error (default: -o and the path)."""
+    return check_output_path(out, where or f"-o {str(out)!r}")
 
 
-def _lstat(path: Path, where: str) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:  # ENAMETOOLONG, EACCES on a folder above, ELOOP in a folder above
-        raise ExportError(f"{where}: cannot write there ({exc.strerror or exc})") from None
-
-
-def _check_folders(path: Path, where: str) -> None:
-    """The nearest existing folder above `path` is a directory, and every name still to be created there (folders
-    and the file) fits its filesystem's NAME_MAX."""
-    missing = [path.name]
-    parent = path.parent
-    while _lstat(parent, where) is None and parent != parent.parent:
-        missing.append(parent.name)
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ExportError(f"{where}: {str(parent)!r} is not a directory")
-    try:
-        name_max = os.pathconf(parent, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = 255
-    if any(len(os.fsencode(name)) > name_max for name in missing):
-        raise ExportError(f"{where}: cannot write there ({os.strerror(errno.ENAMETOOLONG)})")
-
-
-def write_output(out: Path, text: str, where: str | None = None) -> None:
-    """Write an export file atomically, through a symlink at `out` to its target, keeping the target's mode
-    (`atomic_file`): the user's `-o link.json` means the file the link names, as `open(path, "w")` takes it."""
-    try:
-        with atomic_file(out, through_symlink=True) as tmp:
-            tmp.write(text)
-    except OSError as exc:
-        raise ExportError(f"{where or f'-o {str(out)!r}'}: cannot write ({exc.strerror or exc})") from None
+def write_text_output(out: Path, text: str, where: str | None = None) -> None:
+    write_output(out, lambda file: file.write(text), where or f"-o {str(out)!r}")
 
 
 def write_export(factors: FactorsFile, out: Path, fmt: str) -> list[Path]:
     """Write the export; returns the files written (a CSV comes with its sidecar, see `write_csv_export`)."""
-    check_output_path(out)
+    export_path(out)
     if fmt == "csv":
         return write_csv_export(factors, out)
-    write_output(out, factors_json(factors))
+    write_text_output(out, factors_json(factors))
     return [out]
 
 
@@ -240,9 +180,9 @@ def write_csv_export(factors: FactorsFile, out: Path) -> list[Path]:
         )
     sidecar = csv_sidecar(out)
     where = f"-o {str(sidecar)!r} (its sidecar)"
-    check_output_path(sidecar, where)
-    write_output(sidecar, factors_json(factors), where)
-    write_output(out, "\n".join(repr(float(v)) for v in block.long_factor) + "\n")
+    export_path(sidecar, where)
+    write_text_output(sidecar, factors_json(factors), where)
+    write_text_output(out, "\n".join(repr(float(v)) for v in block.long_factor) + "\n")
     return [out, sidecar]
 
 
@@ -252,6 +192,11 @@ def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
     Refused when the model's rotary pairs or original length differ from the run's: the factors of a model with
     another head_dim or pre-training length mean nothing there. config.json keeps its file mode."""
     config_path = Path(model_dir) / "config.json"
+    if is_run_directory(Path(os.path.realpath(model_dir))):
+        raise ExportError(
+            f"--into {str(model_dir)!r}: a search's run directory, not a model directory; its config.json is the "
+            "run's record and is never written over"
+        )
     try:
         config = read_model_config(model_dir)
         rope = model_rope(config)

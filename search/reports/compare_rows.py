@@ -18,6 +18,7 @@ from longrope.search.config.strict import JobConfigError
 from longrope.search.export.factors_export import factors_of_path
 from longrope.search.reports.compare_result import BASELINES, VLLM_SUFFIX
 from longrope.search.run.job_context import JobContext
+from longrope.workers.user_files import repeated_path
 
 
 def factors_method(context: JobContext, path: str, log=print) -> tuple[RopeMethod, int, str]:
@@ -143,13 +144,9 @@ def _label_pair(source: str | Path | tuple[str, ...]) -> tuple[str | None, str]:
 
 
 def _refuse_same_file_twice(paths: list[str]) -> None:
-    seen: dict[Path, str] = {}
-    for path in paths:
-        real = Path(os.path.realpath(path))  # never raises: a link loop stays as given, and is named when read
-        if real in seen:
-            given = f"{path!r} is given twice" if seen[real] == path else f"{seen[real]!r} and {path!r} are one file"
-            raise JobConfigError(f"compare: {given}; give each factors file or run directory once")
-        seen[real] = path
+    repeated = repeated_path(paths)
+    if repeated:
+        raise JobConfigError(f"compare: {repeated}; give each factors file or run directory once")
 
 
 def _kind(path: str) -> str:

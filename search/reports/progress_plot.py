@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from longrope.search.reports.plot_axes import log_axis, method_colours
+from longrope.search.reports.plot_axes import enclosing_log_ticks, log_axis, method_colours
+from longrope.search.run.output_paths import write_output
 from longrope.search.run.run_store import RunDir, RunStoreError
 from longrope.search.run.stages import is_staged, stage_lengths, started_stages
 from longrope.search.run.trajectory import CostPoint, cost_trajectory, window_equivalents
-from longrope.workers.atomic_files import atomic_file
 from longrope.workers.path_limits import shown_path
 
 
@@ -28,8 +28,9 @@ class PlottedRun:
 
     given: str  # as the user named it
     run_dir: RunDir  # the run directory read
-    label: str  # "NAME (OPTIMIZER), GIVEN[, stage k/n at L tokens]"
+    label: str  # "NAME (OPTIMIZER), GIVEN, L tokens[, stage k/n]"
     points: tuple[CostPoint, ...]
+    target_length: int = 0  # the length its windows are read at: perplexities at other lengths are not comparable
 
     @property
     def backward_windows(self) -> int:
@@ -51,17 +52,46 @@ def plotted_run(given: str) -> PlottedRun:
     with no scored candidate yet is an error naming it."""
     job = RunDir(given)
     config = job.read_config()
-    run_dir, stage = job, ""
+    run_dir, stage, length = job, "", config.target_length
     if is_staged(job):
         started = started_stages(job)
         if not started:
             raise RunStoreError(f"{given}: no stage has started yet; nothing to plot")
         run_dir, lengths = started[-1], stage_lengths(config)
-        stage = f", stage {len(started)}/{len(lengths)} at {lengths[len(started) - 1]} tokens"
+        stage, length = f", stage {len(started)}/{len(lengths)}", lengths[len(started) - 1]
     points = tuple(point for point in cost_trajectory(run_dir, 0.0) if math.isfinite(point.best_nll))
     if not points:
         raise RunStoreError(f"{given}: no scored candidate yet (is the run still starting?); nothing to plot")
-    return PlottedRun(given, run_dir, f"{config.name} ({config.search.optimizer}), {given}{stage}", points)
+    label = f"{config.name} ({config.search.optimizer}), {given}, {length} tokens{stage}"
+    return PlottedRun(given, run_dir, label, points, length)
+
+
+def lengths_title(runs: list[PlottedRun]) -> str:
+    """The plot's title: what it shows, and a warning when the runs search different target lengths (a
+    perplexity at 512 tokens and one at 1024 are not on one scale; each line's label gives its length)."""
+    title = "search progress: best candidate against cost"
+    lengths = sorted({run.target_length for run in runs})
+    if len(lengths) > 1:
+        shown = ", ".join(str(length) for length in lengths)
+        title += f"\nnot comparable across lines: the runs search different target lengths ({shown} tokens)"
+    return title
+
+
+def plot_format(path: Path, where: str) -> str:
+    """The file format `path`'s extension names, one matplotlib writes (png, pdf, svg, jpg, ...); PNG when it has
+    none. Another extension is refused rather than written as PNG bytes under a name that says otherwise."""
+    from matplotlib.backend_bases import FigureCanvasBase  # matplotlib: only when drawing
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if not suffix:
+        return "png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in formats:
+        raise RunStoreError(
+            f"{where}: matplotlib writes no .{suffix} files; name it .{', .'.join(sorted(formats))} (or leave the "
+            "extension out for PNG)"
+        )
+    return suffix
 
 
 def progress_line(run: PlottedRun, backward_cost: float) -> ProgressLine:
@@ -70,10 +100,11 @@ def progress_line(run: PlottedRun, backward_cost: float) -> ProgressLine:
     return ProgressLine(run.label, cost, tuple(math.exp(p.best_nll) for p in run.points))
 
 
-def plot_progress(lines: list[ProgressLine], cost_label: str, path: Path | None = None):
+def plot_progress(lines: list[ProgressLine], cost_label: str, path: Path | None = None, title: str | None = None):
     """The lines on one axis: window-equivalents (labelled `cost_label`, which names c) against the best search
-    perplexity so far, log y with plain numbers; a dot marks each line's last point (where the run stands).
-    Returns the Figure (built without pyplot); with `path`, also writes it there as a PNG, atomically."""
+    perplexity so far, on a log y axis whose labelled ticks enclose every value drawn; a dot marks each line's
+    last point (where the run stands). Returns the Figure (built without pyplot); with `path`, also writes it
+    there, atomically, in the format its extension names (`plot_format`)."""
     from matplotlib.figure import Figure  # matplotlib: only when drawing
 
     fig = Figure(figsize=(9, 5), layout="constrained")
@@ -85,12 +116,12 @@ def plot_progress(lines: list[ProgressLine], cost_label: str, path: Path | None 
         ax.plot(line.cost[-1:], line.perplexity[-1:], "o", color=colour, markersize=4)
     ax.set_yscale("log")
     values = [value for line in lines for value in line.perplexity]
-    low, high = min(values), max(values)
-    log_axis(ax.yaxis, low / 1.02, high * 1.02)
-    ax.set_ylim(low / 1.02, high * 1.02)
+    ticks = enclosing_log_ticks(min(values), max(values))
+    log_axis(ax.yaxis, ticks[0], ticks[-1], ticks)
+    ax.set_ylim(ticks[0], ticks[-1])
     ax.set_xlabel(cost_label)
     ax.set_ylabel("best search perplexity so far")
-    ax.set_title("search progress: best candidate against cost")
+    ax.set_title(title or lengths_title([]))
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small")
     if path is not None:
@@ -99,12 +130,8 @@ def plot_progress(lines: list[ProgressLine], cost_label: str, path: Path | None 
 
 
 def write_png(fig, path: Path) -> None:
-    """The figure as a PNG at `path`, atomically (a reader sees the old plot or the new one); any OS error is one
-    RunStoreError naming the path."""
-    try:
-        with atomic_file(Path(path), "wb") as out:
-            fig.savefig(out, format="png", dpi=120)
-    except (FileExistsError, NotADirectoryError):  # mkdir of its folder, or the write, met a file on the way
-        raise RunStoreError(f"--plot {shown_path(path)!r}: cannot write (a folder on its path is a file)") from None
-    except OSError as exc:
-        raise RunStoreError(f"--plot {shown_path(path)!r}: cannot write ({exc.strerror or exc})") from None
+    """The figure at `path`, in the format its name says, atomically (a reader sees the old plot or the new one),
+    through a symlink to its target (`write_output`); any OS error is one error line naming the path."""
+    where = f"--plot {shown_path(path)!r}"
+    fmt = plot_format(path, where)
+    write_output(path, lambda out: fig.savefig(out, format=fmt, dpi=120), where, mode="wb")
