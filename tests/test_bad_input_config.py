@@ -17,6 +17,7 @@ from cli_checks import cli_error_line, longrope_block, write_factors_file
 
 from longrope.search.cli.main import build_parser, main
 from longrope.search.config.loading import load_job_config
+from longrope.search.config.strict import JobConfigError
 from longrope.workers.reference_recipe import reference_model_dir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -331,3 +332,50 @@ def test_device_check_agrees_with_torch(device):
     except RuntimeError:
         parsed = None
     assert (device_problem(device) is None) == (parsed == device), (device, parsed)
+
+
+# ---- booleans where numbers go (issue 27, item 14) ----
+
+
+def numeric_fields(node: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """(dotted field, value) for every number and list of numbers in a config dump: the fields a boolean must not
+    stand in for (found from the values, not from the types the check reads)."""
+    found = []
+    for name, value in node.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, dict):
+            found += numeric_fields(value, f"{path}.")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            found.append((path, value))
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
+            found.append((path, list(value)))
+    return found
+
+
+def test_a_boolean_is_refused_wherever_a_number_goes():
+    """`search.gradient.steps=true` ran 1 step, `learning_rate=true` was 1.0, `search.generations=true` was 1 and
+    `polish_every=false` "must be >= 1": YAML's true/false were read as 1/0. Every numeric field of the demo
+    config (and of the sections it leaves at their defaults) refuses both, naming the field and what goes there;
+    a list of numbers refuses a boolean among them."""
+    config = load_job_config(DEMO).model_dump(mode="json")
+    fields = numeric_fields(config)
+    names = {name for name, _ in fields}
+    assert {"search.generations", "search.gradient.steps", "search.gradient.learning_rate", "search.seed"} <= names
+    for name, value in fields:
+        for flag in ("true", "false"):
+            given = f"[{value[0]}, {flag}]" if isinstance(value, list) else flag
+            with pytest.raises(JobConfigError) as caught:
+                load_job_config(DEMO, [f"{name}={given}"])
+            message = str(caught.value)
+            assert f"{name} = " in message and "boolean" in message and "\n" not in message, (name, message)
+
+
+def test_booleans_still_set_the_switches():
+    """The check leaves boolean fields alone: a switch takes true and false."""
+    config = load_job_config(DEMO, ["search.racing.enabled=true", "search.n_hat.enabled=false"])
+    assert config.search.racing.enabled is True and config.search.n_hat.enabled is False
+
+
+def test_a_boolean_number_on_the_command_line_is_one_line(tmp_path, capsys, caplog):
+    line = cli_error_line(validate(tmp_path, "search.gradient.polish_every=false"), capsys, caplog, folder=tmp_path)
+    assert "search.gradient.polish_every = False: a boolean (false) where an integer goes" in line

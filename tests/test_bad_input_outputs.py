@@ -75,6 +75,22 @@ def reference_factors(path: Path, *, target: int = 1024, original: int = 128, **
     return write_factors_file(path, block, max_position_embeddings=target, provenance=made)
 
 
+def bent_factors(path: Path, pair: int, value: float, *, absolute: bool = False) -> Path:
+    """`reference_factors` with one long factor changed: set to `value` (`absolute`), or scaled by it."""
+    document = json.loads(reference_factors(path).read_text())
+    factors = document["rope_parameters"]["long_factor"]
+    factors[pair] = value if absolute else factors[pair] * value
+    path.write_text(json.dumps(document))
+    return path
+
+
+def csv_export(t: Path) -> Path:
+    """A CSV export (`export --format csv`) of a run of the reference model's shape: gd.csv and gd.csv.json."""
+    run = exportable_run(t)
+    assert main(["export", str(run), "-o", str(t / "gd.csv")]) == 0
+    return t / "gd.csv"
+
+
 def model_copy(t: Path, weights: bytes | None, name: str = "model") -> Path:
     """The reference model's config.json beside `weights` as model.safetensors (None: the whole real file)."""
     path = t / name
@@ -177,6 +193,28 @@ CASES = [
         "model.safetensors' is truncated: its header is 4024 bytes long, the file holds 992 after its length",
         id="verify-model-truncated-in-header",
     ),
+    # issue 27, item 19: verify said "match" for factors that search and validate refuse (one check of long factors)
+    pytest.param(
+        lambda t: ["verify", str(bent_factors(t / "down.json", 5, 0.5)), "--model", str(REFERENCE), "--no-logits"],
+        "down.json': rope_parameters.long_factor: factors must be non-decreasing, got",
+        id="verify-decreasing-long-factor",
+    ),
+    pytest.param(
+        lambda t: ["verify", str(bent_factors(t / "half.json", 0, 0.5, absolute=True)), "--model", str(REFERENCE)],
+        "half.json': rope_parameters.long_factor: factors must be >= 1, got 0.5 at pair 0",
+        id="verify-factor-below-one",
+    ),
+    pytest.param(
+        lambda t: ["verify", str(bent_factors(t / "huge.json", 15, 1e300, absolute=True)), "--model", str(REFERENCE)],
+        "huge.json': rope_parameters.long_factor: factors must be at most 10000, got 1e+300 at pair 15",
+        id="verify-factor-1e300",
+    ),
+    # item 20: the file is named whatever is wrong with it; a CSV export points at its factors file
+    pytest.param(
+        lambda t: ["verify", str(csv_export(t)), "--model", str(REFERENCE)],
+        "gd.csv': not valid JSON (Extra data at line 2); a CSV export: its factors file is '{t}/gd.csv.json' beside it",
+        id="verify-csv-export-names-its-sidecar",
+    ),
     # the weights' header, read by validate (and search) before anything is written
     pytest.param(
         lambda t: ["validate", str(config_of(t, model_copy(t, b"")))],
@@ -212,6 +250,12 @@ def test_bad_input_is_one_line_and_writes_nothing(make_args, expected, tmp_path,
 
 
 COMPARE_CASES = [
+    # issue 27, item 20: the file is named, whatever is wrong with it
+    pytest.param(
+        lambda t: demo_compare(t, "--factors", str(bent_factors(t / "f" / "neg.json", 3, -1.0, absolute=True))),
+        "factors file '{t}/f/neg.json': rope_parameters.long_factor: factors must be >= 1, got -1.0 at pair 3",
+        id="compare-negative-factor-names-the-file",
+    ),
     pytest.param(
         lambda t: demo_compare(t, "--factors", str(written(t / "bin.json", b"\x89PNG\r\n\x1a\n" * 10))),
         "bin.json': not UTF-8 text (byte 0); is it a binary file?",
@@ -245,7 +289,7 @@ COMPARE_CASES = [
 def test_compare_refuses_before_scoring(make_args, expected, tmp_path, capsys, caplog, monkeypatch, refusing_pool):
     monkeypatch.chdir(tmp_path)
     line = cli_error_line(make_args(tmp_path), capsys, caplog, folder=tmp_path)
-    assert expected in line
+    assert expected.replace("{t}", str(tmp_path)) in line
 
 
 # ---- export -o: good paths ----

@@ -3,9 +3,10 @@ limits on values, the path check, and the one error a bad value becomes (`JobCon
 
 from __future__ import annotations
 
-from typing import Annotated
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from longrope.workers.path_limits import path_length_problem
 
@@ -24,7 +25,26 @@ class JobConfigError(ValueError):
 
 
 class Strict(BaseModel):
+    """A config section: unknown fields, NaN and inf refused, frozen, and no boolean where another type goes."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_another_type(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic's lax mode reads YAML's `true` as 1 in an int or float field (`search.generations: true` ran
+        one generation, `learning_rate: true` was 1.0, `polish_every: false` "must be >= 1"). Its strict mode
+        would refuse it, but also the lists YAML gives for tuple fields; so a boolean, alone or in a list, is
+        refused here wherever the field's type admits none. A nested section checks its own fields."""
+        annotation = cls.model_fields[info.field_name].annotation
+        if _admits_bool(annotation) or _holds_section(annotation):
+            return value
+        if isinstance(value, bool):
+            raise ValueError(f"a boolean ({str(value).lower()}) where {_type_name(annotation)} goes")
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+        if any(isinstance(item, bool) for item in inner):
+            raise ValueError(f"holds a boolean, where {_type_name(annotation)} goes")
+        return value
 
 
 def checked_os_path(value: str, room: int = 0) -> str:
@@ -36,3 +56,43 @@ def checked_os_path(value: str, room: int = 0) -> str:
 
 
 PathText = Annotated[str, AfterValidator(checked_os_path)]
+
+
+def _type_args(annotation: Any) -> tuple[Any, ...]:
+    """The types inside a typing construct (Optional, Union, Annotated, list[...], tuple[...]), or ()."""
+    if get_origin(annotation) is Annotated:
+        return get_args(annotation)[:1]
+    return tuple(arg for arg in get_args(annotation) if arg is not Ellipsis)
+
+
+def _admits_bool(annotation: Any) -> bool:
+    if annotation is bool or annotation is Any:
+        return True
+    if get_origin(annotation) is Literal:
+        return any(isinstance(arg, bool) for arg in get_args(annotation))
+    return any(_admits_bool(arg) for arg in _type_args(annotation))
+
+
+def _holds_section(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return get_origin(annotation) is not Literal and any(_holds_section(arg) for arg in _type_args(annotation))
+
+
+def _type_name(annotation: Any, plural: bool = False) -> str:
+    """What a field takes, in a user's words: "an integer", "a list of numbers", "text"."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType, Annotated):
+        names = [_type_name(arg, plural) for arg in _type_args(annotation) if arg is not type(None)]
+        return " or ".join(dict.fromkeys(names))
+    if origin in (list, tuple):
+        return "a list of " + _type_name(_type_args(annotation)[0], plural=True)
+    if origin is dict:
+        return "a mapping to " + _type_name(_type_args(annotation)[1], plural=True)
+    if origin is Literal:
+        return ("values from " if plural else "one of ") + ", ".join(repr(arg) for arg in get_args(annotation))
+    singular, several = TYPE_NAMES.get(annotation, ("a value of another type", "values of another type"))
+    return several if plural else singular
+
+
+TYPE_NAMES = {int: ("an integer", "integers"), float: ("a number", "numbers"), str: ("text", "texts")}

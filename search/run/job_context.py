@@ -10,7 +10,7 @@ import numpy as np
 
 from longrope.encodings import LongRope, RopeMethod
 from longrope.encodings.baselines import baseline_methods
-from longrope.search.config.factors_file import read_factors_file
+from longrope.search.config.factors_file import long_factor_problem, read_factors_file
 from longrope.search.config.job_config import JobConfig, check_lengths_message
 from longrope.search.config.strict import JobConfigError
 from longrope.search.optimizers.genome import SearchSpace, Seed, resolve_space
@@ -219,7 +219,7 @@ class JobContext:
             factors, attention = _run_long_factors(RunDir(path))
             where = f"{field}: {path}: best candidate's factors"
         else:
-            block = read_factors_file(path).rope_parameters
+            block = read_factors_file(path, f"{field}: {path}").rope_parameters
             factors, attention = np.asarray(block.long_factor, dtype=np.float64), block.attention_factor
             where = f"{field}: {path}: rope_parameters.long_factor"
         check_seed_factors(where, factors, self.pairs)
@@ -283,17 +283,13 @@ class JobContext:
 
 
 def check_seed_factors(where: str, factors: np.ndarray, pairs: int | None) -> None:
-    """A seed's long factors: one per rotary pair (when the model's pair count is known), >= 1, non-decreasing."""
+    """A seed's long factors: one per rotary pair (when the model's pair count is known), and what every reader of
+    long factors checks (`long_factor_problem`: >= 1, bounded, non-decreasing)."""
     if pairs is not None and len(factors) != pairs:
         raise JobConfigError(f"{where}: expected {pairs} factors (rotary_dim / 2), got {len(factors)}")
-    if factors.min() < 1.0:
-        raise JobConfigError(f"{where}: factors must be >= 1, got {factors.min()} at pair {int(factors.argmin())}")
-    decreasing = np.flatnonzero(np.diff(factors) < 0)
-    if len(decreasing):
-        i = int(decreasing[0])
-        raise JobConfigError(
-            f"{where}: factors must be non-decreasing, got {factors[i]} then {factors[i + 1]} at pair {i + 1}"
-        )
+    problem = long_factor_problem([float(f) for f in factors])
+    if problem:
+        raise JobConfigError(f"{where}: {problem}")
 
 
 def check_source(field: str, source: str, text_field: str) -> int:
@@ -352,7 +348,7 @@ def _offline_factors_check(field: str, path: str) -> dict:
     needs the model); a run directory or a path that exists only on the cluster is skipped."""
     if not Path(path).is_file():
         return validation_check(field, path, "skipped", "--offline: not a factors file on this machine")
-    block = read_factors_file(path).rope_parameters
+    block = read_factors_file(path, f"{field}: {path}").rope_parameters
     check_seed_factors(f"{field}: {path}: rope_parameters.long_factor", np.asarray(block.long_factor), None)
     return validation_check(field, path, "ok", "long factors >= 1 and non-decreasing (their count needs the model)")
 
