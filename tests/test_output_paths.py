@@ -65,9 +65,12 @@ def test_a_run_directory_of_another_run_is_protected_too(run, tmp_path, capsys, 
     assert f"is the config.json of the run directory '{partial}'" in line
 
 
-def test_export_into_a_run_directory_is_refused(run, capsys, caplog):
-    line = cli_error_line(["export", str(run), "--into", str(run)], capsys, caplog, folder=run.parent)
-    assert "a search's run directory, not a model directory" in line
+def test_commands_that_fill_a_folder_refuse_a_run_directory(run, capsys, caplog):
+    """`export --into DIR` writes DIR/config.json, and `train-reference --out DIR` a model there: a run
+    directory given as DIR keeps its config.json."""
+    for argv in (["export", str(run), "--into", str(run)], ["train-reference", "--out", str(run), "--steps", "1"]):
+        line = cli_error_line(argv, capsys, caplog, folder=run.parent)
+        assert f"'{run}' is a search's run directory, whose files are the run's record" in line, argv
 
 
 def test_a_run_s_own_other_files_may_be_written(run, tmp_path, capsys):

@@ -12,6 +12,7 @@ import json
 from dataclasses import fields, replace
 from pathlib import Path
 
+from longrope.search.run.output_paths import check_not_run_directory
 from longrope.workers.reference_recipe import ENCODING_NAMES, TrainingRecipe
 
 
@@ -49,6 +50,7 @@ def run_train_reference(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    check_not_run_directory(args.out, f"--out {str(args.out)!r}")  # it writes a config.json of its own there
     if args.encoding is None:
         from longrope.workers.reference_model import train_reference  # torch: only when training
 

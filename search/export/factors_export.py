@@ -12,7 +12,7 @@ from pathlib import Path
 
 from longrope.search.config.factors_file import FactorsFile, LongRopeParameters, Provenance, read_factors_file
 from longrope.search.run.job_record import read_job_record
-from longrope.search.run.output_paths import check_output_path, is_run_directory, write_output
+from longrope.search.run.output_paths import check_not_run_directory, check_output_path, write_output
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import (
     CONFIG,
@@ -192,11 +192,7 @@ def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
     Refused when the model's rotary pairs or original length differ from the run's: the factors of a model with
     another head_dim or pre-training length mean nothing there. config.json keeps its file mode."""
     config_path = Path(model_dir) / "config.json"
-    if is_run_directory(Path(os.path.realpath(model_dir))):
-        raise ExportError(
-            f"--into {str(model_dir)!r}: a search's run directory, not a model directory; its config.json is the "
-            "run's record and is never written over"
-        )
+    check_not_run_directory(model_dir, f"--into {str(model_dir)!r}")
     try:
         config = read_model_config(model_dir)
         rope = model_rope(config)

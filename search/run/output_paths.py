@@ -104,6 +104,17 @@ def _check_not_run_file(path: Path, where: str) -> None:
         )
 
 
+def check_not_run_directory(folder: str | Path, where: str) -> None:
+    """Refuse a run directory as the folder a command fills with files of its own (a model directory's
+    config.json): `train-reference --out RUN` would replace the run's config.json."""
+    resolved = Path(os.path.realpath(folder))
+    if is_run_directory(resolved):
+        raise OutputPathError(
+            f"{where}: {str(resolved)!r} is a search's run directory, whose files are the run's record and are "
+            "never written over; give another folder"
+        )
+
+
 def is_run_directory(folder: Path) -> bool:
     """Whether `folder` holds a search's run (any of its files but config.json, or a config.json of a run: a
     model directory's config.json is no run's). Metadata and one small JSON read; False where nothing can be read."""
