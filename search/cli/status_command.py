@@ -1,4 +1,4 @@
-"""`longrope status RUN_DIR...`: where each search stands; `--plot [PNG]` also draws their progress, the best search
+"""`longrope status RUN_DIR...`: where each search stands; `--plot [FILE]` also draws their progress, the best search
 perplexity against the window-equivalents spent, every run on one axis (`reports/progress_plot.py`).
 
 Light: without --plot it imports neither matplotlib, torch nor Ray; --plot adds matplotlib only.
@@ -48,10 +48,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--plot",
         nargs="?",
         const=DEFAULT_PLOT,
-        metavar="PNG",
+        metavar="FILE",
         help=f"also draw the best search perplexity so far against window-equivalents (a window's forward: 1, one "
-        f"with a backward pass: 1 + c), one line per run, into PNG (default: the first RUN_DIR's {PLOT_FILE}); "
-        "the path written is printed",
+        f"with a backward pass: 1 + c), one line per run, into FILE in the format its extension names (.png, .pdf, "
+        f".svg, ...; default: the first RUN_DIR's {PLOT_FILE}); never a run directory's own file; the path written "
+        "is printed",
     )
     status.add_argument(
         "--backward-cost",
