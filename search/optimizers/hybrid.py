@@ -88,9 +88,7 @@ class HybridSearch:
     def polisher(self) -> GradientDescent:
         """The polish under way, or a new one from the evolution's best."""
         if self.polish is None:
-            genome, _ = self.evolution.best()
-            start = Seed("polish", self.grid.factors(genome), self.grid.attention_factor(genome))
-            self.polish = self._descent(start)
+            self.polish = polish_descent(self.settings, self.grid, self.mix, self.evolution.best()[0])
         return self.polish
 
     def adopt_polish(self) -> Genome:
@@ -99,19 +97,6 @@ class HybridSearch:
         self.evolution.adopt(rounded, self.polish.scores[rounded.key])
         self.polished_through, self.polish = self.evolution.generation - 1, None
         return rounded
-
-    def _descent(self, start: Seed | None) -> GradientDescent:
-        gradient = self.settings.gradient
-        return GradientDescent(
-            gradient,
-            self.grid,
-            [],
-            self.mix,
-            steps=gradient.polish_steps,
-            learning_rate=gradient.polish_learning_rate,
-            start=start,
-            patience=False,
-        )
 
     # ---- state ----
 
@@ -130,5 +115,21 @@ class HybridSearch:
         self.polished_through = int(state.get("polished_through", 0))
         self.polish = None
         if state.get("polish") is not None:
-            self.polish = self._descent(Seed("polish", self.grid.factors(self.evolution.best()[0]), None))
+            self.polish = polish_descent(self.settings, self.grid, self.mix, self.evolution.best()[0])
             self.polish.load_state_dict(state["polish"])
+
+
+def polish_descent(settings: SearchConfig, grid: GenomeGrid, mix: ObjectiveMix, start: Genome) -> GradientDescent:
+    """A polish of `start` (the evolution's best when it begins): `polish_steps` steps at `polish_learning_rate`,
+    no seeds and no held-out stop. One builder for the run, its resume and `run_check`'s replay of it."""
+    gradient = settings.gradient
+    return GradientDescent(
+        gradient,
+        grid,
+        [],
+        mix,
+        steps=gradient.polish_steps,
+        learning_rate=gradient.polish_learning_rate,
+        start=Seed("polish", grid.factors(start), grid.attention_factor(start)),
+        patience=False,
+    )

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
+from longrope.search.optimizers.gradient import DescentState
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.path_limits import os_error_text, shown_path
 
@@ -62,9 +63,17 @@ class HistoryRecord(BaseModel):
     nll: list[float | None]  # per window scored so far (all of them when scored), summed over its tokens
     tokens: list[int]
     windows: str | None = None  # the search windows' hash (job.json's search_windows_hash); absent in older runs
+    # a descent step's (gradient, hybrid): the windows of its backward pass [first, last), their count, and the
+    # gradient of the objective on them (d / d factors, then d / d attention factor; null where not finite)
+    gradient_windows: list[int] | None = None
+    backward_windows: int = Field(default=0, ge=0)
+    gradient: list[float | None] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> HistoryRecord:
+        problem = self._descent_problem()
+        if problem:
+            raise ValueError(problem)
         if any(f <= 0 for f in self.factors):
             raise ValueError(f"factors: must be > 0, got {min(self.factors)}")
         if any(v is not None and v < 0 for v in self.nll):
@@ -80,6 +89,28 @@ class HistoryRecord(BaseModel):
         ):  # compared as logs: exp of a large NLL overflows
             raise ValueError(f"perplexity: must be exp(mean_nll) (mean_nll {self.mean_nll}), got {self.perplexity}")
         return self
+
+    def _descent_problem(self) -> str | None:
+        """A descent step's three fields agree: all there or none, the windows a range of the line's own windows,
+        backward_windows their count, one gradient value per factor and one for the attention factor."""
+        windows, gradient = self.gradient_windows, self.gradient
+        if windows is None:
+            if gradient is not None or self.backward_windows:
+                return (
+                    "gradient_windows: missing, but the line has a gradient or backward windows (a step has all three)"
+                )
+            return None
+        if gradient is None:
+            return "gradient: missing, but the line has gradient_windows (a descent step has both)"
+        if len(windows) != 2 or not 0 <= windows[0] < windows[1] <= len(self.nll):
+            return f"gradient_windows: must be [first, last) within the line's {len(self.nll)} windows, got {windows}"
+        if self.backward_windows != windows[1] - windows[0]:
+            return (
+                f"backward_windows: must be the {windows[1] - windows[0]} gradient windows, got {self.backward_windows}"
+            )
+        if len(gradient) != len(self.factors) + 1:
+            return f"gradient: {len(gradient)} values, must be one per factor ({len(self.factors)}) and the attention's"
+        return None
 
 
 # "scored": every search window; "stopped": racing stopped it, clearly worse than the worst parent on the windows
@@ -102,8 +133,8 @@ class EvolutionState(BaseModel):
     children_told: int = Field(default=0, ge=0)
     generation_keys: list[str] = []  # what generation 0 / the current round asked
     asked_keys: list[list[str]] = []  # cmaes: the keys each generation asked, for the replay
-    descent: dict[str, Any] | None = None  # gradient: the descent's own state (search/optimizers/gradient.py)
-    polish: dict[str, Any] | None = None  # hybrid: a polish in progress (a GradientDescent's state), or none
+    descent: DescentState | None = None  # gradient: the descent's own state (search/optimizers/gradient.py)
+    polish: EvolutionState | None = None  # hybrid: a polish in progress (a GradientDescent's state), or none
     polished_through: int = Field(default=0, ge=0)  # hybrid: the last generation whose best was polished
 
 
