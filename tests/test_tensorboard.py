@@ -18,6 +18,7 @@ import pytest
 from cli_checks import cli_error_line
 from search_helpers import FunctionEvaluator, finished_run, make_coordinator, problem
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_run_dir_checks import stopped_run
 
 from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
@@ -185,6 +186,23 @@ def test_a_resume_may_turn_tensorboard_on_and_nothing_else(tmp_path, capsys, cap
         ["search", "--resume", str(run_dir), "--set", "search.seed=4"], capsys, caplog, folder=tmp_path
     )
     assert "can change only workers.* (where it is scored) and search.tensorboard" in line
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda folder: folder.write_text("x"), "tensorboard: not a folder; remove or rename it"),
+        (lambda folder: folder.symlink_to("gone"), "tensorboard: a dangling symbolic link (to 'gone'); remove"),
+    ],
+    ids=["file", "dangling-link"],
+)
+def test_a_resume_refuses_a_tensorboard_that_is_no_folder_before_scoring(make, expected, tmp_path, capsys, caplog):
+    """Issue 27 item 13: RUN/tensorboard a file or a dangling link, `--resume --set search.tensorboard=true`: one
+    line naming it, before anything is scored (history.jsonl and heartbeat.json untouched: `cli_error_line`)."""
+    run_dir = stopped_run(tmp_path / "run")
+    make(run_dir / "tensorboard")
+    argv = ["search", "--no-progress", "--resume", str(run_dir), "--set", "search.tensorboard=true"]
+    assert expected in cli_error_line(argv, capsys, caplog, folder=tmp_path)
 
 
 def test_the_search_asks_its_caller_for_c_only_for_a_watched_run_with_backward_passes(tmp_path):

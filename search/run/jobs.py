@@ -28,7 +28,7 @@ from longrope.search.run.reporting import SearchReporter, SilentReporter
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_json_atomic
 from longrope.search.run.stages import is_staged, stage_configs, stage_run_dirs
-from longrope.search.run.tensorboard_scalars import check_tensorboard
+from longrope.search.run.tensorboard_scalars import check_tensorboard, check_tensorboard_folder
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.errors import DataError, ModelLoadError
 from longrope.workers.windows import Windows
@@ -195,8 +195,9 @@ def _checked_context(config: JobConfig) -> JobContext:
     read only by `compare`, after the search: it is read here as `validate` reads it, so a typo in it stops the job
     now and not after hours of scoring. A cluster address is connected to here (bounded), so "auto" with no
     cluster, or a dead one, fails before the run directory is made. TensorBoard scalars asked for where the
-    package is missing are refused first."""
+    package is missing, or where RUN/tensorboard cannot be their folder, are refused first."""
     check_tensorboard(config)
+    check_tensorboard_folder(config)
     context = JobContext.resolve(config)
     context.space()
     context.seeds()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from pathlib import Path
 
 from longrope.search.config.job_config import JobConfig
@@ -47,6 +48,22 @@ def check_tensorboard(config: JobConfig) -> None:
             f"search.tensorboard: true needs the tensorboard package, which is not installed here: {INSTALL} "
             "(or set search.tensorboard: false)"
         )
+
+
+def check_tensorboard_folder(config: JobConfig) -> None:
+    """Refuse, before anything is scored, a RUN/tensorboard that cannot hold the scalars: a file, a dangling link,
+    a folder this user cannot write. Found only at the first scalar, it would stop the run after a generation was
+    scored, with the OS's "File exists" (which a dangling link also gives)."""
+    if not config.search.tensorboard:
+        return
+    folder = Path(config.output_dir) / TENSORBOARD_DIR
+    hint = "remove or rename it (the scalars go into a folder of that name), or set search.tensorboard: false"
+    if folder.is_symlink() and not folder.exists():
+        raise RunStoreError(f"{folder}: a dangling symbolic link (to {os.readlink(folder)!r}); {hint}")
+    if folder.exists() and not folder.is_dir():
+        raise RunStoreError(f"{folder}: not a folder; {hint}")
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise RunStoreError(f"{folder}: not writable by this user; {hint}")
 
 
 def scalars(progress: Progress, backward_cost: float | None) -> dict[str, float]:
