@@ -21,11 +21,13 @@ import pytest
 import yaml
 from cli_checks import snapshot
 from rich.console import Console
-from search_helpers import FunctionEvaluator, finished_run, make_coordinator
+from search_helpers import FunctionEvaluator, finished_run, make_coordinator, problem
+from test_run_dir_checks import GRADIENT, HYBRID, cheap_config, descent_run, edit_json, mid_polish
 
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.config.loading import load_job_config
 from longrope.search.run import heartbeat as heartbeats
+from longrope.search.run.generation_log import resume_position
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.status import KILLED, format_status, run_status
 from longrope.workers.errors import Terminated, WorkerPoolError
@@ -345,3 +347,91 @@ def test_a_small_gain_is_printed_with_the_digits_that_show_it():
     assert perplexity_text(0.1, 0.2) == "1.1052"  # a gain visible at 4 decimals keeps 4
     assert perplexity_text(0.1, 0.1) == "1.1052"  # no gain: nothing to show
     assert perplexity_text(0.1, math.inf) == "1.1052"  # generation 0 has nothing before it
+
+
+# ---- gradient and hybrid runs: what their generations are, the polish, the ETA (issue 27, items 15-17) ----
+
+
+def logged_lines(config, run_dir: Path, evaluator, *, resume: bool = False) -> list[str]:
+    """The plain lines a coordinator of `config` logs (as when piped), resumed from `run_dir` or not."""
+    console = Console(record=True, width=300, force_terminal=False)
+    reporter = ConsoleReporter(console, show_progress=False)
+    coordinator = make_coordinator(config, RunDir(run_dir), evaluator, problem(4), reporter=reporter)
+    if resume:
+        coordinator.resume()
+    coordinator.run()
+    return console.export_text().splitlines()
+
+
+def test_a_resumed_polish_says_where_in_the_polish_it_goes_on(tmp_path):
+    """Item 15: killed in the polish after generation 2 of 2 (step 1 of 4 told): the position is that polish's
+    step 2/4, not "generation 3/2"; the coordinator's first line says so too (`jobs._resume` logs the same)."""
+    run = mid_polish(tmp_path / "run")
+    config = cheap_config(run, "data.search_windows=4", "search.seed=3", *HYBRID)
+    coordinator = make_coordinator(config, RunDir(run), FunctionEvaluator(windows=4, wobble=0.0), problem(4))
+    coordinator.resume()
+    assert resume_position(coordinator.optimizer, coordinator.polish_pending()) == (
+        "the polish after generation 2/2, step 2/4"
+    )
+    lines = logged_lines(config, run, FunctionEvaluator(windows=4, wobble=0.0), resume=True)
+    assert lines[0] == "search: scoring the polish after generation 2/2, step 2/4, 17 evaluations done"
+    assert not any("generation 3/" in line for line in lines)
+
+
+def test_polish_lines_say_which_best_they_give(tmp_path):
+    """Item 17: a polish step's line gives the polish's best and the run's, named, and which polish it is."""
+    run = tmp_path / "run"
+    config = cheap_config(run, "data.search_windows=4", "search.seed=3", *HYBRID)
+    RunDir(run).create(config)
+    lines = [line for line in logged_lines(config, run, FunctionEvaluator(windows=4, wobble=0.0)) if "polish" in line]
+    steps = [re.search(r"polish best ppl ([\d.]+)  run best ppl ([\d.]+)", line) for line in lines[:4]]
+    assert lines[0].startswith("polish after generation 2, step 1/4  polish best ppl"), lines
+    assert all(steps) and all(float(run) <= float(polish) for polish, run in (m.groups() for m in steps))
+    assert lines[4].startswith("polish after generation 2, its best rounded to the grid  polish best ppl")
+
+
+def test_status_names_the_optimizer_and_a_polish_under_way(tmp_path):
+    """Item 17: a hybrid killed in its polish: status names the optimizer and the polish's steps done; JSON too."""
+    store = RunDir(mid_polish(tmp_path / "run"))
+    status = run_status(store)
+    text = format_status(status)
+    assert (
+        "hybrid: generation 2/2 done (generation 0 is the initial population); the polish after generation 2: "
+        "1/4 steps done, next step 2/4" in text
+    )
+    assert status["polish"] == {"after_generation": 2, "steps_done": 1, "steps": 4, "rounded": False}
+    assert status["optimizer"] == "hybrid"
+
+
+def test_a_gradient_run_says_what_its_generations_are(tmp_path):
+    """Item 17: steps=5 makes generations 0-6: the log and status say 0 is the seeds, 1-5 the steps and 6 the
+    best point rounded to the grid."""
+    run = tmp_path / "run"
+    config = cheap_config(run, "data.search_windows=4", "search.seed=3", *GRADIENT)
+    RunDir(run).create(config)
+    lines = [line for line in logged_lines(config, run, FunctionEvaluator(windows=4, wobble=0.0)) if "/6" in line]
+    assert lines[0].startswith("search: scoring generation 0/6 (the seeds)")
+    assert lines[1].startswith("generation 0/6 (the seeds)  evaluations 3")
+    assert lines[2].startswith("generation 1/6 (step 1/5)  evaluations 4")
+    assert lines[-1].startswith("generation 6/6 (the best point rounded to the grid)")
+    text = format_status(run_status(RunDir(run)))
+    assert "gradient: generation 6/6 done (0 the seeds, 1-5 descent steps, 6 the best point rounded to the grid)" in (
+        text
+    )
+
+
+def test_a_live_hybrid_s_eta_counts_the_polish_still_to_run(tmp_path):
+    """Item 16: a hybrid at generation 1 of 2, polishing (4 steps and the rounding) after generation 2: the ETA is
+    one generation (60 s, the median past generation 0) and 5 polish steps, timed at a GA candidate's share of a
+    generation (60 / 4 children) before any polish step is timed; once one is, at the polish steps' median."""
+    run = descent_run(tmp_path / "run", HYBRID, fail_on_call=3)
+    edit_json(run / "state.json", lambda s: {**s, "generation_seconds": [10.0, 60.0]})
+    store = RunDir(run)
+    beat = heartbeats.Heartbeat(state="running", pid=4242, host="gpu-node-7", started_at=1000.0, updated_at=1000.0)
+    store.file(heartbeats.HEARTBEAT).write_text(beat.model_dump_json())
+    live = run_status(store, now=1010.0, host="laptop", stale_after_s=60.0)
+    assert live["generation"] == 1 and live["eta_seconds"] == pytest.approx(60 + 5 * 15)
+    assert "ETA 2.2 min" in format_status(live)
+    edit_json(run / "state.json", lambda s: {**s, "polish_seconds": [30.0, 50.0]})
+    live = run_status(store, now=1010.0, host="laptop", stale_after_s=60.0)
+    assert live["eta_seconds"] == pytest.approx(60 + 5 * 40)

@@ -44,9 +44,9 @@ from longrope.search.optimizers.racing import clearly_worse, window_groups
 from longrope.search.run.descent_loop import DescentLoop
 from longrope.search.run.generation_log import (
     countdown_text,
-    generation_label,
     generation_line,
     held_out_countdown_text,
+    resume_position,
 )
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.reporting import Progress, ProgressWatcher, SearchReporter, SilentReporter
@@ -107,6 +107,7 @@ class Coordinator(DescentLoop):
         self.races: dict[str, _Race] = {}
         self.threshold_key: str | None = None  # generational: the worst parent when the generation was asked
         self.generation_seconds: list[float] = []
+        self.polish_seconds: list[float] = []  # hybrid: each polish step's (and rounding's), for status's ETA
         self.best_by_generation: list[float] = []
         self.stopped_early = False
         self.exhausted = False  # the optimizer could make no new candidate
@@ -130,7 +131,7 @@ class Coordinator(DescentLoop):
         hybrid run that stopped early still polishes its final best."""
         if self.descent:
             return self.optimizer.stop()
-        if self._polish_pending():
+        if self.polish_pending():
             return False
         return self.stopped_early or self.exhausted or self.optimizer.stop()
 
@@ -144,6 +145,7 @@ class Coordinator(DescentLoop):
             try:
                 self.optimizer.load_state_dict(state["evolution"])
                 self.generation_seconds = [float(v) for v in state["generation_seconds"]]
+                self.polish_seconds = [float(v) for v in state.get("polish_seconds", [])]
                 best = state.get("best_by_generation", [])
                 self.best_by_generation = [math.inf if v is None else float(v) for v in best]
             except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -162,8 +164,8 @@ class Coordinator(DescentLoop):
             with self.heartbeat.held(), self.reporter.progress(self._expected_evaluations(), done) as bar:
                 self.bar = bar
                 if not bar.live:  # no bar: say at once what is being scored, not only when generation 0 ends
-                    generation = generation_label(self.optimizer.generation, self.total_generations)
-                    self._log(f"search: scoring {generation}, {done} evaluations done")
+                    position = resume_position(self.optimizer, self.polish_pending())
+                    self._log(f"search: scoring {position}, {done} evaluations done")
                 if self.descent:
                     self._run_descent(self.optimizer, self._end_descent_generation)
                 elif self.steady:
@@ -393,6 +395,7 @@ class Coordinator(DescentLoop):
             racing=self.settings.racing.enabled,
             countdown=countdown,
             seconds=seconds,
+            descent_steps=self.optimizer.steps if self.descent else None,
         )
 
     def _log(self, line: str) -> None:
@@ -404,6 +407,7 @@ class Coordinator(DescentLoop):
             {
                 "evolution": self.optimizer.state_dict(),
                 "generation_seconds": self.generation_seconds,
+                **({"polish_seconds": self.polish_seconds} if self.polish_seconds else {}),
                 "best_by_generation": [v if math.isfinite(v) else None for v in self.best_by_generation],
                 "stopped_early": self.stopped_early,
                 "finished": self.finished,

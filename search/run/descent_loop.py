@@ -63,22 +63,29 @@ class DescentLoop:
 
     def _polish_if_due(self) -> None:
         """Hybrid: polish the evolution's best by gradient steps when a polish is due, then adopt the result."""
-        while self._polish_pending():
+        while self.polish_pending():
             polisher = self.optimizer.polisher()
             self._run_descent(polisher, self._end_polish_step)
             adopted = self.optimizer.adopt_polish()
             self._log(f"polish: its best, on the grid, joins the population ({adopted.key})")
             self._write_state()
 
-    def _polish_pending(self) -> bool:
+    def polish_pending(self) -> bool:
         ending = self.stopped_early or self.exhausted
         return getattr(self.optimizer, "kind", None) == "hybrid" and self.optimizer.polish_due(ending)
 
     def _end_polish_step(self, polisher, seconds: float) -> None:
-        step, last = polisher.generation - 1, polisher.total_generations - 1
-        _, best_nll = polisher.best()
-        what = "on the grid" if polisher.stop() else f"step {step}/{last - 1}"
-        self._log(f"polish {what}  best ppl {math.exp(best_nll):.4f}  ({seconds:.1f}s)")
+        """One line per polish step: which polish, which step, the polish's own best (of its points: it starts
+        from the evolution's best rounded off the grid, so it may stand above the run's) and the run's best."""
+        step, steps = polisher.generation - 1, polisher.steps
+        _, polish_nll = polisher.best()
+        what = "its best rounded to the grid" if polisher.stop() else f"step {step}/{steps}"
+        run_best = self._best_perplexity_text()
+        self.polish_seconds.append(seconds)
+        self._log(
+            f"polish after generation {self.optimizer.generation - 1}, {what}  polish best ppl "
+            f"{math.exp(polish_nll):.4f}  run best ppl {run_best}  ({seconds:.1f}s)"
+        )
         self.heartbeat.beat()
         self._tell_watcher()
         self._write_state()

@@ -15,10 +15,44 @@ from longrope.search.config.search_section import EarlyStopConfig, GradientConfi
 from longrope.search.run.run_store import final_count, window_passes
 
 
-def generation_label(generation: int, total_generations: int) -> str:
-    """ "generation g/last", the initial population named as such; `last` grows if a run goes past its plan."""
+def generation_label(generation: int, total_generations: int, descent_steps: int | None = None) -> str:
+    """ "generation g/last", the initial population named as such; `last` grows if a run goes past its plan.
+    A gradient run (`descent_steps` given) says what its generation is: 0 the seeds, 1..steps one step each, and
+    the last, steps + 1, its best point rounded to the grid (so 5 steps make "generation x/6")."""
     last = max(total_generations - 1, generation)
+    if descent_steps is not None:
+        return f"generation {generation}/{last} ({descent_generation_text(generation, descent_steps)})"
     return f"generation {generation}/{last}" + (" (initial population)" if generation == 0 else "")
+
+
+def descent_generation_text(generation: int, steps: int) -> str:
+    """What a gradient run's generation is (see `generation_label`)."""
+    if generation == 0:
+        return "the seeds"
+    if generation <= steps:
+        return f"step {generation}/{steps}"
+    return "the best point rounded to the grid"
+
+
+def polish_position(steps_done: int, steps: int, rounded: bool = False) -> str:
+    """Where a hybrid's polish stands: "step k/n" (the next one), or its rounding to the grid."""
+    if rounded:
+        return "rounded to the grid"
+    return "its best rounded to the grid" if steps_done >= steps else f"step {steps_done + 1}/{steps}"
+
+
+def resume_position(optimizer: Any, polish_pending: bool) -> str:
+    """Where a run goes on from: its next generation, or (a hybrid) the polish between two generations, as "the
+    polish after generation g/last, step k/n": the polish's steps carry the generation after g, which printed as
+    "generation g+1/last" reads as past the run's end."""
+    total = optimizer.total_generations
+    if polish_pending:
+        done, polish = optimizer.generation - 1, optimizer.polish
+        steps_done = 0 if polish is None else polish.generation - 1
+        steps = optimizer.settings.gradient.polish_steps
+        return f"the polish after generation {done}/{total - 1}, {polish_position(steps_done, steps)}"
+    descent_steps = optimizer.steps if getattr(optimizer, "kind", None) == "gradient" else None
+    return generation_label(optimizer.generation, total, descent_steps)
 
 
 def generation_line(
@@ -30,6 +64,7 @@ def generation_line(
     racing: bool,
     countdown: str,
     seconds: float,
+    descent_steps: int | None = None,
 ) -> str:
     """One plain line for `generation`, just ended: evaluations so far, the best perplexity on the search split,
     whether it is new, the early-stop `countdown` (a "new best" beside it would contradict it, so it shows alone)."""
@@ -38,7 +73,7 @@ def generation_line(
     stopped = sum(1 for r in history.values() if r.get("status") == "stopped")
     fresh = sum(1 for record in history.values() if record["generation"] == generation)
     return (
-        f"{generation_label(generation, total_generations)}  evaluations {final_count(history)}"
+        f"{generation_label(generation, total_generations, descent_steps)}  evaluations {final_count(history)}"
         + (f" ({stopped} stopped by racing)" if racing else "")
         + f"  best search ppl {perplexity_text(best_nll, previous)}"
         + ("  * new best" if best_nll < previous < math.inf and not countdown else "")

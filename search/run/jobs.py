@@ -21,6 +21,7 @@ from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.run.coordinator import Coordinator, SearchProblem
+from longrope.search.run.generation_log import resume_position
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.job_context import JobContext, check_source
 from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
@@ -130,11 +131,8 @@ def _resume(run_dir: RunDir, stored: JobConfig, config: JobConfig | None, option
             f"search: warning: {run_dir.file('history.jsonl')} ended in a torn line ({len(history.torn_tail)} bytes "
             "of a write cut short); cut it, and that candidate is scored again"
         )
-    generation, last = coordinator.optimizer.generation, coordinator.total_generations - 1
-    reporter.log(
-        f"search: resuming at generation {generation}/{last}{' (initial population)' if generation == 0 else ''} "
-        f"with {final_count(coordinator.history)} candidates already scored"
-    )
+    position = resume_position(coordinator.optimizer, coordinator.polish_pending())
+    reporter.log(f"search: resuming at {position} with {final_count(coordinator.history)} candidates already scored")
     return _run(coordinator, context, windows, reporter)
 
 

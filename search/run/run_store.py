@@ -146,6 +146,7 @@ class RunState(BaseModel):
 
     evolution: EvolutionState
     generation_seconds: list[float]
+    polish_seconds: list[float] = []  # hybrid: each polish step's (and its rounding's), for status's ETA
     best_by_generation: list[float | None] = []
     stopped_early: bool = False
     finished: bool = False

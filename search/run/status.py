@@ -16,8 +16,9 @@ from typing import Any
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.run import heartbeat as heartbeats
+from longrope.search.run.generation_log import polish_position
 from longrope.search.run.job_record import JobRecord
-from longrope.search.run.run_check import read_run
+from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import (
     CONFIG,
     HISTORY,
@@ -50,17 +51,20 @@ def run_status(
     if config.search.stages:
         return _staged_status(run_dir, config, now=now, host=host, stale_after_s=stale_after_s)
     run = read_run(run_dir)
-    history, seconds = run.records, run.state.generation_seconds if run.state else []
+    history = run.records
     life = liveness(run_dir, run.finished, now=now, host=host, stale_after_s=stale_after_s)
-    left = run.last_generation - (-1 if run.generation_done is None else run.generation_done)
-    eta = statistics.median(seconds[1:] or seconds) * left if life["state"] == "running" and seconds else None
+    polish = polish_status(run)
+    eta = _eta_seconds(run, polish) if life["state"] == "running" else None
     best = run.best
     return {
         "run_dir": str(run_dir.path),
         "resume_dir": str(run_dir.path),
         "name": config.name,
+        "optimizer": config.search.optimizer,
+        "descent_steps": config.search.gradient.steps if config.search.optimizer == "gradient" else None,
         "generation": run.generation_done,
         "generations": run.last_generation,
+        "polish": polish,
         "evaluations": final_count(history),
         **dict(zip(("forward_windows", "backward_windows"), window_passes(history), strict=True)),
         "stopped_by_racing": sum(1 for r in history.values() if r.get("status") == "stopped"),
@@ -73,6 +77,59 @@ def run_status(
         "eta_seconds": eta,
         **record_fields(run.job, best),
     }
+
+
+def polish_status(run: CheckedRun) -> dict[str, Any] | None:
+    """A hybrid's polish under way or due now (between generation `after_generation` and the next): its steps
+    done of `steps`, and whether its best is rounded to the grid; None for other optimizers, or no polish now."""
+    state = run.state
+    if run.config.search.optimizer != "hybrid" or state is None or run.finished:
+        return None
+    evolution, steps = state.evolution, run.config.search.gradient.polish_steps
+    if evolution.polish is not None:
+        rounded = bool(evolution.polish.descent and evolution.polish.descent.rounded)
+        done = min(evolution.polish.generation - 1, steps)
+        return {"after_generation": evolution.generation - 1, "steps_done": done, "steps": steps, "rounded": rounded}
+    done = evolution.generation - 1
+    if done > evolution.polished_through and _polish_due_after(run, done):
+        return {"after_generation": done, "steps_done": 0, "steps": steps, "rounded": False}
+    return None
+
+
+def _polish_due_after(run: CheckedRun, generation: int) -> bool:
+    """Whether the hybrid polishes after `generation`: every polish_every-th, the last, or an early stop."""
+    every, state = run.config.search.gradient.polish_every, run.state
+    ending = generation >= run.last_generation or state.stopped_early or state.exhausted
+    return bool(every and generation and generation % every == 0) or ending
+
+
+def _eta_seconds(run: CheckedRun, polish: dict[str, Any] | None) -> float | None:
+    """The generations left at their median time (generation 0 aside: it scores a whole population), and for a
+    hybrid the polish steps left (the one under way and those still due) at a polish step's median time; before
+    any polish step is timed, at a GA candidate's (a step scores one candidate, and a backward pass on some of
+    its windows, which this leaves out)."""
+    seconds = run.state.generation_seconds if run.state else []
+    if not seconds:
+        return None
+    per_generation = statistics.median(seconds[1:] or seconds)
+    done = -1 if run.generation_done is None else run.generation_done
+    eta = per_generation * (run.last_generation - done)
+    if run.config.search.optimizer == "hybrid":
+        search = run.config.search
+        per_step = statistics.median(run.state.polish_seconds) if run.state.polish_seconds else None
+        if per_step is None:
+            per_step = per_generation / max(1, search.mutations + search.crossovers)
+        eta += per_step * _polish_steps_left(run, polish, done)
+    return eta
+
+
+def _polish_steps_left(run: CheckedRun, polish: dict[str, Any] | None, done: int) -> int:
+    """Polish steps (each polish's rounding counted as one) still to run: the rest of the one under way, and a
+    whole polish after each generation still to come that is due one."""
+    per_polish = run.config.search.gradient.polish_steps + 1
+    now = 0 if polish is None else per_polish - polish["steps_done"] - polish["rounded"]
+    later = sum(1 for g in range(done + 1, run.last_generation + 1) if _polish_due_after(run, g))
+    return now + later * per_polish
 
 
 def _staged_status(
@@ -169,11 +226,30 @@ def format_status(status: dict[str, Any]) -> str:
 
 
 def _generations_text(status: dict[str, Any]) -> str:
-    """Generations numbered as the search's log numbers them: 0 is the initial population."""
-    done, last = status["generation"], status["generations"]
+    """The optimizer, and generations numbered as the search's log numbers them: 0 is the initial population (a
+    gradient run's: its seeds, then one generation per step and one for the rounding to the grid); a hybrid's
+    polish under way, where it stands."""
+    done, last, steps = status["generation"], status["generations"], status.get("descent_steps")
+    optimizer = f"{status['optimizer']}: " if status.get("optimizer") else ""
+    if steps is not None:
+        meaning = f"0 the seeds, 1-{steps} descent steps, {steps + 1} the best point rounded to the grid"
+    else:
+        meaning = "generation 0 is the initial population"
     if done is None:
-        return f"generation 0/{last} (initial population) not done yet"
-    return f"generation {done}/{last} done (generation 0 is the initial population)"
+        return f"{optimizer}generation 0/{last} not done yet ({meaning})"
+    text = f"{optimizer}generation {done}/{last} done ({meaning})"
+    polish = status.get("polish")
+    return text + (f"; {_polish_text(polish)}" if polish else "")
+
+
+def _polish_text(polish: dict[str, Any]) -> str:
+    """A hybrid's polish between two generations: its steps done and what comes next (or its rounded best, not
+    yet adopted into the population)."""
+    where = polish_position(polish["steps_done"], polish["steps"], polish["rounded"])
+    after = f"the polish after generation {polish['after_generation']}"
+    if polish["rounded"]:
+        return f"{after}: {where}, not yet adopted"
+    return f"{after}: {polish['steps_done']}/{polish['steps']} steps done, next {where}"
 
 
 def state_text(status: dict[str, Any]) -> str:
