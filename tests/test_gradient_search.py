@@ -4,13 +4,14 @@ data-parallel chunks, exact resume after a crash at every point, and bad `search
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
 import numpy as np
 import pytest
 from cli_checks import cli_error_line
-from search_helpers import FunctionEvaluator, make_coordinator
+from search_helpers import FunctionEvaluator, make_coordinator, write_job_record
 
 from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
@@ -18,7 +19,8 @@ from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.genome import Genome
 from longrope.search.optimizers.gradient import Parametrization, objective_gradient, subset_mix
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.run.known_problem import OPTIMUM, objective, problem, window_nll_gradient
+from longrope.search.run.known_problem import OPTIMUM, TARGET, objective, problem, window_nll_gradient
+from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir
 
 WINDOWS = 4
@@ -353,3 +355,21 @@ def test_polish_count_by_hand(every, generations, polishes):
     """after generations 5, 10, 15, 20 | 3, 6, ..., 18 and the last, 20 | the last only | ... | none in a run
     without generations | after each of 3."""
     assert GradientConfig(polish_every=every).polishes(generations) == polishes
+
+
+@pytest.mark.parametrize("optimizer", ["gradient", "hybrid"])
+def test_a_run_killed_anywhere_reads_cleanly(tmp_path, optimizer):
+    """The replay check of a descent's state (run_check, issue 27 items 3-8) refuses no state a run writes: killed
+    after the first result of every evaluator call (seeds, each step's chunks, the rounding; a hybrid's
+    generations and its two polishes, attention factor searched), every run directory reads as sound."""
+    extra = ["search.attention_factor.mode=searched", "search.gradient.windows_per_step=1"]
+    calls = 16 if optimizer == "gradient" else 15
+    for fail_on_call in range(1, calls):
+        run_dir = tmp_path / str(fail_on_call)
+        config = (job if optimizer == "gradient" else hybrid)(run_dir, *extra, "search.gradient.steps=6")
+        RunDir(run_dir).create(config)
+        write_job_record(run_dir, config, search_windows={"count": WINDOWS, "tokens": TARGET + 1})
+        coordinator = make_coordinator(config, RunDir(run_dir), smooth(fail_on_call=fail_on_call), problem(WINDOWS))
+        with contextlib.suppress(RuntimeError):  # the simulated crash; past the last call the run finishes
+            coordinator.run()
+        read_run(RunDir(run_dir))
