@@ -13,106 +13,34 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cli_checks import cli_error_line
+from descent_corruptions import DESCENT_CORRUPTIONS
 from rich.console import Console
+from run_dir_helpers import (
+    GRADIENT,
+    append_line,
+    cheap_config,
+    descent_run,
+    edit_json,
+    lines,
+    mid_polish,
+    rewrite_line,
+    scored,
+    stopped_run,
+)
 from search_helpers import JOB_RECORD, FunctionEvaluator, finished_run, make_coordinator, write_job_record
 
 from longrope.search.cli.main import main
 from longrope.search.cli.reporter import ConsoleReporter
-from longrope.search.config.loading import load_job_config
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.run.coordinator import Coordinator
-from longrope.search.run.known_problem import TARGET, problem
+from longrope.search.run.known_problem import problem
 from longrope.search.run.run_store import RunDir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-# ---- run directories ----
-
-
-def cheap_config(run_dir: Path, *overrides: str):
-    """The cheap search of search_helpers (FunctionEvaluator: one window, 16 pairs, 64 -> 256 tokens)."""
-    return load_job_config(None, ["target_length=256", "data.search_windows=1", f"output_dir={run_dir}", *overrides])
-
-
-def stopped_run(run_dir: Path) -> Path:
-    """A run stopped by a worker error in generation 2 of 3: state.json, job.json and a history, not finished."""
-    config = cheap_config(run_dir, "search.generations=3")
-    RunDir(run_dir).create(config)
-    write_job_record(run_dir, config)
-    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
-        make_coordinator(config, RunDir(run_dir), FunctionEvaluator(fail_on_call=3)).run()
-    return run_dir
-
-
-# gradient and hybrid runs: 4 windows (2 for the gradient, 2 held out); calls of the evaluator: gradient, 1 the
-# seeds, k + 1 step k, 7 the rounding; hybrid, 1-3 generations 0-2, 4-7 the polish's steps after generation 2, 8 its
-# rounding (killed by a worker error after the first result of call k: `FunctionEvaluator.fail_on_call`)
-GRADIENT = ("search.optimizer=gradient", "search.gradient.steps=5")
-HYBRID = (
-    "search.optimizer=hybrid",
-    "search.population=8",
-    "search.parents=4",
-    "search.mutations=2",
-    "search.crossovers=2",
-    "search.generations=2",
-    "search.gradient.polish_every=2",
-    "search.gradient.polish_steps=4",
-)
-
-
-def descent_run(run_dir: Path, optimizer: tuple[str, ...], fail_on_call: int | None = None) -> Path:
-    """A gradient or hybrid run of the cheap problem, finished, or killed on evaluator call `fail_on_call`."""
-    config = cheap_config(run_dir, "data.search_windows=4", "search.seed=3", *optimizer)
-    RunDir(run_dir).create(config)
-    write_job_record(run_dir, config, search_windows={"count": 4, "tokens": TARGET + 1})
-    evaluator = FunctionEvaluator(windows=4, wobble=0.0, fail_on_call=fail_on_call)
-    coordinator = make_coordinator(config, RunDir(run_dir), evaluator, problem(4))
-    if fail_on_call is None:
-        coordinator.run()
-        return run_dir
-    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
-        coordinator.run()
-    return run_dir
-
-
-def mid_polish(run_dir: Path) -> Path:
-    """A hybrid killed in its polish after generation 2 of 2: one of its 4 steps told (state.json's `polish`)."""
-    return descent_run(run_dir, HYBRID, fail_on_call=5)
-
-
-def step_lines(run: Path) -> list[int]:
-    """The indexes of history.jsonl's descent steps (lines with a gradient)."""
-    return [k for k, record in enumerate(lines(run / "history.jsonl")) if "gradient" in record]
-
-
-def lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def append_line(path: Path, record: dict) -> None:
-    with path.open("a") as history:
-        history.write(json.dumps(record) + "\n")
-
-
-def rewrite_line(path: Path, number: int, change: Callable[[dict], dict]) -> None:
-    records = lines(path)
-    records[number] = change(records[number])
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
-def edit_json(path: Path, change: Callable[[dict], dict]) -> None:
-    path.write_text(json.dumps(change(json.loads(path.read_text()))))
-
-
-def scored(record: dict, mean_nll: float) -> dict:
-    """A record made self-consistent around another mean NLL (its one window's NLL and its perplexity agree)."""
-    return {**record, "mean_nll": mean_nll, "perplexity": math.exp(mean_nll), "nll": [mean_nll * record["tokens"][0]]}
 
 
 # ---- corruptions: (how to damage a run directory, a substring of the one error line) ----
@@ -243,150 +171,6 @@ def symlink_loop(t: Path) -> Path:
 def path_of_10000_characters(t: Path) -> Path:
     return Path(str(t) + ("/" + "d" * 200) * 50)
 
-
-def polish_adam_moment_one_value(t: Path) -> Path:
-    run = mid_polish(t / "run")
-    edit_json(run / "state.json", lambda s: _set(s, ["evolution", "polish", "descent", "adam", "m"], [0.0]))
-    return run
-
-
-def polish_adam_moment_edited(t: Path) -> Path:
-    """The right length, finite: found only by replaying the polish on history.jsonl's gradients."""
-    run = mid_polish(t / "run")
-    m = json.loads((run / "state.json").read_text())["evolution"]["polish"]["descent"]["adam"]["m"]
-    edit_json(run / "state.json", lambda s: _set(s, ["evolution", "polish", "descent", "adam", "m"], [0.0] * len(m)))
-    return run
-
-
-def polish_dropped(t: Path) -> Path:
-    """polish null and polished_through 2: as if the polish after generation 2 were done, with 1 of its 4 steps."""
-    run = mid_polish(t / "run")
-    edit_json(run / "state.json", lambda s: _set(s, ["evolution", "polish"], None))
-    edit_json(run / "state.json", lambda s: _set(s, ["evolution", "polished_through"], 2))
-    return run
-
-
-def descent_adam_moment_two_values(t: Path) -> Path:
-    run = descent_run(t / "run", GRADIENT, fail_on_call=4)
-    edit_json(run / "state.json", lambda s: _set(s, ["evolution", "descent", "adam", "m"], [0.0, 0.0]))
-    return run
-
-
-def descent_u_nan(t: Path) -> Path:
-    run = descent_run(t / "run", GRADIENT, fail_on_call=4)
-    state = (run / "state.json").read_text()
-    start = state.index('"u": [') + len('"u": [')
-    (run / "state.json").write_text(state[:start] + "NaN" + state[state.index(",", start) :])
-    return run
-
-
-def step_line_changed(change: Callable[[dict], dict]) -> Callable[[Path], Path]:
-    """A killed gradient run (steps 1-2 told) whose first step's line is changed."""
-
-    def corrupt(t: Path) -> Path:
-        run = descent_run(t / "run", GRADIENT, fail_on_call=4)
-        rewrite_line(run / "history.jsonl", step_lines(run)[0], change)
-        return run
-
-    return corrupt
-
-
-def last_step_gradient_edited(t: Path) -> Path:
-    """The last step of a finished run: no later point shows it, the state's u and moments do."""
-    run = descent_run(t / "run", GRADIENT)
-    rewrite_line(run / "history.jsonl", step_lines(run)[-1], lambda r: {**r, "gradient": [0.0] * len(r["gradient"])})
-    return run
-
-
-def _set(document: dict, path: list[str], value) -> dict:
-    """`document` with the field at `path` set to `value`."""
-    inner = document
-    for name in path[:-1]:
-        inner = inner[name]
-    inner[path[-1]] = value
-    return document
-
-
-def _scaled_gradient(record: dict) -> dict:
-    return {**record, "gradient": [2 * g for g in record["gradient"]]}
-
-
-DESCENT_CORRUPTIONS = [
-    pytest.param(
-        polish_adam_moment_one_value,
-        "state.json: evolution.polish.descent.adam.m: 1 values, but the run's descent has 17 parameters",
-        id="polish-adam-m-one-value",
-    ),
-    pytest.param(
-        polish_adam_moment_edited,
-        "state.json: evolution.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and gradients",
-        id="polish-adam-m-edited",
-    ),
-    pytest.param(
-        polish_dropped,
-        "state.json: evolution.polished_through is 2, but history.jsonl holds 1 of the 4 steps of the polish after "
-        "generation 2",
-        id="polish-dropped",
-    ),
-    pytest.param(
-        descent_adam_moment_two_values,
-        "state.json: evolution.descent.adam.m: 2 values, but the run's descent has 17 parameters",
-        id="descent-adam-m-two-values",
-    ),
-    pytest.param(
-        descent_u_nan, "state.json: corrupted (evolution.descent.u.0: Input should be a finite number", id="u-nan"
-    ),
-    pytest.param(
-        step_line_changed(lambda r: {**r, "backward_windows": "abc"}),
-        "corrupted line (backward_windows: Input should be a valid integer",
-        id="backward-windows-abc",
-    ),
-    pytest.param(
-        step_line_changed(lambda r: {**r, "backward_windows": None}),
-        "corrupted line (backward_windows: Input should be a valid integer",
-        id="backward-windows-null",
-    ),
-    pytest.param(
-        step_line_changed(lambda r: {**r, "backward_windows": -600}),
-        "corrupted line (backward_windows: Input should be greater than or equal to 0",
-        id="backward-windows-negative",
-    ),
-    pytest.param(
-        step_line_changed(lambda r: {**r, "backward_windows": 100000}),
-        "backward_windows: must be the 2 gradient windows, got 100000",
-        id="backward-windows-100000",
-    ),
-    pytest.param(
-        step_line_changed(lambda r: {**r, "backward_windows": 6.9}),
-        "corrupted line (backward_windows: Input should be a valid integer",
-        id="backward-windows-6.9",
-    ),
-    pytest.param(
-        step_line_changed(lambda r: {**r, "gradient": [math.nan, *r["gradient"][1:]]}),
-        "corrupted line (gradient.0: Input should be a finite number",
-        id="gradient-nan",
-    ),
-    pytest.param(
-        step_line_changed(lambda r: {**r, "gradient_windows": [0, 99]}),
-        "gradient_windows: must be [first, last) within the line's 4 windows, got [0, 99]",
-        id="gradient-windows-0-99",
-    ),
-    pytest.param(
-        step_line_changed(lambda r: {**r, "gradient_windows": [2, 4]}),
-        "gradient_windows [2, 4], but step 1 reads [0, 2]; the line does not belong to this run",
-        id="gradient-windows-held-out",
-    ),
-    pytest.param(
-        step_line_changed(_scaled_gradient),
-        "history.jsonl:5: a descent point the run's descent never asked for",
-        id="gradient-edited",
-    ),
-    pytest.param(
-        last_step_gradient_edited,
-        "state.json: evolution.descent.u[0] is",
-        id="last-gradient-edited",
-    ),
-]
 
 CORRUPTIONS = [
     pytest.param(target_length_edited, "job.json: record_hash does not match its fields", id="job-target-edited"),

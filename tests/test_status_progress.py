@@ -21,8 +21,8 @@ import pytest
 import yaml
 from cli_checks import snapshot
 from rich.console import Console
+from run_dir_helpers import GRADIENT, HYBRID, cheap_config, descent_run, edit_json, mid_polish
 from search_helpers import FunctionEvaluator, finished_run, make_coordinator, problem
-from test_run_dir_checks import GRADIENT, HYBRID, cheap_config, descent_run, edit_json, mid_polish
 
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.config.loading import load_job_config

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_checks import cli_error_line
+from run_dir_helpers import stopped_run
 from search_helpers import FunctionEvaluator, finished_run, make_coordinator, problem
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_run_dir_checks import stopped_run
 
 from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config

@@ -25,18 +25,16 @@ step, the held-out best) is JSON; nothing in it is random, so a run is reproduci
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from longrope.search.config.search_section import GradientConfig
+from longrope.search.optimizers.descent_state import DescentState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.objective import ObjectiveMix
 
@@ -143,44 +141,6 @@ class Adam:
     @classmethod
     def from_state(cls, learning_rate: float, state: dict[str, Any]) -> Adam:
         return cls(learning_rate, np.asarray(state["m"], float), np.asarray(state["v"], float), int(state["t"]))
-
-
-class AdamState(BaseModel):
-    """state.json's Adam: the moments (finite; v, a mean of squares, never below 0) and the steps taken."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-
-    m: list[float]
-    v: list[float]
-    t: int = Field(ge=0)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> AdamState:
-        if any(value < 0 for value in self.v):
-            raise ValueError(f"v: a mean of squared gradients is never below 0, got {min(self.v)}")
-        return self
-
-
-class DescentState(BaseModel):
-    """state.json's `descent` (`GradientDescent.state_dict`): typed and finite here; its lengths (one value per
-    parameter) and its agreement with history.jsonl are checked by `run_check`, which knows the run's parameter
-    space, so that an error names the field that is wrong rather than the one it disagrees with."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-
-    u: list[float] | None  # None: the seeds are not told yet
-    adam: AdamState
-    best_held_out: float | None  # None: no held-out NLL yet (inf in memory)
-    since_gain: int = Field(ge=0)
-    rounded: bool
-    final: list[Any] | None  # the rounding's genome (Genome.to_json)
-    points: dict[str, list[Any]]  # key -> [factors, attention factor] of every told point
-
-    @model_validator(mode="after")
-    def _consistent(self) -> DescentState:
-        if self.rounded != (self.final is not None):
-            raise ValueError(f"final: {self.final!r}, but rounded is {self.rounded} (the rounding's genome)")
-        return self
 
 
 @dataclass(frozen=True)
@@ -421,58 +381,6 @@ class GradientDescent:
         self.rounded = bool(descent["rounded"])
         self.final = None if descent.get("final") is None else Genome.from_json(descent["final"])
         self.pending = {}
-
-
-@dataclass(frozen=True)
-class Replay:
-    """What a descent's history.jsonl lines give (`replay`): its state when it stood at a generation (None: the
-    lines run out before it), how far the lines take it, and the keys of the lines it asked for, in order."""
-
-    state: dict[str, Any] | None
-    generation: int
-    keys: tuple[str, ...]
-
-
-def replay(descent: GradientDescent, records: Mapping[str, dict[str, Any]], generation: int) -> Replay:
-    """Tell `descent` the recorded result of each point it asks for, from where it stands, while history.jsonl holds
-    that point as it would be scored (same factors, attention factor and gradient windows), and keep its state at
-    `generation`.
-
-    Nothing in a descent is random: its state (u, Adam's moments and step, the held-out best and patience, the
-    rounding) is a function of its recorded points, NLLs and gradients alone. So this, not a look at the numbers,
-    is how a state.json is checked: an Adam moment edited to another finite value of the right length is found only
-    by recomputing it, and a gradient edited in a line is found because the next step's point, or the state, is not
-    where the recorded gradients lead. The replay runs the descent's own code on the values written, so on the
-    machine that wrote them it gives back the same bits (what exact resume already relies on)."""
-    state, keys = None, []
-    while True:
-        if descent.generation == generation:
-            state = copy.deepcopy(descent.state_dict())  # it holds the descent's own dicts, which go on changing
-        if descent.stop():
-            break
-        points = descent.ask()
-        found = [records.get(point.key) for point in points]
-        if not points or not all(map(_recorded_as_asked, points, found)):
-            break
-        descent.tell(points, found)
-        keys += [point.key for point in points]
-    descent.pending = {}
-    return Replay(state, descent.generation, tuple(keys))
-
-
-def _recorded_as_asked(point: Point, record: dict[str, Any] | None) -> bool:
-    """A final history record of the point as the descent asks it: its factors (as recorded, 6 decimals), its
-    attention factor when the descent sets one (otherwise the encoding's own is recorded) and, for a step, its
-    gradient windows."""
-    if record is None or record.get("status", "scored") != "scored":
-        return False
-    factors = [round(float(f), RECORDED_DECIMALS) for f in point.factors]
-    windows = None if point.gradient_windows is None else list(point.gradient_windows)
-    return (
-        record["factors"] == factors
-        and (point.attention_factor is None or record["attention_factor"] == point.attention_factor)
-        and record.get("gradient_windows") == windows
-    )
 
 
 def _json_score(score: float) -> float | None:

@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.gradient import DescentState
+from longrope.search.optimizers.descent_state import DescentState
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.path_limits import os_error_text, shown_path
 
@@ -133,7 +133,7 @@ class EvolutionState(BaseModel):
     children_told: int = Field(default=0, ge=0)
     generation_keys: list[str] = []  # what generation 0 / the current round asked
     asked_keys: list[list[str]] = []  # cmaes: the keys each generation asked, for the replay
-    descent: DescentState | None = None  # gradient: the descent's own state (search/optimizers/gradient.py)
+    descent: DescentState | None = None  # gradient: the descent's own state (search/optimizers/descent_state.py)
     polish: EvolutionState | None = None  # hybrid: a polish in progress (a GradientDescent's state), or none
     polished_through: int = Field(default=0, ge=0)  # hybrid: the last generation whose best was polished
 
