@@ -121,6 +121,13 @@ class GradientConfig(Strict):
     polish_steps: int = Field(default=10, ge=1, le=MAX_COUNT, description="hybrid: gradient steps per polish")
     polish_learning_rate: float = Field(default=0.05, gt=0, le=10, description="hybrid: Adam's step size to polish")
 
+    def polishes_after(self, generation: int, last: int, ending: bool = False) -> bool:
+        """Whether the hybrid polishes its best after `generation` (done; 0 is the initial population, never
+        polished) of a run whose last is `last`: after every polish_every-th generation, after the last, and after
+        an early stop (`ending`). The one rule the hybrid follows and `status` counts the polishes still due by."""
+        every = self.polish_every
+        return generation > 0 and (bool(every and generation % every == 0) or generation >= last or ending)
+
     def polishes(self, generations: int) -> int:
         """The hybrid's polishes in a run of `generations` that is not stopped early: one after every
         polish_every-th generation, and one after the last if that is not such a generation already (an early

@@ -80,10 +80,10 @@ class HybridSearch:
         GA has converged (the issue's probe: 3.69 -> 3.63 held-out from the demo's final factors)."""
         if self.polish is not None:
             return True
-        done, every = self.evolution.generation - 1, self.settings.gradient.polish_every
+        done, last = self.evolution.generation - 1, self.evolution.total_generations - 1
         if done <= self.polished_through:
             return False
-        return bool(every and done % every == 0) or ending or self.evolution.stop()
+        return self.settings.gradient.polishes_after(done, last, ending or self.evolution.stop())
 
     def polisher(self) -> GradientDescent:
         """The polish under way, or a new one from the evolution's best."""

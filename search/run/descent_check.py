@@ -38,7 +38,6 @@ def check_descents(
     (`gradient.replay`), and history.jsonl holds no step it did not ask for. Needs the run's grid, which needs the
     model's lengths: without job.json (lost, or not written yet) the state is only typed-checked (`RunState`)."""
     optimizer, records = config.search.optimizer, history.records
-    numbers = {record["key"]: number for number, record in enumerate(history.lines, start=1)}
     if state is None or job is None or optimizer not in ("gradient", "hybrid"):
         return
     grid = GenomeGrid(config.search, pairs=job.pairs, scale=job.target_length / job.original_length)
@@ -50,19 +49,19 @@ def check_descents(
             if r["generation"] == 0 and r.get("status", "scored") == "scored"
         ]
         descent = GradientDescent(config.search.gradient, grid, seeds, mix)
-        _check_replay(run_dir, "evolution", descent, state.evolution, records, list(records), numbers)
+        _check_replay(run_dir, "evolution", descent, state.evolution, history, list(records))
     else:
-        _check_polish(run_dir, config, grid, mix, state.evolution, records, numbers)
+        _check_polish(run_dir, config, grid, mix, state.evolution, history)
 
 
 def _check_polish(
-    run_dir: RunDir, config: JobConfig, grid: GenomeGrid, mix: ObjectiveMix, evolution: EvolutionState, records, numbers
+    run_dir: RunDir, config: JobConfig, grid: GenomeGrid, mix: ObjectiveMix, evolution: EvolutionState, history: History
 ) -> None:
     """The hybrid's polishes: the steps of a polish carry the generation the evolution was at (the one after the
     generation polished). A finished polish (after a generation up to polished_through) has all its steps; the
     polish after the last generation done, when that is past polished_through, is replayed from the evolution's
     best; `polish` is there only while one is under way."""
-    where, current = run_dir.file(STATE), evolution.generation
+    where, current, records = run_dir.file(STATE), evolution.generation, history.records
     done, through, steps = current - 1, evolution.polished_through, config.search.gradient.polish_steps
     if through > max(done, 0):
         raise RunStoreError(f"{where}: evolution.polished_through is {through}, past generation {done}, the last done")
@@ -91,7 +90,7 @@ def _check_polish(
         best = min((key for key in scores if key in genomes), key=lambda key: (scores[key], key))
         polish = polish_descent(config.search, grid, mix, genomes[best])
         steps_now = [key for key, r in records.items() if r["generation"] == current and r.get("gradient_windows")]
-        _check_replay(run_dir, "evolution.polish", polish, evolution.polish, records, steps_now, numbers)
+        _check_replay(run_dir, "evolution.polish", polish, evolution.polish, history, steps_now)
 
 
 def _check_replay(
@@ -99,9 +98,8 @@ def _check_replay(
     field: str,
     descent: GradientDescent,
     stored: EvolutionState | None,
-    records: dict[str, dict],
+    history: History,
     lines: list[str],
-    numbers: dict[str, int],
 ) -> None:
     """Each of `lines` (history keys the descent must account for) is a point the replay asked for (a stray one
     is named first: the line after an edited one is where the replay and the history part), `stored` (None: a
@@ -111,12 +109,13 @@ def _check_replay(
     if stored is not None:
         _check_lengths(where, field, stored, descent.param.size)
     generation = descent.generation if stored is None else stored.generation
-    replayed = replay(descent, records, generation)
+    replayed = replay(descent, history.records, generation)
     asked = set(replayed.keys)
     stray = [key for key in lines if key not in asked]
     if stray:
+        line = history.line_numbers().get(stray[0], "?")
         raise RunStoreError(
-            f"{run_dir.file(HISTORY)}:{numbers.get(stray[0], '?')}: a descent point the run's descent never asked for "
+            f"{run_dir.file(HISTORY)}:{line}: a descent point the run's descent never asked for "
             "(the recorded points and gradients before it lead elsewhere: an edited gradient or point, or a line of "
             "another run?)"
         )

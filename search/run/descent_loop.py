@@ -17,6 +17,7 @@ from typing import Any
 
 from longrope.encodings import RopeMethod
 from longrope.search.optimizers.gradient import objective_gradient, subset_mix
+from longrope.search.run.generation_log import polish_position
 from longrope.search.run.run_store import FINAL_STATUSES
 from longrope.workers.scorer import CandidateScore
 
@@ -77,9 +78,8 @@ class DescentLoop:
     def _end_polish_step(self, polisher, seconds: float) -> None:
         """One line per polish step: which polish, which step, the polish's own best (of its points: it starts
         from the evolution's best rounded off the grid, so it may stand above the run's) and the run's best."""
-        step, steps = polisher.generation - 1, polisher.steps
         _, polish_nll = polisher.best()
-        what = "its best rounded to the grid" if polisher.stop() else f"step {step}/{steps}"
+        what = polish_position(polisher.generation - 2, polisher.steps)  # the step just told
         run_best = self._best_perplexity_text()
         self.polish_seconds.append(seconds)
         self._log(

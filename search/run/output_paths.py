@@ -75,7 +75,7 @@ def _link_target_info(link: str | Path, where: str) -> os.stat_result | None:
         if exc.errno == errno.ELOOP:
             raise OutputPathError(f"{where}: a symlink loop; give a file name") from None
         raise OutputPathError(f"{where}: cannot write there ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(info.st_mode) or not stat.S_ISREG(info.st_mode):
+    if not stat.S_ISREG(info.st_mode):
         raise OutputPathError(f"{where}: a symlink to {file_kind(info)}, not a regular file; give a file name")
     return info
 

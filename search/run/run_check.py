@@ -157,7 +157,7 @@ def _check_history(run_dir: RunDir, config: JobConfig, job: JobRecord | None, hi
     mix = ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows)
     count = len(mix.objectives)
     length = _windows_of(config, job)[1] if job else config.target_length
-    lines = _line_numbers(run_dir)
+    lines = history.line_numbers()
     reference_tokens = max((r["tokens"] for r in history.records.values()), key=len, default=[])
     for key, record in history.records.items():
         where = f"{run_dir.file(HISTORY)}:{lines.get(key, '?')}"
@@ -207,26 +207,13 @@ def _step_problem(record: dict[str, Any], config: JobConfig, count: int) -> str 
     split = WindowSplit.of(config.search.gradient, count)
     blocks = [list(split.block(step)) for step in range(1, math.ceil(split.gradient / split.per_step) + 1)]
     step = record["generation"]
-    if optimizer == "gradient" and windows != list(split.block(max(step, 1))):
-        return f"gradient_windows {windows}, but step {step} reads {list(split.block(max(step, 1)))}"
+    expected = list(split.block(max(step, 1)))  # the gradient optimizer's step k reads block k
+    if optimizer == "gradient" and windows != expected:
+        return f"gradient_windows {windows}, but step {step} reads {expected}"
     if windows not in blocks:
         held_out = list(split.held_out)
         return f"gradient_windows {windows} is no block of the run's gradient windows {blocks} (held out {held_out})"
     return None
-
-
-def _line_numbers(run_dir: RunDir) -> dict[str, int]:
-    """Each key's last line in history.jsonl (its record as read), to name the line an error is about."""
-    numbers: dict[str, int] = {}
-    try:
-        text = run_dir.file(HISTORY).read_bytes()
-    except OSError:
-        return numbers
-    for number, line in enumerate(text.splitlines(), start=1):
-        start = line.find(b'"key": "')
-        if start >= 0:
-            numbers[line[start + 8 : line.find(b'"', start + 8)].decode(errors="replace")] = number
-    return numbers
 
 
 # ---- state.json against config.json and history.jsonl ----

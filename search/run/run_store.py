@@ -214,6 +214,10 @@ class History:
     good_length: int = 0  # bytes up to and including the last complete line
     lines: tuple[dict[str, Any], ...] = ()  # every complete line in the order written (partial ones too)
 
+    def line_numbers(self) -> dict[str, int]:
+        """Each key's last complete line in history.jsonl (the record read for it), to name it in an error."""
+        return {record["key"]: number for number, record in enumerate(self.lines, start=1)}
+
 
 class RunDir:
     def __init__(self, path: str | Path):

@@ -97,10 +97,9 @@ def polish_status(run: CheckedRun) -> dict[str, Any] | None:
 
 
 def _polish_due_after(run: CheckedRun, generation: int) -> bool:
-    """Whether the hybrid polishes after `generation`: every polish_every-th, the last, or an early stop."""
-    every, state = run.config.search.gradient.polish_every, run.state
-    ending = generation >= run.last_generation or state.stopped_early or state.exhausted
-    return bool(every and generation and generation % every == 0) or ending
+    """Whether the hybrid polishes after `generation` (`GradientConfig.polishes_after`, the rule it runs by)."""
+    ending = run.state.stopped_early or run.state.exhausted
+    return run.config.search.gradient.polishes_after(generation, run.last_generation, ending)
 
 
 def _eta_seconds(run: CheckedRun, polish: dict[str, Any] | None) -> float | None:
