@@ -29,6 +29,13 @@ def polish_adam_moment_edited(t: Path) -> Path:
     return run
 
 
+def polish_seconds_negative(t: Path) -> Path:
+    """A polish step's time, which status's ETA reads and a resume carries on, edited below 0."""
+    run = mid_polish(t / "run")
+    edit_json(run / "state.json", lambda s: set_field(s, ["polish_seconds"], [-5.0] * len(s["polish_seconds"])))
+    return run
+
+
 def polish_dropped(t: Path) -> Path:
     """polish null and polished_through 2: as if the polish after generation 2 were done, with 1 of its 4 steps."""
     run = mid_polish(t / "run")
@@ -83,6 +90,11 @@ DESCENT_CORRUPTIONS = [
         polish_adam_moment_edited,
         "state.json: evolution.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and gradients",
         id="polish-adam-m-edited",
+    ),
+    pytest.param(
+        polish_seconds_negative,
+        "state.json: corrupted (polish_seconds.0: Input should be greater than or equal to 0",
+        id="polish-seconds-negative",
     ),
     pytest.param(
         polish_dropped,

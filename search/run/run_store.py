@@ -30,7 +30,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -138,6 +138,9 @@ class EvolutionState(BaseModel):
     polished_through: int = Field(default=0, ge=0)  # hybrid: the last generation whose best was polished
 
 
+Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
+
+
 class RunState(BaseModel):
     """state.json: the optimizer's state (after the last generation, or in steady mode the last result) and the
     run's progress."""
@@ -145,8 +148,8 @@ class RunState(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     evolution: EvolutionState
-    generation_seconds: list[float]
-    polish_seconds: list[float] = []  # hybrid: each polish step's (and its rounding's), for status's ETA
+    generation_seconds: list[Seconds]
+    polish_seconds: list[Seconds] = []  # hybrid: each polish step's (and its rounding's), for status's ETA
     best_by_generation: list[float | None] = []
     stopped_early: bool = False
     finished: bool = False
