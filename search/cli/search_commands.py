@@ -28,6 +28,7 @@ from longrope.search.export.factors_export import (
     write_export,
     write_into_model,
 )
+from longrope.search.export.gguf_export import ROPE_FREQS, write_gguf_export
 from longrope.search.export.verify import verify
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_tables import markdown_table
@@ -75,6 +76,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "(default: from -o's extension, else json; one the extension contradicts is refused)",
     )
     export.add_argument("--into", type=Path, metavar="MODEL_DIR", help="write the block into MODEL_DIR/config.json")
+    export.add_argument(
+        "--gguf",
+        type=Path,
+        metavar="IN.gguf",
+        help="write -o OUT.gguf: a copy of this llama GGUF (never modified) whose rope_freqs.weight, "
+        "rope.scaling.attn_factor and context_length make llama.cpp apply the factors",
+    )
     export.add_argument("--allow-n-hat", action="store_true", help="export an n_hat > 0 candidate anyway")
     export.set_defaults(handler=run_export_command)
 
@@ -238,7 +246,11 @@ def run_export_command(args: argparse.Namespace) -> int:
     """`-o -` prints the JSON on stdout (and nothing else there); the format is settled before the run is read."""
     if not args.output and not args.into:
         raise JobConfigError("export: give -o FILE and/or --into MODEL_DIR")
-    fmt = export_format(args.output, args.format)
+    if args.gguf is not None and args.output in (None, STDOUT):
+        raise JobConfigError("--gguf: give -o OUT.gguf, the copy to write (IN.gguf is never modified)")
+    if args.gguf is not None and args.format:
+        raise JobConfigError(f"--format {args.format}: not with --gguf, whose output is a GGUF file")
+    fmt = export_format(args.output, args.format) if args.gguf is None else None
     factors = factors_file_of_run(RunDir(args.run_dir), allow_n_hat=args.allow_n_hat)
     console = cli_console()
     if warning := unfinished_warning(factors, RunDir(args.run_dir)):
@@ -247,6 +259,14 @@ def run_export_command(args: argparse.Namespace) -> int:
         console.print("export: n_hat is not part of transformers' longrope; transformers and vLLM will ignore it")
     if args.output == STDOUT:
         print(stdout_export(factors, fmt))
+    elif args.gguf is not None:
+        rope = write_gguf_export(factors, args.gguf, args.output)
+        console.print(
+            f"export: wrote {args.output}: {args.gguf} with {ROPE_FREQS} (the long factors, applied by llama.cpp at "
+            f"every length), attn_factor {rope.attn_factor:g}, context_length {rope.context_length}",
+            markup=False,
+            highlight=False,
+        )
     elif args.output:
         written = write_export(factors, Path(args.output), fmt)
         console.print(f"export: wrote {args.output}")
