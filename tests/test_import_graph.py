@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"encodings": "longrope.encodings", "search": "longrope.search", "workers": "longrope.workers"}
 # search/'s sub-packages, each allowed to import those of a lower rank (and itself)
-SEARCH_RANKS = {"config": 0, "optimizers": 1, "run": 2, "cost": 3, "export": 3, "reports": 4, "cli": 5}
+SEARCH_RANKS = {"config": 0, "downloads": 0, "optimizers": 1, "run": 2, "cost": 3, "export": 3, "reports": 4, "cli": 5}
 
 
 def module_files(root: Path = ROOT, folders: dict[str, str] = FOLDERS) -> dict[str, Path]:

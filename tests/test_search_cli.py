@@ -227,13 +227,16 @@ def test_status_reads_the_run_record(finished_run, tmp_path):
 
 
 # each shipped config: the target length its name promises, and the length its model was pre-trained at (the
-# model cards: Llama 2 4k, Llama 3 8k, Mistral 7B v0.1 8k, Phi-3-mini-4k 4k; the demo's is read from the model)
+# model cards: Llama 2 4k, Llama 3 8k, Mistral 7B v0.1 8k, Phi-3-mini-4k 4k, SmolLM2 8k; the demo's is read from the
+# model)
 SHIPPED = {
     "demo": (1024, None),
     "llama2-7b-32k": (32 * 1024, 4096),
     "llama3-8b-64k": (64 * 1024, 8192),
     "mistral-7b-32k": (32 * 1024, 8192),
     "phi3-mini-128k": (128 * 1024, 4096),
+    "smollm2-135m-16k": (16 * 1024, 8192),
+    "smollm2-135m-32k": (32 * 1024, 8192),
 }
 
 

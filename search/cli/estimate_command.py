@@ -66,7 +66,10 @@ def resolve_architecture(config: JobConfig, model_config: str | None) -> tuple[A
             settings = read_config_json(path, overrides)
             return Architecture.from_hf_config(settings, name=path.parent.name), str(path), settings
         return _known(model_config, overrides, f"--model-config {model_config!r}: no such file")
-    directory = reference_model_dir() if config.model.path == REFERENCE else Path(config.model.path)
+    if config.model.path == REFERENCE:
+        directory = reference_model_dir()
+    else:
+        directory = config.model.directory() if config.model.is_gguf else Path(config.model.path)
     path = directory / "config.json"
     if path.is_file():
         name = "reference model" if config.model.path == REFERENCE else directory.name

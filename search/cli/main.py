@@ -10,6 +10,7 @@ import warnings
 
 from longrope.encodings.errors import EncodingConfigError
 from longrope.search.cli import (
+    downloads_commands,
     encodings_commands,
     estimate_command,
     extrapolation_command,
@@ -20,6 +21,7 @@ from longrope.search.cli import (
 from longrope.search.cli.stops import SigtermSeen, Stopped, raise_terminated
 from longrope.search.config.factors_file import package_version
 from longrope.search.config.strict import JobConfigError
+from longrope.search.downloads.model_wheels import DownloadError
 from longrope.search.export.factors_export import ExportError
 from longrope.search.run.output_paths import OutputPathError
 from longrope.search.run.run_store import RunStoreError
@@ -35,6 +37,7 @@ USER_ERRORS = (
     DataError,
     ModelLoadError,
     WorkerPoolError,
+    DownloadError,
 )
 
 
@@ -50,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     status_command.add_parser(subparsers)
     estimate_command.add_parser(subparsers)
     extrapolation_command.add_parser(subparsers)
+    downloads_commands.add_parsers(subparsers)
     return parser
 
 

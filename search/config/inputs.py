@@ -10,13 +10,16 @@ from pydantic import Field, field_validator, model_validator
 
 from longrope.search.config.strict import MAX_COUNT, MAX_SEED, REFERENCE_MODEL, PathText, Strict
 from longrope.workers.devices import device_problem
+from longrope.workers.gguf_model import gguf_model_dir
 from longrope.workers.objective_names import OBJECTIVES
 from longrope.workers.reference_recipe import REFERENCE_MODEL_DIR
 
 
 class ModelConfig(Strict):
     path: PathText = Field(
-        default=REFERENCE_MODEL, description='a local model directory, or "reference" for the shipped reference model'
+        default=REFERENCE_MODEL,
+        description='a local model directory, a llama-architecture .gguf file (converted once, cached), or "reference" '
+        "for the shipped reference model",
     )
     device: str = Field(
         default="auto", description="where each worker runs the model: auto (CUDA if torch sees one, else cpu), cuda:1"
@@ -40,8 +43,15 @@ class ModelConfig(Strict):
     def is_reference(self) -> bool:
         return self.path == REFERENCE_MODEL
 
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.endswith(".gguf")
+
     def directory(self) -> Path:
-        """The model's directory: the reference model's inside the installed package, or `path` as given."""
+        """The model's directory: the reference model's inside the installed package, a `.gguf` file's converted
+        copy (made on first use, `gguf_model_dir`), or `path` as given."""
+        if self.is_gguf:
+            return gguf_model_dir(Path(self.path))
         return REFERENCE_MODEL_DIR if self.is_reference else Path(self.path)
 
     @field_validator("device")

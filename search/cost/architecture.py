@@ -114,10 +114,30 @@ KNOWN_MODELS: dict[str, dict[str, Any]] = {
         "rope_theta": 10000.0,
         "dtype": "bfloat16",
     },
+    # HuggingFaceTB/SmolLM2-135M(-Instruct); `longrope model get smollm2-135m DIR` writes the same config.json
+    "SmolLM2-135M": {
+        "model_type": "llama",
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+        "dtype": "bfloat16",
+    },
     "Phi-3-mini-4k-instruct": {**_PHI3, "max_position_embeddings": 4096},
     "Phi-3-mini-128k-instruct": {**_PHI3, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096},
 }
-KNOWN_ALIASES = {"llama-2-7b": "Llama-2-7b-hf", "llama-3-8b": "Meta-Llama-3-8B", "mistral-7b": "Mistral-7B-v0.1"}
+KNOWN_ALIASES = {
+    "llama-2-7b": "Llama-2-7b-hf",
+    "llama-3-8b": "Meta-Llama-3-8B",
+    "mistral-7b": "Mistral-7B-v0.1",
+    "smollm2-135m": "SmolLM2-135M",
+}
 
 
 def known_model(name: str) -> str | None:

@@ -3,6 +3,7 @@ the baseline methods and the search seeds. Every check that can fail on bad inpu
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +131,14 @@ class JobContext:
             raise WindowsCacheError(
                 f"output_dir: {exc}; the cache goes under output_dir unless data.cache_dir is set"
             ) from None
+
+    def window_sources(self, source: str, windows: Windows) -> list[dict]:
+        """Each window's document, offset and the document text's sha256, for job.json (read after `windows`)."""
+        texts = {doc.name: doc.text for doc in self._documents.get(source) or read_source(source)}
+        return [
+            {"document": name, "offset": offset, "sha256": text_sha256(texts[name])}
+            for name, offset in zip(windows.names, windows.offsets, strict=True)
+        ]
 
     def objective_windows(self, source: str, length: int, count: int, *, cached: bool = True) -> Windows:
         """The job's windows for its objective mix: `count` per objective, in the order of `ObjectiveMix.of`.
@@ -280,6 +289,10 @@ class JobContext:
             batch_size=workers.batch_size,
             local_num_cpus=workers.local_num_cpus,
         )
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def check_seed_factors(where: str, factors: np.ndarray, pairs: int | None) -> None:

@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
 from longrope.encodings import LongRope
 from longrope.encodings.rotary import rotary_dim_for
@@ -32,11 +32,30 @@ PINNED_FIELDS = (
 )
 
 
+class WindowSource(BaseModel):
+    """Where one search window was cut: its document, first token, and the document text's sha256 (UTF-8)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    document: str
+    offset: int
+    sha256: str
+
+
 class WindowsShape(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     count: int
     tokens: int  # tokens per window: target_length + 1 (n + 1 tokens are read at n positions)
+    documents: list[WindowSource] | None = None  # absent in runs written before it was recorded
+
+    @model_serializer(mode="wrap")
+    def _without_absent_documents(self, handler):
+        """A record from before `documents` existed dumps (and so hashes) as it was written."""
+        fields = handler(self)
+        if fields.get("documents") is None:
+            fields.pop("documents", None)
+        return fields
 
 
 class RopeShape(BaseModel):

@@ -17,6 +17,7 @@ from typing import Any
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.strict import JobConfigError
+from longrope.search.downloads.debian_docs import read_corpus_record
 from longrope.search.optimizers.factory import make_optimizer
 from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.objective import ObjectiveMix
@@ -31,6 +32,7 @@ from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_jso
 from longrope.search.run.stages import is_staged, stage_configs, stage_run_dirs
 from longrope.search.run.tensorboard_scalars import check_tensorboard, check_tensorboard_folder
 from longrope.workers.corpus import corpus_provenance
+from longrope.workers.documents import CORPUS_PREFIX
 from longrope.workers.errors import DataError, ModelLoadError
 from longrope.workers.windows import Windows
 
@@ -302,10 +304,27 @@ def job_record(context: JobContext, windows: Windows) -> JobRecord:
         head_dim=context.method.head_dim,
         partial_rotary_factor=context.method.partial_rotary_factor,
         search_windows_hash=windows.content_hash,
-        search_windows={"count": len(windows.names), "tokens": int(windows.tokens.shape[1])},
-        corpus=corpus_provenance(),
+        search_windows={
+            "count": len(windows.names),
+            "tokens": int(windows.tokens.shape[1]),
+            "documents": context.window_sources(context.config.data.search_source, windows),
+        },
+        corpus=source_provenance(context.config.data.search_source),
         **_kept_long_fields(context),
     )
+
+
+def source_provenance(source: str) -> dict[str, str]:
+    """What the search's documents are: the embedded corpus (the interpreter whose stdlib it is), a folder that
+    `longrope corpus get` wrote (its corpus.json: package, version, checksum), or the path as given."""
+    if source.startswith(CORPUS_PREFIX):
+        return corpus_provenance()
+    for folder in (Path(source), Path(source).parent):
+        record = read_corpus_record(folder)
+        if record is not None:
+            package = f"{record.package} {record.version}"
+            return {"source": source, "corpus": record.name, "package": package, "sha256": record.sha256}
+    return {"source": source}
 
 
 def _kept_long_fields(context: JobContext) -> dict[str, Any]:

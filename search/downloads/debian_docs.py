@@ -1,0 +1,225 @@
+"""Long real documents on any machine: a Debian documentation package's text files, split into search and test
+documents.
+
+The corpus `python-docs` is the Python 3.11 documentation's reStructuredText sources (Debian `python3.11-doc`,
+`usr/share/doc/python3.11/html/_sources/**/*.rst.txt`: 497 documents, 47 of them over 16k SmolLM2 tokens). The
+.deb is fetched from the Debian mirror at the pinned URL (or given with --deb, e.g. from `apt-get download
+python3.11-doc`), checked against its pinned sha256, and read with the standard library: a .deb is an `ar`
+archive whose `data.tar.xz` holds the files.
+
+The split is by document, deterministic and stratified by size, so both splits get long documents whatever the
+tokenizer: documents are ordered by the sha256 of their path; among the long ones (at least LONG_BYTES bytes),
+every third in that order (the 1st, 4th, ...) goes to search and the rest to test; the shorter ones likewise.
+No document is in both. DIR/corpus.json records the package, its checksum, the rule and every document's split
+and sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from longrope.search.downloads.model_wheels import DownloadError
+from longrope.workers.errors import DataError
+from longrope.workers.gguf_model import cache_root, publish_folder, sha256_file
+
+LONG_BYTES = 60_000
+SEARCH_EVERY = 3  # one document in three goes to search
+CORPUS_FILE = "corpus.json"
+MIRROR = os.environ.get("LONGROPE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+AR_MAGIC = b"!<arch>\n"
+
+
+class DebianPackage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    package: str
+    version: str
+    pool_path: str  # below the mirror's root
+    sha256: str
+    prefix: str  # the folder inside data.tar whose files are the documents
+    suffix: str
+    card: str
+
+
+KNOWN_CORPORA = {
+    "python-docs": DebianPackage(
+        package="python3.11-doc",
+        version="3.11.2-6+deb12u8",
+        pool_path="pool/main/p/python3.11/python3.11-doc_3.11.2-6%2bdeb12u8_all.deb",
+        sha256="50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",
+        prefix="usr/share/doc/python3.11/html/_sources/",
+        suffix=".rst.txt",
+        card="Python 3.11 documentation sources (Debian python3.11-doc), 497 reST documents",
+    )
+}
+
+
+class CorpusDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str  # relative to its split's folder
+    split: Literal["search", "test"]
+    bytes: int
+    sha256: str
+
+
+class CorpusRecord(BaseModel):
+    """DIR/corpus.json: where the documents came from and which split each went to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    package: str
+    version: str
+    url: str
+    sha256: str
+    split_rule: str
+    documents: list[CorpusDocument]
+
+
+def read_corpus_record(folder: Path) -> CorpusRecord | None:
+    """FOLDER/corpus.json as `get_corpus` wrote it; None where there is none; one DataError where it is damaged."""
+    path = Path(folder) / CORPUS_FILE
+    if not path.is_file():
+        return None
+    try:
+        return CorpusRecord.model_validate_json(path.read_bytes())
+    except (ValidationError, OSError) as exc:
+        if isinstance(exc, ValidationError):
+            error = exc.errors()[0]
+            reason = f"{'.'.join(str(part) for part in error['loc']) or 'the file'}: {error['msg']}"
+        else:
+            reason = exc.strerror
+        raise DataError(f"corpus record: {str(path)!r} is not a corpus.json longrope wrote ({reason})") from None
+
+
+def split_of(path: str, rank: int) -> Literal["search", "test"]:
+    """`rank`: the document's place, in sha256-of-path order, among the documents of its size class."""
+    return "search" if rank % SEARCH_EVERY == 0 else "test"
+
+
+def split_documents(texts: dict[str, bytes]) -> dict[str, Literal["search", "test"]]:
+    order = sorted(texts, key=lambda path: hashlib.sha256(path.encode()).hexdigest())
+    splits, ranks = {}, {True: 0, False: 0}
+    for path in order:
+        long = len(texts[path]) >= LONG_BYTES
+        splits[path] = split_of(path, ranks[long])
+        ranks[long] += 1
+    return splits
+
+
+def fetch_deb(corpus: DebianPackage) -> Path:
+    cached = cache_root() / "debs" / Path(corpus.pool_path).name.replace("%2b", "+")
+    if cached.is_file() and sha256_file(cached) == corpus.sha256:
+        return cached
+    url = f"{MIRROR.rstrip('/')}/{corpus.pool_path}"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(".part")
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out, 1 << 20)
+    except (urllib.error.URLError, OSError) as exc:
+        partial.unlink(missing_ok=True)
+        raise DownloadError(f"download {url} failed ({exc}); fetch it with apt-get download and pass --deb") from None
+    try:
+        check_deb(partial, corpus)
+    except DownloadError:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, cached)
+    return cached
+
+
+def check_deb(path: Path, corpus: DebianPackage) -> None:
+    if not Path(path).is_file():
+        raise DownloadError(f"--deb: {str(path)!r} does not exist")
+    found = sha256_file(path)
+    if found != corpus.sha256:
+        raise DownloadError(
+            f"deb: {str(path)!r} has sha256 {found}, but {corpus.package} {corpus.version} is pinned at "
+            f"{corpus.sha256} (a truncated or different file)"
+        )
+
+
+def ar_member(path: Path, name: str) -> bytes:
+    """One member of an `ar` archive (a .deb): 60-byte headers, each member padded to an even size."""
+    data = Path(path).read_bytes()
+    if not data.startswith(AR_MAGIC):
+        raise DownloadError(f"deb: {str(path)!r} is not a Debian package (no ar header)")
+    at = len(AR_MAGIC)
+    while at + 60 <= len(data):
+        header = data[at : at + 60]
+        member, size = header[:16].decode().strip().rstrip("/"), int(header[48:58].decode().strip())
+        if member == name:
+            return data[at + 60 : at + 60 + size]
+        at += 60 + size + size % 2
+    raise DownloadError(f"deb: {str(path)!r} has no {name}")
+
+
+def deb_documents(path: Path, corpus: DebianPackage) -> dict[str, bytes]:
+    """{path below the prefix: bytes} of every document file in the package."""
+    archive = ar_member(path, "data.tar.xz")
+    documents = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:xz") as tar:
+            for member in tar:
+                name = member.name.removeprefix("./")
+                if member.isfile() and name.startswith(corpus.prefix) and name.endswith(corpus.suffix):
+                    documents[name.removeprefix(corpus.prefix)] = tar.extractfile(member).read()
+    except (tarfile.TarError, EOFError, OSError) as exc:  # lzma.LZMAError is an OSError
+        raise DownloadError(f"deb: {str(path)!r}'s data.tar.xz cannot be read ({exc})") from None
+    return documents
+
+
+def get_corpus(name: str, out_dir: Path, *, deb: Path | None = None) -> CorpusRecord:
+    """`longrope corpus get NAME DIR`: DIR/search/, DIR/test/ and DIR/corpus.json, or one error and nothing
+    written (the folder is built beside DIR and renamed into place)."""
+    if name not in KNOWN_CORPORA:
+        raise DownloadError(f"corpus: unknown corpus {name!r} (known: {', '.join(sorted(KNOWN_CORPORA))})")
+    corpus, out_dir = KNOWN_CORPORA[name], Path(out_dir)
+    if out_dir.exists():
+        raise DownloadError(f"DIR: {str(out_dir)!r} already exists; give a new folder (nothing is overwritten)")
+    if not out_dir.parent.is_dir():
+        raise DownloadError(f"DIR: the folder {str(out_dir.parent)!r} does not exist")
+    if deb is not None:
+        check_deb(deb, corpus)
+    texts = deb_documents(Path(deb) if deb is not None else fetch_deb(corpus), corpus)
+    splits = split_documents(texts)
+    record = CorpusRecord(
+        name=name,
+        package=corpus.package,
+        version=corpus.version,
+        url=f"{MIRROR.rstrip('/')}/{corpus.pool_path}",
+        sha256=corpus.sha256,
+        split_rule=f"sha256(path) order; every {SEARCH_EVERY}rd document of each size class (>= {LONG_BYTES} bytes "
+        "or not) to search, the rest to test",
+        documents=[
+            CorpusDocument(
+                path=path, split=splits[path], bytes=len(texts[path]), sha256=hashlib.sha256(texts[path]).hexdigest()
+            )
+            for path in sorted(texts)
+        ],
+    )
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for document in record.documents:
+            target = staging / document.split / document.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(texts[document.path])
+        (staging / CORPUS_FILE).write_text(record.model_dump_json(indent=1) + "\n")
+        publish_folder(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return record

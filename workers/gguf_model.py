@@ -1,0 +1,199 @@
+"""A llama-architecture GGUF file as a Hugging Face model directory: config.json, model.safetensors (dequantized to
+float32), the tokenizer, and provenance.json saying where it came from.
+
+Why a conversion and not transformers' own GGUF loading: a model transformers loads with `gguf_file=` refuses
+`save_pretrained` ("quantized with gguf and is not serializable"), and every worker would dequantize the file
+again. So the model is built from the GGUF's config (`AutoConfig.from_pretrained(dir, gguf_file=...)`) and given
+the state dict transformers' `load_gguf_checkpoint` dequantizes (which also undoes llama.cpp's q/k row
+permutation, `convert_hf_to_gguf.LlamaModel.permute`), then saved the ordinary way. A `.gguf` named as
+`model.path` is converted once into a cache folder keyed by the file's sha256.
+
+Needs the `gguf` extra (the `gguf` and `accelerate` packages); without it, one line says how to install it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from longrope.workers.atomic_files import umask_mode
+from longrope.workers.errors import ModelLoadError, one_line
+
+GGUF_MAGIC = b"GGUF"
+PROVENANCE_FILE = "provenance.json"
+# llama.cpp's architecture names whose GGUF transformers maps onto LlamaForCausalLM with standard RoPE
+LLAMA_ARCHITECTURES = ("llama",)
+INSTALL_HINT = "pip install 'longrope-search[gguf]' (or make gguf)"
+
+
+class ModelProvenance(BaseModel):
+    """provenance.json: what a converted model directory was made from, so its numbers can be traced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gguf_file: str
+    gguf_sha256: str
+    architecture: str
+    dtype: str = "float32"
+    package: str | None = None  # the PyPI package whose wheel held the GGUF
+    version: str | None = None
+    wheel_sha256: str | None = None
+    transformers_version: str
+    gguf_version: str
+    written_by: str
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while block := stream.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cache_root() -> Path:
+    """Where downloads and conversions are kept: $LONGROPE_CACHE, else $XDG_CACHE_HOME/longrope, else
+    ~/.cache/longrope."""
+    if os.environ.get("LONGROPE_CACHE"):
+        return Path(os.environ["LONGROPE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longrope"
+
+
+def require_gguf_extra(what: str) -> None:
+    try:
+        import accelerate  # noqa: F401  (only probed: transformers' GGUF loading uses it)
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        raise ModelLoadError(f"{what} needs the {exc.name!r} package: {INSTALL_HINT}") from None
+
+
+def gguf_architecture(path: Path, where: str) -> str:
+    """The file's `general.architecture`, or one ModelLoadError naming `where` when it is not a whole GGUF file
+    (wrong magic, truncated tensor data, unreadable metadata)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"{where}: {str(path)!r} does not exist")
+    with open(path, "rb") as stream:
+        if stream.read(4) != GGUF_MAGIC:
+            raise ModelLoadError(f"{where}: {str(path)!r} is not a GGUF file (it does not start with 'GGUF')")
+    require_gguf_extra(where)
+    import gguf  # the gguf extra, checked above
+
+    try:
+        reader = gguf.GGUFReader(path)
+        field = reader.get_field("general.architecture")
+        architecture = field.contents() if field is not None else None
+        _check_tensor_data(reader, path)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # gguf raises ValueError, IndexError, struct errors on a damaged file
+        raise ModelLoadError(f"{where}: {str(path)!r} is not a readable GGUF file ({one_line(exc, 160)})") from None
+    if architecture is None:
+        raise ModelLoadError(f"{where}: {str(path)!r} has no general.architecture key")
+    return str(architecture)
+
+
+def _check_tensor_data(reader, path: Path) -> None:
+    """A truncated file: the last tensor's bytes must lie inside the file (numpy's memmap would read short)."""
+    size = path.stat().st_size
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > size:
+            raise ModelLoadError(
+                f"model file: {str(path)!r} is truncated: tensor {tensor.name!r} ends at byte "
+                f"{tensor.data_offset + tensor.n_bytes}, the file has {size}"
+            )
+
+
+def check_llama_gguf(path: Path, where: str) -> str:
+    """A GGUF whose weights transformers dequantizes into a llama model; returns its architecture."""
+    architecture = gguf_architecture(path, where)
+    if architecture not in LLAMA_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{where}: {str(path)!r} is a {architecture!r} GGUF; only llama-architecture GGUF files are read "
+            f"(general.architecture = {', '.join(LLAMA_ARCHITECTURES)})"
+        )
+    return architecture
+
+
+def convert_gguf(path: Path, out_dir: Path, *, where: str, package: dict | None = None) -> ModelProvenance:
+    """Write `out_dir` (which must not exist) as a Hugging Face directory of the GGUF's model. Built in a temp
+    folder beside it and renamed into place, so a failure leaves no half-written directory."""
+    path, out_dir = Path(path), Path(out_dir)
+    architecture = check_llama_gguf(path, where)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        provenance = _write_hf_directory(path, staging, architecture, package or {})
+        (staging / PROVENANCE_FILE).write_text(provenance.model_dump_json(indent=2) + "\n")
+        publish_folder(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return provenance
+
+
+def publish_folder(staging: Path, out_dir: Path) -> None:
+    """Rename a finished staging folder into place, with the modes a plain mkdir and open would give (mkdtemp
+    makes it 0700, and some writers make files 0600)."""
+    file_mode = umask_mode()
+    for path in staging.rglob("*"):
+        path.chmod(file_mode | (file_mode >> 2 & 0o111) if path.is_dir() else file_mode)
+    staging.chmod(file_mode | (file_mode >> 2 & 0o111))
+    os.replace(staging, out_dir)
+
+
+def _write_hf_directory(path: Path, out: Path, architecture: str, package: dict) -> ModelProvenance:
+    import gguf  # the gguf extra (checked by check_llama_gguf)
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_config(config)
+        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as exc:  # transformers' GGUF support raises many types for a file it cannot map
+        raise ModelLoadError(f"model file: transformers cannot read {str(path)!r} ({one_line(exc, 200)})") from None
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ModelLoadError(
+            f"model file: {str(path)!r} does not match its config: missing {sorted(set(missing) - tied)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}"
+        )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return ModelProvenance(
+        gguf_file=path.name,
+        gguf_sha256=sha256_file(path),
+        architecture=architecture,
+        transformers_version=transformers.__version__,
+        gguf_version=_package_version("gguf", gguf),
+        written_by="longrope (workers/gguf_model.py)",
+        **package,
+    )
+
+
+def _package_version(name: str, module) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return getattr(module, "__version__", "unknown")
+
+
+def gguf_model_dir(path: Path, where: str = "model.path") -> Path:
+    """The Hugging Face directory of a `.gguf` file, converted on first use into cache_root()/gguf/<sha256>/."""
+    path = Path(path)
+    check_llama_gguf(path, where)
+    out = cache_root() / "gguf" / sha256_file(path)[:24]
+    if not (out / PROVENANCE_FILE).is_file():
+        shutil.rmtree(out, ignore_errors=True)  # a folder without provenance.json never finished
+        convert_gguf(path, out, where=where)
+    return out
