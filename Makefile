@@ -12,8 +12,14 @@ STAMP := $(VENV)/.installed-$(subst /,_,$(subst =,_,$(subst >,_,$(subst <,_,$(TO
 VLLM_SITE ?= .vllm-site
 VLLM_REQUIREMENTS := tests/vllm-requirements.txt
 VLLM_STAMP := $(VLLM_SITE)/.installed
+# llama.cpp for the tests marked `llama_cpp` (its own model code on a GGUF against transformers): llama-cpp-python
+# built from its pinned sdist (CPU, cmake and gcc; pip caches the wheel it builds) and the one module of its
+# requirements .venv lacks, --no-deps into a folder of their own that only that pytest run puts on PYTHONPATH.
+LLAMA_CPP_SITE ?= .llama-cpp-site
+LLAMA_CPP_REQUIREMENTS := tests/llama-cpp-requirements.txt
+LLAMA_CPP_STAMP := $(LLAMA_CPP_SITE)/.installed
 
-.PHONY: install install-vllm test demo lint clean
+.PHONY: install install-vllm install-llama-cpp test demo lint clean
 
 install: $(STAMP)
 
@@ -34,11 +40,21 @@ $(VLLM_STAMP): $(VLLM_REQUIREMENTS)
 		--target $(VLLM_SITE) -r $(VLLM_REQUIREMENTS)
 	touch $@
 
+# llama-cpp-python's build from source takes about 4 min on 2 cores the first time, seconds once pip has cached it.
+install-llama-cpp: $(LLAMA_CPP_STAMP)
+
+$(LLAMA_CPP_STAMP): $(LLAMA_CPP_REQUIREMENTS)
+	rm -rf $(LLAMA_CPP_SITE)
+	PIP_ROOT_USER_ACTION=ignore $(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
+		--no-binary llama-cpp-python --target $(LLAMA_CPP_SITE) -r $(LLAMA_CPP_REQUIREMENTS)
+	touch $@
+
 test:
-	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP)
+	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP) $(LLAMA_CPP_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not vllm"
+	$(BIN)/python -m pytest -m "not vllm and not llama_cpp"
 	LONGROPE_REQUIRE_VLLM=1 PYTHONPATH=$(abspath $(VLLM_SITE)) $(BIN)/python -m pytest -m vllm
+	LONGROPE_REQUIRE_LLAMA_CPP=1 PYTHONPATH=$(abspath $(LLAMA_CPP_SITE)) $(BIN)/python -m pytest -m llama_cpp
 
 DEMO_DIR ?= runs/demo
 
@@ -56,4 +72,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VLLM_SITE) build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_SITE) $(LLAMA_CPP_SITE) build dist *.egg-info

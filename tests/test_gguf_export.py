@@ -22,10 +22,12 @@ from cli_checks import cli_error_line
 from search_helpers import finished_run
 from tiny_gguf import fields, rewritten_gguf, tensors, tiny_gguf, tiny_llama
 
+from longrope.encodings import from_hf
 from longrope.search.cli.main import main
 from longrope.search.config.factors_file import read_factors_file
 from longrope.search.export.factors_export import ExportError
 from longrope.search.export.gguf_export import PROVENANCE_KEY, ROPE_FREQS, write_gguf_export
+from longrope.search.export.llama_cpp_row import llama_cpp_row
 from longrope.search.export.llama_gguf import permute_rows, write_llama_gguf
 
 F32, Q8_0 = gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q8_0
@@ -270,3 +272,11 @@ def test_tiny_writer_refuses_another_vocabulary(tmp_path):
     model.config.vocab_size = 300
     with pytest.raises(ValueError, match="vocab_size 300"):
         write_llama_gguf(model, tmp_path / "x.gguf")
+
+
+def test_verify_row_says_why_short_factors_get_no_llama_cpp_check(run_and_factors):
+    _, factors = run_and_factors
+    block = factors.rope_parameters.model_copy(update={"short_factor": [1.5] * 16})
+    ours = from_hf(block.model_dump(exclude_none=True), head_dim=32, max_position_embeddings=256)
+    row = llama_cpp_row(factors.model_copy(update={"rope_parameters": block}), ours, None, None, logits=True)
+    assert row.ok and row.cos_sin_max_diff == {} and row.source.startswith("not exportable to a GGUF: --gguf: these")

@@ -97,10 +97,11 @@ def test_verify_passes_for_an_export_with_a_searched_attention_factor(model_64, 
     path = factors_file(searched(1.37).for_both_runtimes(), tmp_path / "f.json")
     assert main(["verify", path, "--model", str(model_64)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("transformers") and lines[1].startswith("vllm")
+    assert [line.split(" ")[0] for line in lines] == ["transformers", "vllm", "llama.cpp"]
     assert all(line.endswith(": match") for line in lines)
     report = verify(read_factors_file(path), path, model_64)
-    transformers_check, vllm_check = report.checks
+    transformers_check, vllm_check, llama_cpp_check = report.checks
+    assert llama_cpp_check.ok  # its own tests: test_llama_cpp.py
     assert max(transformers_check.cos_sin_max_diff.values()) < 1e-5
     assert transformers_check.logits_max_diff is not None and transformers_check.logits_max_diff < 1e-4
     assert max(vllm_check.cos_sin_max_diff.values()) < 1e-5

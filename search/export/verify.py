@@ -1,6 +1,7 @@
-"""`longrope verify FACTORS.json --model DIR`: do transformers and vLLM apply an exported block as we scored it?
+"""`longrope verify FACTORS.json --model DIR`: do transformers, vLLM and llama.cpp apply an exported block as we
+scored it?
 
-Three formulations of the same block are compared on the model's own shape:
+Four formulations of the same block are compared on the model's own shape:
 - ours: the block read with `encodings.from_hf`, its cos/sin from the encodings (`RopeMethod.cos_sin`, the one
   place positional-encoding math lives), the call the scorer's rotary module makes for every candidate it scores
   (workers/rope_patch.py); the logits check below runs the scorer's module itself;
@@ -15,6 +16,9 @@ Three formulations of the same block are compared on the model's own shape:
   max_position_embeddings rows of long factors x long_mscale; either mscale defaults to sqrt(1 + ln(P / L0) /
   ln L0)), and the line says so. That copy is vLLM's side only, never ours: it is what would catch our
   encodings departing from vLLM, so it must not share their code.
+- llama.cpp: its logits on a random llama GGUF exported with the factors (`export --gguf`) against transformers',
+  when llama-cpp-python is importable; else ggml's cos/sin rebuilt from the exported values (llama_cpp_row.py, which
+  also gives its tolerances and why they differ from these).
 cos/sin match within 1e-5 (float32), logits within 1e-3 x max |logit| (the same weights, the same kernels).
 """
 
@@ -33,6 +37,7 @@ from longrope.encodings import LongRope, from_hf
 from longrope.encodings.lazy_import import torch
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import check_same_shape, config_with_block
+from longrope.search.export.llama_cpp_row import llama_cpp_row
 from longrope.workers.models import check_weights, load_model, model_rope, read_model_config
 
 COS_SIN_TOLERANCE = 1e-5
@@ -49,11 +54,16 @@ class RuntimeCheck(BaseModel):
     cos_sin_max_diff: dict[str, float]  # regime ("short", "long") -> max |diff| over cos and sin
     logits_max_diff: float | None = None
     logits_tolerance: float | None = None
+    cos_sin_tolerance: float | None = None  # None: COS_SIN_TOLERANCE
     ok: bool
 
     def line(self) -> str:
+        if not self.cos_sin_max_diff and self.logits_max_diff is None:  # nothing compared: the source says why
+            return f"{self.runtime}: {self.source}"
         regimes = ", ".join(f"{regime} {diff:.1e}" for regime, diff in self.cos_sin_max_diff.items())
         text = f"{self.runtime} ({self.source}): cos/sin max |diff| {regimes}"
+        if self.cos_sin_tolerance is not None:
+            text += f" (tolerance {self.cos_sin_tolerance:.1e})"
         if self.logits_max_diff is not None:
             text += f"; logits max |diff| {self.logits_max_diff:.1e} (tolerance {self.logits_tolerance:.1e})"
         return f"{text}: {'match' if self.ok else 'MISMATCH'}"
@@ -89,12 +99,16 @@ def verify(
         transformers_check = with_logits(transformers_check, model_dir, ours, their_rotary, regimes["long"], device)
     vllm_tables, source = vllm_cos_sin(factors, ours)
     vllm_check = compare_cos_sin("vllm", source, {r: half(mine[r]) for r in regimes}, vllm_tables)
+    row = llama_cpp_row(
+        factors, ours, lambda length: half(our_cos_sin(ours, length)), transformers_config, logits=logits
+    )
+    llama_cpp = RuntimeCheck(runtime="llama.cpp", **row.model_dump())
     return VerifyReport(
         factors=factors_path,
         model=str(model_dir),
         original_length=ours.original_max_position_embeddings,
         target_length=factors.max_position_embeddings,
-        checks=[transformers_check, vllm_check],
+        checks=[transformers_check, vllm_check, llama_cpp],
     )
 
 
