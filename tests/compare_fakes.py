@@ -36,7 +36,13 @@ class FakePool:
         self.sets = sets
 
     def score(self, methods, set_names, progress=no_progress, phase="scored"):
-        return {s: {name: fake_score(name, s, len(self.sets[s].names)) for name in methods} for s in set_names}
+        return self.score_sets({s: methods for s in set_names}, progress, phase)
+
+    def score_sets(self, methods_by_set, progress=no_progress, phase="scored"):
+        return {
+            s: {name: fake_score(name, s, len(self.sets[s].names)) for name in methods}
+            for s, methods in methods_by_set.items()
+        }
 
     def shutdown(self):
         pass

@@ -17,7 +17,7 @@ from longrope.encodings import LongRope, NtkRope, YarnRope
 from longrope.search.config.loading import load_job_config
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
-from longrope.search.reports.ntk_tuning import NTK_SCALE_MULTIPLIERS, ntk_grid
+from longrope.search.reports.tuned_baselines import NTK_SCALE_MULTIPLIERS, ntk_grid
 from longrope.search.run.job_context import JobContext
 from search_cost_parts.plots import plot_16x
 from search_cost_parts.variants import LENGTH_16X, REFERENCE, ROOT, TARGET_16X, WIDTH, cost_to_reach, run_all

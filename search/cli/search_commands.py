@@ -131,6 +131,14 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "OUTPUT_DIR is a run directory, RUN-compare-YYYYmmdd-HHMMSS beside it, never inside it)",
     )
     compare.add_argument("--overwrite", action="store_true", help="write into a non-empty --out-dir")
+    compare.add_argument(
+        "--tuning-grid",
+        choices=("full", "coarse"),
+        default="full",
+        help="the settings NTK and YaRN are tuned over on the search split: full (84) or coarse (10, for a model "
+        "where every setting is a long forward)",
+    )
+    compare.add_argument("--no-needles", action="store_true", help="perplexity only: no needle retrieval windows")
     compare.set_defaults(handler=run_compare_command)
 
 
@@ -315,6 +323,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
             log=lambda line: console.print(line, markup=False),  # a path may hold [brackets]
             notes=notes,
             progress=progress,
+            tuning_grid=args.tuning_grid,
+            needles=not args.no_needles,
         )
     print(markdown_table(result))
     print()

@@ -1,7 +1,8 @@
 """Rerunning the baselines: every method on the same test windows at several lengths, with intervals.
 
 Methods: none, PI, NTK-aware, Dynamic NTK, YaRN and Llama 3 at their nominal settings for the job's scale;
-NTK with its scale and attention factor tuned on the search split (`ntk_tuning.py`: a fair, strong baseline); and
+NTK and YaRN with their scale and attention factor tuned on the search split (`tuned_baselines.py`: fair, strong
+baselines, over the `full` or the `coarse` grid); and
 any factors files given (`compare_rows.py`). Perplexity intervals are 95% normal intervals over windows of the
 per-window mean NLL; the paired difference to the best baseline uses the same windows on both sides, which
 removes most of the window-to-window variance (about 10x tighter than comparing two perplexities). Next to
@@ -37,7 +38,7 @@ from longrope.search.reports.compare_scoring import (
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.reports.needle_report import needle_cell, needle_table, plot_needle_heatmap
-from longrope.search.reports.ntk_tuning import tuned_ntk
+from longrope.search.reports.tuned_baselines import TUNING_GRIDS, tuned_baselines
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.run_store import write_json_atomic, write_text_atomic
 
@@ -82,6 +83,8 @@ def run_compare(
     log=print,
     progress: Progress = no_progress,
     notes: Sequence[str] = (),
+    tuning_grid: str = "full",
+    needles: bool = True,
 ) -> CompareResult:
     """Score every baseline and the given factors (paths, or (label, path) pairs) and write the results;
     `progress(phase, done, total)` hears each result (the CLI draws a bar or prints lines from it).
@@ -97,10 +100,10 @@ def run_compare(
     files, searched_lengths = given_methods(context, rows, notes.append)
     out = out_dir if isinstance(out_dir, CompareOut) else CompareOut(Path(out_dir))
     out.check()
-    sets = compare_window_sets(context, lengths, log)
+    sets = compare_window_sets(context, lengths, log, needles=needles)
     for note in notes:
         log(note)
-    methods, scores, tuned = score_methods(context, sets, files, lengths, log, progress)
+    methods, scores, tuned = score_methods(context, sets, files, lengths, log, progress, tuning_grid)
     per_window = {
         name: {str(n): window_means(scores[("perplexity", n)][name]).tolist() for n in lengths} for name in methods
     }
@@ -119,23 +122,42 @@ def score_methods(
     lengths: list[int],
     log,
     progress: Progress = no_progress,
+    tuning_grid: str = "full",
 ):
-    """(methods, scores, tuned NTK's settings): the baselines, NTK tuned on the search split, the given factors
-    and the vLLM twins, each on every test window set, with one worker pool; `progress` hears each result."""
+    """(methods, scores, the tuned baselines' settings): the baselines, NTK and YaRN tuned on the search split, the
+    given factors and the vLLM twins, each on every test window set, with one worker pool; `progress` hears each
+    result. A twin is scored only where it can differ from its transformers row (`same_as_twin`)."""
     pool = ComparePool(context, sets)
     try:
         methods: dict[str, RopeMethod] = dict(context.baselines())
-        log("compare: tuning NTK's scale and attention factor on the search split ...")
-        methods["ntk_tuned"], tuned = tuned_ntk(context, pool, progress)
-        methods = with_vllm_rows({**methods, **files})
+        size = TUNING_GRIDS[tuning_grid].size
+        log(f"compare: tuning NTK and YaRN on the search split ({tuning_grid} grid, {size} settings) ...")
+        tuned_methods, tuned = tuned_baselines(context, pool, tuning_grid, progress)
+        methods = with_vllm_rows({**methods, **tuned_methods, **files})
         scored = [name for name in sets if name[0] != "tuning"]
         log(
             f"compare: scoring {len(methods)} methods at {', '.join(map(str, lengths))} tokens "
-            "(perplexity and needles, one worker pool) ..."
+            f"({' and '.join(sorted({kind for kind, _ in scored}))}, one worker pool) ..."
         )
-        return methods, pool.score(methods, scored, progress, phase="method x window sets scored"), tuned
+        to_score = {
+            set_name: {name: m for name, m in methods.items() if not same_as_twin(name, set_name[1], context)}
+            for set_name in scored
+        }
+        scores = pool.score_sets(to_score, progress, phase="method x window sets scored")
+        scores = {
+            set_name: {name: got.get(name) or got[base_method(name)] for name in methods}
+            for set_name, got in scores.items()
+        }
+        return methods, scores, {**tuned, "tuning_grid": {"name": tuning_grid, "settings": size}}
     finally:
         pool.shutdown()
+
+
+def same_as_twin(name: str, length: int, context: JobContext) -> bool:
+    """A vLLM twin at a length past the original: transformers applies the long factors there too (its
+    LongRoPE picks them when the sequence exceeds original_max_position_embeddings), so the twin's score is its
+    transformers row's, not scored again."""
+    return name.endswith(VLLM_SUFFIX) and length > context.original_length
 
 
 def write_outputs(result: CompareResult, directory: Path) -> None:
@@ -191,6 +213,8 @@ def summarize(
         "windows": {str(n): len(first[str(n)]) for n in lengths},
         "rope": {"rope_theta": context.method.rope_theta, "pairs": context.pairs},
         "best_baseline": best_baseline,
-        "ntk_tuned": tuned,
+        "ntk_tuned": tuned["ntk_tuned"],
+        "yarn_tuned": tuned["yarn_tuned"],
+        "tuning_grid": tuned["tuning_grid"],
         "methods": rows,
     }

@@ -4,7 +4,8 @@ compare.json, one object:
 - `target_length`, `original_length`: the job's lengths; `lengths`: the lengths scored, in order;
 - `windows`: {length: test windows scored there}; `rope`: {`rope_theta`, `pairs`} (the factors plot's wavelengths);
 - `best_baseline`: the baseline with the lowest mean NLL at the target, which the paired differences are to;
-- `ntk_tuned`: the NTK scale and attention factor picked on the search split;
+- `ntk_tuned`, `yarn_tuned`: the NTK and YaRN factor and attention factor picked on the search split, and
+  `tuning_grid`: {`name`: "full" or "coarse", `settings`: how many were tried};
 - `methods`: {row label: MethodRow}, baselines first, then the given factors, then the (vLLM) twins.
 
 Every per-length mapping is keyed by the length as a string ("1024"), in memory as in the JSON, so a result read
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-BASELINES = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned")
+BASELINES = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned", "yarn_tuned")
 VLLM_SUFFIX = "(vLLM)"  # a row as a vLLM engine with max_model_len = the target applies the method
 
 Interval = list[float]  # [value, low, high]: a 95% interval
@@ -44,6 +45,8 @@ class CompareResult(TypedDict, total=False):
     rope: dict[str, float]
     best_baseline: str
     ntk_tuned: dict[str, float]
+    yarn_tuned: dict[str, float]
+    tuning_grid: dict[str, Any]
     methods: dict[str, MethodRow]
 
 

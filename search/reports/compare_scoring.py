@@ -45,10 +45,12 @@ def score_all(
         pool.shutdown()
 
 
-def compare_window_sets(context: JobContext, lengths: list[int], log) -> dict[tuple[str, int], Windows]:
+def compare_window_sets(
+    context: JobContext, lengths: list[int], log, *, needles: bool = True
+) -> dict[tuple[str, int], Windows]:
     """Every window set compare scores, read before any worker starts (a bad source fails here): the search
-    split at the target length (to tune NTK), and per length the test split's perplexity and needle windows
-    (none where a needle cannot fit)."""
+    split at the target length (to tune NTK and YaRN), and per length the test split's perplexity and needle
+    windows (none where a needle cannot fit, or with `needles` False)."""
     data = context.config.data
     data_source_checks(context.config)  # as validate checks them: a bad source stops here, before any cache write
     sets = {
@@ -58,6 +60,8 @@ def compare_window_sets(context: JobContext, lengths: list[int], log) -> dict[tu
     }
     for length in lengths:
         sets[("perplexity", length)] = context.windows(data.test_source, length, data.test_windows)
+        if not needles:
+            continue
         try:
             sets[("needle", length)] = context.windows(data.test_source, length, data.test_windows, "needle")
         except DataError as exc:
@@ -83,14 +87,22 @@ class ComparePool:
     ) -> dict[tuple[str, int], dict]:
         """Each method on each named set: {set: {method: CandidateScore}}, methods in the order given; `progress`
         hears (phase, results done, results in all) as each result arrives."""
-        for set_name in set_names:
+        return self.score_sets({set_name: methods for set_name in set_names}, progress, phase)
+
+    def score_sets(
+        self, methods_by_set: dict[tuple[str, int], dict], progress: Progress = no_progress, phase: str = "scored"
+    ) -> dict[tuple[str, int], dict]:
+        """Each set's own methods, all submitted at once so that every worker stays busy."""
+        for set_name, methods in methods_by_set.items():
             self.pool.submit((((set_name, name), method) for name, method in methods.items()), self.spans[set_name])
-        scores: dict = {set_name: {} for set_name in set_names}
-        total = len(methods) * len(set_names)
+        scores: dict = {set_name: {} for set_name in methods_by_set}
+        total = sum(len(methods) for methods in methods_by_set.values())
         for done, ((set_name, name), score) in enumerate(self.pool.as_completed(), start=1):
             scores[set_name][name] = score
             progress(phase, done, total)
-        return {set_name: {name: scores[set_name][name] for name in methods} for set_name in set_names}
+        return {
+            set_name: {name: scores[set_name][name] for name in methods} for set_name, methods in methods_by_set.items()
+        }
 
     def shutdown(self) -> None:
         self.pool.shutdown()

@@ -1,0 +1,229 @@
+"""SmolLM2-135M read past its pre-trained 8k tokens: every baseline, NTK and YaRN tuned, and our searched factors,
+on held-out documents at 8k (1x) and 16k (2x), with paired 95% intervals; and what a forward and a gradient pass
+cost at 16k in float32 and bfloat16.
+
+Why a script of its own and not `longrope compare`: on this 2-core CPU every (method, window) at 16k is a 95 s
+forward and the table is about 200 of them, more than one sitting. So every score is appended to a log as it lands
+(bench/results/smollm2_scores.jsonl, one JSON line per set, length, method and window), a killed run resumes where
+it stopped, and the table is built from the log with compare's own code (`compare.summarize`, `write_outputs`:
+the same intervals, the same paired difference to the best baseline, the same plots). The methods are compare's:
+the job's nominal baselines, NTK and YaRN tuned on the search split's windows at the target (the `coarse` grid of
+search/reports/tuned_baselines.py: 10 settings, each a 16k forward per search window), and the factors file given.
+
+Parts:
+- `table`: scores what the log lacks, then writes bench/results/smollm2_16k/ (compare.json, compare.md, plots)
+  and smollm2_16k.json (the table with provenance and the search's cost, read from the run directory);
+- `speed`: tokens per second of a forward and of a gradient pass (Scorer.score_with_gradient: the forward again
+  under checkpointing, then the backward) on one 16k window, in float32 and in bfloat16.
+
+Run (after `make real-model` and the search, `longrope search configs/smollm2-135m-16k.yaml`):
+  .venv/bin/python bench/real_model.py table --run runs/smollm2-135m-16k \
+    --factors bench/results/smollm2_16k_factors.json
+  .venv/bin/python bench/real_model.py speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from benchlib import RESULTS, ROOT, provenance, save_json
+
+from longrope.search.config.loading import load_job_config
+from longrope.search.reports.compare import summarize, write_outputs
+from longrope.search.reports.compare_rows import factors_rows, given_methods
+from longrope.search.reports.compare_tables import markdown_table
+from longrope.search.reports.tuned_baselines import TUNING_GRIDS, ntk_grid, yarn_grid
+from longrope.search.run.job_context import JobContext
+from longrope.workers.models import load_model
+from longrope.workers.scorer import Scorer
+
+CONFIG = ROOT / "configs" / "smollm2-135m-16k.yaml"
+SCORES = RESULTS / "smollm2_scores.jsonl"
+
+
+def window_ids(windows) -> list[str]:
+    """A window's identity in the log: its document and first token (an index would change with the count)."""
+    return [f"{name}@{offset}" for name, offset in zip(windows.names, windows.offsets, strict=True)]
+
+
+class ScoreLog:
+    """The append-only log of scores: {(set, length, method, window id): (nll sum, tokens)}."""
+
+    def __init__(self, path: Path):
+        self.path, self.scores = path, {}
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                self.scores[(row["set"], row["length"], row["method"], row["window"])] = (row["nll"], row["tokens"])
+
+    def add(self, key: tuple, nll: float, tokens: int, seconds: float) -> None:
+        self.scores[key] = (nll, tokens)
+        kind, length, method, window = key
+        row = {"set": kind, "length": length, "method": method, "window": window, "nll": nll, "tokens": tokens}
+        with self.path.open("a") as out:
+            out.write(json.dumps({**row, "seconds": round(seconds, 1)}) + "\n")
+
+    def means(self, kind: str, length: int, method: str, ids: list[str]) -> list[float] | None:
+        """Mean NLL per token of each window, or None while any is missing."""
+        found = [self.scores.get((kind, length, method, w)) for w in ids]
+        return None if None in found else [nll / tokens for nll, tokens in found]
+
+
+class WindowScorer:
+    """One loaded model; a Scorer per window set; each (method, window) scored once and logged."""
+
+    def __init__(self, context: JobContext, log: ScoreLog):
+        model_config = context.config.model
+        self.model, self.rope = load_model(context.model_dir, device="cpu", dtype=model_config.dtype)
+        self.log, self.scorers = log, {}
+
+    def scorer(self, kind: str, length: int, windows) -> Scorer:
+        if (kind, length) not in self.scorers:
+            tokens = torch.from_numpy(np.asarray(windows.tokens))
+            self.scorers[(kind, length)] = Scorer(
+                self.model, tokens, self.rope.method.original_inv_freq(), candidates_per_forward=1
+            )
+        return self.scorers[(kind, length)]
+
+    def score(self, kind: str, length: int, windows, methods: dict) -> None:
+        scorer = self.scorer(kind, length, windows)
+        for window, window_id in enumerate(window_ids(windows)):
+            for name, method in methods.items():
+                key = (kind, length, name, window_id)
+                if key in self.log.scores:
+                    continue
+                start = time.perf_counter()
+                (score,) = scorer.score([method], (window, window + 1))
+                self.log.add(key, float(score.nll[0]), int(score.tokens[0]), time.perf_counter() - start)
+                print(
+                    f"{kind} {length} window {window} {name}: ppl {np.exp(score.nll[0] / score.tokens[0]):.3f}",
+                    flush=True,
+                )
+
+
+def tuned(context: JobContext, scorer: WindowScorer, grid: str) -> tuple[dict, dict]:
+    """NTK and YaRN tuned on the search windows at the target (`tuned_baselines` picks the same way)."""
+    data = context.config.data
+    windows = context.windows(data.search_source, context.target_length, data.search_windows)
+    grids = {"ntk_tuned": ntk_grid(context, TUNING_GRIDS[grid]), "yarn_tuned": yarn_grid(context, TUNING_GRIDS[grid])}
+    methods, settings = {}, {}
+    for name, candidates in grids.items():
+        labelled = {f"{name} {key}": method for key, method in candidates.items()}
+        scorer.score("tuning", context.target_length, windows, labelled)
+        ids = window_ids(windows)
+        nll = {
+            key: np.mean(scorer.log.means("tuning", context.target_length, f"{name} {key}", ids)) for key in candidates
+        }
+        best = min(nll, key=nll.get)
+        method = candidates[best]
+        methods[name] = method.for_both_runtimes() if name == "ntk_tuned" else method
+        factor_key = "ntk_factor" if name == "ntk_tuned" else "yarn_factor"
+        settings[name] = {factor_key: context.scale * best[0], "attention_factor": method.attention_factor}
+    settings["tuning_grid"] = {"name": grid, "settings": TUNING_GRIDS[grid].size}
+    return methods, settings
+
+
+def run_table(args: argparse.Namespace) -> None:
+    config = load_job_config(CONFIG, [f"data.test_windows={args.windows}", *args.set])
+    context = JobContext.resolve(config)
+    log = ScoreLog(SCORES)
+    scorer = WindowScorer(context, log)
+    tuned_methods, settings = tuned(context, scorer, args.grid)
+    files, searched_lengths = given_methods(context, factors_rows([args.factors]), print)
+    methods = {**context.baselines(), **tuned_methods, **files}
+    lengths = [int(n) for n in args.lengths.split(",")]
+    ids = {}
+    for length in sorted(lengths, reverse=True):  # the target first: the headline figure
+        windows = context.windows(config.data.test_source, length, args.windows)
+        ids[length] = window_ids(windows)
+        scorer.score("perplexity", length, windows, methods)
+    per_window = {name: {str(n): log.means("perplexity", n, name, ids[n]) for n in lengths} for name in methods}
+    result = summarize(context, methods, per_window, lengths, settings, searched_lengths)
+    out = RESULTS / "smollm2_16k"
+    out.mkdir(parents=True, exist_ok=True)
+    write_outputs(result, out)
+    saved = {**provenance(), "windows": args.windows, "lengths": lengths, "table": markdown_table(result)}
+    saved |= {"tuned": settings, "search": search_cost(Path(args.run)) if args.run else None, "result": result}
+    save_json(RESULTS / "smollm2_16k.json", saved)
+    print(markdown_table(result))
+
+
+def search_cost(run: Path) -> dict:
+    """What the search spent: window evaluations, backward passes and wall time (status --json's figures)."""
+    import subprocess
+
+    status = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "longrope"), "status", str(run), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(status.stdout)
+
+
+def run_speed(args: argparse.Namespace) -> None:
+    """Tokens per second of a forward and a gradient pass on one window at the target, in both dtypes."""
+    config = load_job_config(CONFIG, args.set)
+    context = JobContext.resolve(config)
+    windows = context.windows(config.data.test_source, context.target_length, 1)
+    tokens = torch.from_numpy(np.asarray(windows.tokens))
+    candidate = context.baselines()["yarn"]
+    rates = {}
+    for dtype in ("bfloat16", "float32"):
+        model, rope = load_model(context.model_dir, device="cpu", dtype=dtype)
+        scorer = Scorer(model, tokens, rope.method.original_inv_freq(), candidates_per_forward=1)
+        start = time.perf_counter()
+        scorer.score([candidate])
+        forward = time.perf_counter() - start
+        start = time.perf_counter()
+        scorer.score_with_gradient(
+            context.longrope(
+                candidate.factors(context.target_length).double(), attention_factor=candidate.attention_factor
+            )
+        )
+        gradient = time.perf_counter() - start
+        n = context.target_length
+        rates[dtype] = {
+            "forward_seconds": forward,
+            "forward_tokens_per_second": n / forward,
+            "gradient_seconds": gradient,
+            "gradient_tokens_per_second": n / gradient,
+        }
+        print(dtype, rates[dtype], flush=True)
+        del model, scorer
+    save_json(
+        RESULTS / "smollm2_speed.json",
+        {
+            **provenance(),
+            "length": context.target_length,
+            "rates": rates,
+            "bf16_speedup_forward": rates["float32"]["forward_seconds"] / rates["bfloat16"]["forward_seconds"],
+        },
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parts = parser.add_subparsers(dest="part", required=True)
+    table = parts.add_parser("table")
+    table.add_argument("--factors", required=True, help="the search's export (longrope export RUN -o FILE)")
+    table.add_argument("--run", help="the search's run directory, for its cost")
+    table.add_argument("--windows", type=int, default=8, help="test windows per length")
+    table.add_argument("--lengths", default="8192,16384")
+    table.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
+    table.add_argument("--set", action="append", default=[])
+    table.set_defaults(run_part=run_table)
+    speed = parts.add_parser("speed")
+    speed.add_argument("--set", action="append", default=[])
+    speed.set_defaults(run_part=run_speed)
+    args = parser.parse_args()
+    args.run_part(args)
+
+
+if __name__ == "__main__":
+    main()
