@@ -10,14 +10,17 @@ What llama.cpp reads, and so what the copy holds (llama.cpp as vendored by llama
   p / (lambda_i * base^(2i/d)) (arXiv 2402.13753, eq. 3) when freq_scale = 1, which it is when the GGUF has no
   rope.scaling.factor and the user passes no --rope-freq-scale / --rope-scale (llama-cpp-python: rope_freq_scale
   0.0, its default). This is the tensor llama.cpp's converter writes for Llama 3.1's rope scaling
-  (convert_hf_to_gguf.py, `LlamaModel.generate_extra_tensors`).
+  (convert_hf_to_gguf.py; `LlamaModel.generate_extra_tensors` in conversion/llama.py of this llama.cpp).
 - `llama.rope.scaling.attn_factor` = the attention factor. `llama_model::load_hparams` reads it into
   `hparams.rope_attn_factor` (src/llama-model.cpp), the context multiplies `cparams.yarn_attn_factor` by it
   (`llama_context::llama_context`, src/llama-context.cpp), the graph hands that to `ggml_rope_ext` as attn_factor
-  (`llm_graph_context`, src/llama-graph.cpp), and `rope_yarn` multiplies cos and sin by it when ext_factor is 0,
-  which it is unless rope scaling "yarn" is asked for (llama_context: ext_factor defaults to 1 for YaRN only). That
-  is transformers' LongRoPE cos/sin scale (`_compute_longrope_parameters`, modeling_rope_utils.py), so nothing is
-  lost. A user's `yarn_attn_factor` multiplies it (llama-cpp-python's default is 1.0).
+  (`llm_graph_context`, src/llama-graph.cpp), and `rope_yarn` multiplies cos and sin by it. ext_factor is 0 unless
+  YaRN is asked for (`llama_context::llama_context`), and with freq_scale 1 YaRN changes neither the angles nor this
+  scale. That is transformers' LongRoPE cos/sin scale (`_compute_longrope_parameters`, modeling_rope_utils.py), so
+  nothing is lost. A user's yarn_attn_factor multiplies it (llama-cpp-python's default is 1.0). One llama.cpp
+  caveat, not measured here: a KV-cache shift (context shift, `kv_cache_seq_shift`) rotates the cached keys again
+  with the same attn_factor (`build_rope_shift`, src/llama-kv-cache.cpp), scaling shifted keys twice, as it does
+  for any model with an attention factor (Phi-3's LongRoPE, YaRN).
 - `llama.context_length` = the target length: llama.cpp's default context size (n_ctx 0) and its "training
   context" warning read it (n_ctx_train, src/llama-context.cpp).
 - `longrope.factors`: the factors file `longrope export` writes (JSON), so the copy says where its factors came from.

@@ -1,6 +1,7 @@
 """A transformers `LlamaForCausalLM` written as a llama-architecture GGUF with float32 weights, as llama.cpp's own
-converter writes one (convert_hf_to_gguf.py, `LlamaModel`): what `verify`'s llama.cpp row and the tests hand to
-llama.cpp, so its logits can be compared with transformers' on the same weights.
+converter writes one (convert_hf_to_gguf.py; `LlamaModel` in conversion/llama.py of the llama.cpp that
+llama-cpp-python 0.3.36 vendors): what `verify`'s llama.cpp row and the tests hand to llama.cpp, so its logits can be
+compared with transformers' on the same weights.
 
 What the converter does and this copies:
 - tensor names from gguf-py's map (`gguf.get_tensor_name_map(MODEL_ARCH.LLAMA, n_layers)`: `q_proj` ->
