@@ -87,7 +87,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     export.set_defaults(handler=run_export_command)
 
     verify = subparsers.add_parser(
-        "verify", help="check that transformers and vLLM apply a factors file exactly as the scorer did"
+        "verify", help="check that transformers, vLLM and llama.cpp apply a factors file exactly as the scorer did"
     )
     verify.add_argument(
         "factors", help="a factors JSON (longrope export) or a run directory (its best factors, as export writes them)"
