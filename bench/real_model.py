@@ -13,12 +13,17 @@ search/reports/tuned_baselines.py: 10 settings, each a 16k forward per search wi
 Parts:
 - `table`: scores what the log lacks, then writes bench/results/smollm2_16k/ (compare.json, compare.md, plots)
   and smollm2_16k.json (the table with provenance and the search's cost, read from the run directory);
+- `ranking`: does bfloat16 rank the table's methods as float32 does (the search keeps the lowest score, so the
+  order is what must hold)? The methods again on the first `--windows` test windows at the target in float32,
+  against their bfloat16 scores from the log (`longrope.workers.rank_agreement`: Kendall's tau, the best the same,
+  the largest NLL difference);
 - `speed`: tokens per second of a forward and of a gradient pass (Scorer.score_with_gradient: the forward again
   under checkpointing, then the backward) on one 16k window, in float32 and in bfloat16.
 
 Run (after `make real-model` and the search, `longrope search configs/smollm2-135m-16k.yaml`):
   .venv/bin/python bench/real_model.py table --run runs/smollm2-135m-16k \
     --factors bench/results/smollm2_16k_factors.json
+  .venv/bin/python bench/real_model.py ranking --factors bench/results/smollm2_16k_factors.json
   .venv/bin/python bench/real_model.py speed
 """
 
@@ -77,9 +82,8 @@ class ScoreLog:
 class WindowScorer:
     """One loaded model; a Scorer per window set; each (method, window) scored once and logged."""
 
-    def __init__(self, context: JobContext, log: ScoreLog):
-        model_config = context.config.model
-        self.model, self.rope = load_model(context.model_dir, device="cpu", dtype=model_config.dtype)
+    def __init__(self, context: JobContext, log: ScoreLog, dtype: str | None = None):
+        self.model, self.rope = load_model(context.model_dir, device="cpu", dtype=dtype or context.config.model.dtype)
         self.log, self.scorers = log, {}
 
     def scorer(self, kind: str, length: int, windows) -> Scorer:
@@ -90,9 +94,10 @@ class WindowScorer:
             )
         return self.scorers[(kind, length)]
 
-    def score(self, kind: str, length: int, windows, methods: dict) -> None:
+    def score(self, kind: str, length: int, windows, methods: dict, first: int | None = None) -> None:
+        """Every method on each window (the first `first` only, when given) that the log lacks."""
         scorer = self.scorer(kind, length, windows)
-        for window, window_id in enumerate(window_ids(windows)):
+        for window, window_id in enumerate(window_ids(windows)[:first]):
             for name, method in methods.items():
                 key = (kind, length, name, window_id)
                 if key in self.log.scores:
@@ -128,14 +133,19 @@ def tuned(context: JobContext, scorer: WindowScorer, grid: str) -> tuple[dict, d
     return methods, settings
 
 
+def table_methods(context: JobContext, scorer: WindowScorer, args: argparse.Namespace) -> tuple[dict, dict, dict]:
+    """(methods, the tuned ones' settings, the factors file's searched length): the table's rows."""
+    tuned_methods, settings = tuned(context, scorer, args.grid)
+    files, searched_lengths = given_methods(context, factors_rows([args.factors]), print)
+    return {**context.baselines(), **tuned_methods, **files}, settings, searched_lengths
+
+
 def run_table(args: argparse.Namespace) -> None:
     config = load_job_config(CONFIG, [f"data.test_windows={args.windows}", *args.set])
     context = JobContext.resolve(config)
-    log = ScoreLog(SCORES)
+    log = ScoreLog(Path(args.results) / SCORES.name)
     scorer = WindowScorer(context, log)
-    tuned_methods, settings = tuned(context, scorer, args.grid)
-    files, searched_lengths = given_methods(context, factors_rows([args.factors]), print)
-    methods = {**context.baselines(), **tuned_methods, **files}
+    methods, settings, searched_lengths = table_methods(context, scorer, args)
     lengths = [int(n) for n in args.lengths.split(",")]
     ids = {}
     for length in sorted(lengths, reverse=True):  # the target first: the headline figure
@@ -144,13 +154,38 @@ def run_table(args: argparse.Namespace) -> None:
         scorer.score("perplexity", length, windows, methods)
     per_window = {name: {str(n): log.means("perplexity", n, name, ids[n]) for n in lengths} for name in methods}
     result = summarize(context, methods, per_window, lengths, settings, searched_lengths)
-    out = RESULTS / "smollm2_16k"
+    out = Path(args.results) / "smollm2_16k"
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(result, out)
     saved = {**provenance(), "windows": args.windows, "lengths": lengths, "table": markdown_table(result)}
     saved |= {"tuned": settings, "search": search_cost(Path(args.run)) if args.run else None, "result": result}
-    save_json(RESULTS / "smollm2_16k.json", saved)
+    save_json(Path(args.results) / "smollm2_16k.json", saved)
     print(markdown_table(result))
+
+
+def run_ranking(args: argparse.Namespace) -> None:
+    """The table's methods at the target on its first test windows, float32 against the log's bfloat16."""
+    from longrope.workers.rank_agreement import rank_agreement
+
+    config = load_job_config(CONFIG, [f"data.test_windows={args.table_windows}", *args.set])
+    context = JobContext.resolve(config)
+    log = ScoreLog(Path(args.results) / SCORES.name)
+    table_scorer = WindowScorer(context, log)  # bfloat16: the table's own scores, logged once
+    methods, _, _ = table_methods(context, table_scorer, args)
+    windows = context.windows(config.data.test_source, context.target_length, args.table_windows)
+    table_scorer.score("perplexity", context.target_length, windows, methods, first=args.windows)
+    del table_scorer
+    WindowScorer(context, log, dtype="float32").score("float32", context.target_length, windows, methods, args.windows)
+    ids, n = window_ids(windows)[: args.windows], context.target_length
+    bf16 = [float(np.mean(log.means("perplexity", n, name, ids))) for name in methods]
+    fp32 = [float(np.mean(log.means("float32", n, name, ids))) for name in methods]
+    agreement = rank_agreement(fp32, bf16, best_k=3).as_dict()
+    rows = {name: {"float32": a, "bfloat16": b} for name, a, b in zip(methods, fp32, bf16, strict=True)}
+    save_json(
+        Path(args.results) / "smollm2_bf16_ranking.json",
+        {**provenance(), "windows": ids, "mean_nll": rows, **agreement},
+    )
+    print(json.dumps(agreement, indent=1))
 
 
 def search_cost(run: Path) -> dict:
@@ -197,7 +232,7 @@ def run_speed(args: argparse.Namespace) -> None:
         print(dtype, rates[dtype], flush=True)
         del model, scorer
     save_json(
-        RESULTS / "smollm2_speed.json",
+        Path(args.results) / "smollm2_speed.json",
         {
             **provenance(),
             "length": context.target_length,
@@ -218,9 +253,18 @@ def main() -> None:
     table.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
     table.add_argument("--set", action="append", default=[])
     table.set_defaults(run_part=run_table)
+    ranking = parts.add_parser("ranking")
+    ranking.add_argument("--factors", required=True)
+    ranking.add_argument("--windows", type=int, default=2, help="the table's first test windows, also in float32")
+    ranking.add_argument("--table-windows", type=int, default=8, help="the table's test windows per length")
+    ranking.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
+    ranking.add_argument("--set", action="append", default=[])
+    ranking.set_defaults(run_part=run_ranking)
     speed = parts.add_parser("speed")
     speed.add_argument("--set", action="append", default=[])
     speed.set_defaults(run_part=run_speed)
+    for part in (table, ranking, speed):
+        part.add_argument("--results", default=str(RESULTS), help="where the log and the results go")
     args = parser.parse_args()
     args.run_part(args)
 
