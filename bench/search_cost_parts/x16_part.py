@@ -7,17 +7,15 @@ import math
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from rich.console import Console
 
-from longrope.encodings import LongRope, NtkRope, YarnRope
 from longrope.search.config.loading import load_job_config
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
-from longrope.search.reports.tuned_baselines import NTK_SCALE_MULTIPLIERS, ntk_grid
+from longrope.search.reports.tuned_baselines import NTK_SCALE_MULTIPLIERS, TuningGrid, ntk_grid, yarn_grid
 from longrope.search.run.job_context import JobContext
 from search_cost_parts.plots import plot_16x
 from search_cost_parts.variants import LENGTH_16X, REFERENCE, ROOT, TARGET_16X, WIDTH, cost_to_reach, run_all
@@ -27,43 +25,10 @@ WIDE_ATTENTION_FACTORS = tuple(round(1.0 + 0.05 * k, 2) for k in range(13))  # 1
 WIDE_SCALE_MULTIPLIERS = (*NTK_SCALE_MULTIPLIERS, 6.0, 8.0, 12.0, 16.0)
 
 
-def baseline_shape(context: JobContext) -> dict[str, Any]:
-    return {
-        "head_dim": context.method.head_dim,
-        "rope_theta": context.method.rope_theta,
-        "partial_rotary_factor": context.method.partial_rotary_factor,
-        "max_position_embeddings": context.target_length,
-    }
-
-
-def wide_ntk_grid(context: JobContext) -> dict[tuple[float, float], LongRope]:
-    """compare's NTK grid widened: the attention factor over the GA's searched range (1.0..1.6), the scale up to 16x
-    the nominal (at 16x compare's optimum sits on its x4 edge), since a tuned baseline held at its grid's edge is
-    no fair baseline."""
-    shape = baseline_shape(context)
-    grid = {}
-    for multiplier in WIDE_SCALE_MULTIPLIERS:
-        factors = NtkRope(factor=context.scale * multiplier, **shape).factors().double()
-        for attention in WIDE_ATTENTION_FACTORS:
-            grid[(multiplier, attention)] = context.longrope(factors, attention_factor=attention)
-    return grid
-
-
-def yarn_grid(context: JobContext) -> dict[tuple[float, float], YarnRope]:
-    """YaRN with its scale (`factor` = scale x multiplier) and temperature (the attention factor, which YaRN sets
-    to 0.1 ln(factor) + 1 by default) over the same grid as the wide NTK grid; its ramp (beta_fast 32,
-    beta_slow 1) as published."""
-    shape = baseline_shape(context)
-    return {
-        (multiplier, attention): YarnRope(
-            factor=context.scale * multiplier,
-            original_max_position_embeddings=context.original_length,
-            attention_factor=attention,
-            **shape,
-        )
-        for multiplier in WIDE_SCALE_MULTIPLIERS
-        for attention in WIDE_ATTENTION_FACTORS
-    }
+# compare's grids widened: the attention factor over the GA's searched range (1.0..1.6), the scale up to 16x the
+# nominal (at 16x compare's NTK optimum sits on its x4 edge), since a tuned baseline held at its grid's edge is no
+# fair baseline; YaRN over the same grid, its ramp (beta_fast 32, beta_slow 1) as published
+WIDE_GRID = TuningGrid(WIDE_SCALE_MULTIPLIERS, WIDE_ATTENTION_FACTORS, WIDE_SCALE_MULTIPLIERS, WIDE_ATTENTION_FACTORS)
 
 
 def tune_on_search_split(context: JobContext, grids: dict[str, dict]) -> dict[str, dict]:
@@ -103,8 +68,8 @@ def benchmark_16x(variants: list[str], seeds: list[int], c: float, out_dir: Path
             context,
             {
                 "ntk_tuned": ntk_grid(context),
-                "ntk_tuned_wide": wide_ntk_grid(context),
-                "yarn_tuned": yarn_grid(context),
+                "ntk_tuned_wide": ntk_grid(context, WIDE_GRID),
+                "yarn_tuned": yarn_grid(context, WIDE_GRID),
             },
         )
         tuning_s = time.perf_counter() - started
