@@ -28,6 +28,7 @@ from longrope.search.downloads.model_wheels import WheelModel
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.job_record import JobRecord, WindowSource, WindowsShape, _fields_hash
 from longrope.search.run.jobs import job_record
+from longrope.workers import gguf_model
 from longrope.workers.errors import DataError
 from longrope.workers.gguf_model import PROVENANCE_FILE, ModelProvenance
 
@@ -159,6 +160,20 @@ def test_a_gguf_model_path_is_converted_once_and_read_like_a_directory(tmp_path,
     stamp = (converted[0] / "model.safetensors").stat().st_mtime_ns
     assert cli(capsys, "validate", gguf_job(tmp_path, path))[0] == 0
     assert (converted[0] / "model.safetensors").stat().st_mtime_ns == stamp  # the cached copy, not a new one
+
+
+def test_two_jobs_converting_one_gguf_at_once_both_get_the_finished_directory(tmp_path, monkeypatch, tiny):
+    """The second to finish cannot rename its copy over the first's: it keeps the first's, and leaves no staging."""
+    path, _ = tiny
+    convert = gguf_model.convert_gguf
+
+    def raced(gguf, out, *, where):  # the other job's conversion lands first, then this job's tries to
+        convert(gguf, out, where=where)
+        return convert(gguf, out, where=where)
+
+    monkeypatch.setattr(gguf_model, "convert_gguf", raced)
+    out = gguf_model.gguf_model_dir(path)
+    assert (out / PROVENANCE_FILE).is_file() and sorted(p.name for p in out.parent.iterdir()) == [out.name]
 
 
 def test_a_gguf_model_path_that_transformers_cannot_read_is_one_line(tmp_path, capsys, tiny):

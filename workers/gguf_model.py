@@ -183,5 +183,10 @@ def gguf_model_dir(path: Path, where: str = "model.path") -> Path:
     out = cache_root() / "gguf" / sha256_file(path)[:24]
     if not (out / PROVENANCE_FILE).is_file():
         shutil.rmtree(out, ignore_errors=True)  # a folder without provenance.json never finished
-        convert_gguf(path, out, where=where)
+        try:
+            convert_gguf(path, out, where=where)
+        except OSError:
+            if not (out / PROVENANCE_FILE).is_file():
+                raise
+            # another process (a second job on the same file) finished the same conversion first: use it
     return out
