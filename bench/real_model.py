@@ -149,15 +149,26 @@ def run_table(args: argparse.Namespace) -> None:
     lengths = [int(n) for n in args.lengths.split(",")]
     ids = {}
     for length in sorted(lengths, reverse=True):  # the target first: the headline figure
-        windows = context.windows(config.data.test_source, length, args.windows)
+        count = args.windows if length == context.target_length else args.short_windows or args.windows
+        windows = context.windows(config.data.test_source, length, count)
         ids[length] = window_ids(windows)
-        scorer.score("perplexity", length, windows, methods)
+        if args.partial:  # only the windows every method has a score on, from the log; nothing scored
+            done = [w for w in ids[length] if all(("perplexity", length, m, w) in log.scores for m in methods)]
+            ids[length] = done
+        else:
+            scorer.score("perplexity", length, windows, methods)
+    lengths = [n for n in lengths if ids[n]]
     per_window = {name: {str(n): log.means("perplexity", n, name, ids[n]) for n in lengths} for name in methods}
     result = summarize(context, methods, per_window, lengths, settings, searched_lengths)
     out = Path(args.results) / "smollm2_16k"
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(result, out)
-    saved = {**provenance(), "windows": args.windows, "lengths": lengths, "table": markdown_table(result)}
+    saved = {
+        **provenance(),
+        "windows": {str(n): len(ids[n]) for n in lengths},
+        "lengths": lengths,
+        "table": markdown_table(result),
+    }
     saved |= {"tuned": settings, "search": search_cost(Path(args.run)) if args.run else None, "result": result}
     save_json(Path(args.results) / "smollm2_16k.json", saved)
     print(markdown_table(result))
@@ -248,9 +259,11 @@ def main() -> None:
     table = parts.add_parser("table")
     table.add_argument("--factors", required=True, help="the search's export (longrope export RUN -o FILE)")
     table.add_argument("--run", help="the search's run directory, for its cost")
-    table.add_argument("--windows", type=int, default=8, help="test windows per length")
+    table.add_argument("--windows", type=int, default=8, help="test windows at the target length")
+    table.add_argument("--short-windows", type=int, help="test windows at the shorter lengths (default: --windows)")
     table.add_argument("--lengths", default="8192,16384")
     table.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
+    table.add_argument("--partial", action="store_true", help="the table of the windows scored so far; score none")
     table.add_argument("--set", action="append", default=[])
     table.set_defaults(run_part=run_table)
     ranking = parts.add_parser("ranking")
