@@ -29,7 +29,7 @@ GGUF_MAGIC = b"GGUF"
 PROVENANCE_FILE = "provenance.json"
 # llama.cpp's architecture names whose GGUF transformers maps onto LlamaForCausalLM with standard RoPE
 LLAMA_ARCHITECTURES = ("llama",)
-INSTALL_HINT = "pip install 'longrope-search[gguf]' (or make gguf)"
+INSTALL_HINT = "pip install 'longrope-search[gguf]' (make install and make real-model include it)"
 
 
 class ModelProvenance(BaseModel):
