@@ -294,3 +294,28 @@ def test_a_non_empty_out_dir_is_refused_without_overwrite(tmp_path, fake_pool, c
     assert main(run_compare_cli(tmp_path, "--factors", str(a), "-o", str(target), "--overwrite")) == 0
     assert written_directory(capsys.readouterr().err) == target
     assert json.loads((target / "compare.json").read_text())["methods"]
+
+
+def test_coarse_tuning_and_no_needles_are_recorded(tmp_path, fake_pool, capsys, monkeypatch):
+    """--tuning-grid coarse tries 3 x 2 NTK and 2 x 2 YaRN settings, --no-needles cuts no needle windows; both
+    show in compare.json, and compare.md says no needle was scored instead of a column of "cannot run"."""
+    from compare_fakes import FakePool
+
+    sets = []
+    original = FakePool.__init__
+
+    def recording(self, context, window_sets):
+        sets.extend(window_sets)
+        original(self, context, window_sets)
+
+    monkeypatch.setattr(FakePool, "__init__", recording)
+    assert main(run_compare_cli(tmp_path, "--tuning-grid", "coarse", "--no-needles")) == 0
+    (path,) = (tmp_path / "out").glob("compare*/compare.json")
+    result = json.loads(path.read_text())
+    assert result["tuning_grid"] == {"name": "coarse", "settings": 3 * 2 + 2 * 2}
+    assert result["yarn_tuned"]["yarn_factor"] in {
+        result["target_length"] / result["original_length"] * m for m in (1.0, 1.5)
+    }
+    assert {"ntk_tuned", "yarn_tuned"} <= set(result["methods"]) and all(kind != "needle" for kind, _ in sets)
+    assert not any(row.get("needle") for row in result["methods"].values())
+    assert "no needle windows scored" in (path.parent / "compare.md").read_text()

@@ -46,8 +46,10 @@ def needle_cell(misses: list[int], nll: list[float], tokens: list[int]) -> dict[
 
 def needle_table(result: dict[str, Any]) -> str:
     """Markdown: exact-match accuracy (higher is better) per method and length, with 95% Wilson intervals, under a
-    line that says so and how many needles each cell holds."""
+    line that says so and how many needles each cell holds; one line when no needle was scored (--no-needles)."""
     lengths = result["lengths"]
+    if not any(row.get("needle") for row in result["methods"].values()):
+        return "Needle retrieval: no needle windows scored (--no-needles, or no needle fits these lengths)."
     header = ["method", *[f"needle acc @ {n}" for n in lengths]]
     lines = [
         f"Needle retrieval on the test split ({needle_counts(result)}): exact-match accuracy, **higher is better**, "
