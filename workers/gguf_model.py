@@ -13,10 +13,12 @@ Needs the `gguf` extra (the `gguf` and `accelerate` packages); without it, one l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -115,15 +117,23 @@ def convert_gguf(path: Path, out_dir: Path, *, where: str, package: dict | None 
     path, out_dir = Path(path), Path(out_dir)
     architecture = check_llama_gguf(path, where)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_folder(out_dir) as staging:
         provenance = _write_hf_directory(path, staging, architecture, package or {})
         (staging / PROVENANCE_FILE).write_text(provenance.model_dump_json(indent=2) + "\n")
+    return provenance
+
+
+@contextlib.contextmanager
+def staged_folder(out_dir: Path) -> Iterator[Path]:
+    """A temp folder beside `out_dir` to build it in: renamed into place when the block ends (`publish_folder`),
+    removed when it raises, so a failure leaves no half-written folder."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        yield staging
         publish_folder(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return provenance
 
 
 def publish_folder(staging: Path, out_dir: Path) -> None:

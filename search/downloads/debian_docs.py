@@ -21,7 +21,6 @@ import io
 import os
 import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,9 +28,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from longrope.search.downloads.model_wheels import DownloadError
+from longrope.search.downloads.model_wheels import DownloadError, check_pinned
 from longrope.workers.errors import DataError
-from longrope.workers.gguf_model import cache_root, publish_folder, sha256_file
+from longrope.workers.gguf_model import cache_root, sha256_file, staged_folder
 
 LONG_BYTES = 60_000
 SEARCH_EVERY = 3  # one document in three goes to search
@@ -142,14 +141,7 @@ def fetch_deb(corpus: DebianPackage) -> Path:
 
 
 def check_deb(path: Path, corpus: DebianPackage) -> None:
-    if not Path(path).is_file():
-        raise DownloadError(f"--deb: {str(path)!r} does not exist")
-    found = sha256_file(path)
-    if found != corpus.sha256:
-        raise DownloadError(
-            f"deb: {str(path)!r} has sha256 {found}, but {corpus.package} {corpus.version} is pinned at "
-            f"{corpus.sha256} (a truncated or different file)"
-        )
+    check_pinned(path, corpus.sha256, "deb", f"{corpus.package} {corpus.version}")
 
 
 def ar_member(path: Path, name: str) -> bytes:
@@ -211,15 +203,10 @@ def get_corpus(name: str, out_dir: Path, *, deb: Path | None = None) -> CorpusRe
             for path in sorted(texts)
         ],
     )
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_folder(out_dir) as staging:
         for document in record.documents:
             target = staging / document.split / document.path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(texts[document.path])
         (staging / CORPUS_FILE).write_text(record.model_dump_json(indent=1) + "\n")
-        publish_folder(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return record

