@@ -69,7 +69,7 @@ def cpu_model() -> str:
 
 
 def command() -> str:
-    """This run's command line, as the README writes it (`.venv/bin/python bench/NAME.py ARGS`)."""
+    """This run's command line, as the docs write it (`.venv/bin/python bench/NAME.py ARGS`)."""
     return " ".join([".venv/bin/python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
 
 

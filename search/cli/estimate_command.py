@@ -185,7 +185,7 @@ def format_estimate(estimate: JobEstimate, config: JobConfig) -> str:
         mean, low, high = estimate.racing_child_fraction
         lines.append(
             f"racing         a child scores {mean:.2f} ({low:.2f}-{high:.2f}) of its windows (measured at 8 windows, "
-            f"README 'Search cost'): {estimate.window_evaluations_racing:.0f} window evaluations expected"
+            f"docs/search-cost.md): {estimate.window_evaluations_racing:.0f} window evaluations expected"
         )
     total = sum(stage.total_flops for stage in estimate.stages)
     lines.append(f"total FLOPs    {total:.3g} (upper bound)")

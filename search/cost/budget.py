@@ -13,7 +13,7 @@ from longrope.search.config.job_config import JobConfig
 from longrope.search.cost.architecture import Architecture, Frozen
 from longrope.search.cost.flops import Flops, attention_fraction, forward_flops, loss_tokens, recompute_flops
 
-# Racing, measured by bench/search_cost.py (README "Search cost": 2163, 2198 and 1885 window evaluations of 2816
+# Racing, measured by bench/search_cost.py (docs/search-cost.md: 2163, 2198 and 1885 window evaluations of 2816
 # on seeds 0-2; generation 0, 32 x 8 = 256 of them, is never raced): the share of a raced child's windows that
 # are scored, (evals - 256) / (2816 - 256), at 8 search windows, min_windows 3, z 2.
 RACING_CHILD_FRACTIONS = (0.745, 0.759, 0.636)
@@ -42,7 +42,7 @@ def candidates_per_search(config: JobConfig) -> int:
     """Upper bound (no early stop, no patience): points scored forward on every search window.
 
     - dim_mono and CMA-ES: the initial population, then generations x (mutations + crossovers); the steady
-      schedule spends the same budget (README, "Search cost").
+      schedule spends the same budget (docs/search-cost.md).
     - gradient: the seeds (`seed_count`), then one point per step (search.gradient.steps): every step's point is
       scored on all windows, a candidate in history.jsonl like any other; then its best rounded to the grid.
     - hybrid: the GA's budget, plus each polish step's point (`gradient_steps`) and each polish's rounded best."""

@@ -75,7 +75,7 @@ class DeviceEstimate(Frozen):
     time_withheld: str | None  # why the times below are None (`withheld_time`)
     seconds_per_candidate: float | None  # at the target (last stage)
     hours: float | None  # device-hours of the whole job, every candidate on every window (upper bound)
-    hours_racing: float | None  # with racing: the expected device-hours (README's measured racing share)
+    hours_racing: float | None  # with racing: the expected device-hours (docs/search-cost.md's racing share)
     devices_in_parallel: float | None  # GPUs the config's workers use at once (wall hours = hours / this)
     gradient_memory: Memory | None = None  # gradient and hybrid: a gradient pass at the longest stage
     gradient_rows_per_forward: int | None = None
