@@ -15,6 +15,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -33,6 +34,7 @@ from longrope.workers.errors import DataError
 from longrope.workers.gguf_model import PROVENANCE_FILE, ModelProvenance
 
 MEMBER = "pkg/model.gguf"
+GGUF_STRING, GGUF_FLOAT32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.FLOAT32
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 
@@ -186,6 +188,26 @@ def test_a_gguf_model_path_that_transformers_cannot_read_is_one_line(tmp_path, c
     fake = tmp_path / "fake.gguf"
     fake.write_text("hello")
     assert "is not a GGUF file" in refused(capsys, "validate", gguf_job(tmp_path, fake))
+    assert not (tmp_path / "cache" / "gguf").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"extra_tensors": {"rope_freqs.weight": np.full(16, 2.0, np.float32)}}, "rope_freqs.weight"),
+        ({"set_keys": {"llama.rope.scaling.type": ("yarn", GGUF_STRING)}}, "llama.rope.scaling.type = 'yarn'"),
+        ({"set_keys": {"llama.rope.scaling.factor": (4.0, GGUF_FLOAT32)}}, "llama.rope.scaling.factor = 4"),
+        ({"set_keys": {"llama.rope.scaling.attn_factor": (1.2, GGUF_FLOAT32)}}, "llama.rope.scaling.attn_factor = 1.2"),
+    ],
+    ids=["rope_freqs", "scaling-type", "scaling-factor", "attn-factor"],
+)
+def test_a_gguf_with_rope_scaling_is_refused_as_a_model_path(tmp_path, capsys, tiny, change, named):
+    """llama.cpp applies each of these, transformers' GGUF loader none (a model converted from such a file would read
+    with plain RoPE): so it is refused before anything is converted or written."""
+    path, _ = tiny
+    scaled = rewritten_gguf(path, tmp_path / "scaled.gguf", **change)
+    line = refused(capsys, "validate", gguf_job(tmp_path, scaled))
+    assert f"carries RoPE scaling ({named}" in line and "which transformers' GGUF loader drops" in line
     assert not (tmp_path / "cache" / "gguf").exists() and not (tmp_path / "run").exists()
 
 

@@ -29,6 +29,8 @@ from longrope.workers.errors import ModelLoadError, one_line
 
 GGUF_MAGIC = b"GGUF"
 PROVENANCE_FILE = "provenance.json"
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair frequency divisors (Llama 3.1's scaling, our GGUF export)
+PLAIN_SCALING_TYPES = ("none", "linear")  # rope.scaling.type values under which ggml's angles are unscaled
 # llama.cpp's architecture names whose GGUF transformers maps onto LlamaForCausalLM with standard RoPE
 LLAMA_ARCHITECTURES = ("llama",)
 INSTALL_HINT = "pip install 'longrope-search[gguf]' (make install and make real-model include it)"
@@ -75,9 +77,9 @@ def require_gguf_extra(what: str) -> None:
         raise ModelLoadError(f"{what} needs the {exc.name!r} package: {INSTALL_HINT}") from None
 
 
-def gguf_architecture(path: Path, where: str) -> str:
-    """The file's `general.architecture`, or one ModelLoadError naming `where` when it is not a whole GGUF file
-    (wrong magic, truncated tensor data, unreadable metadata: GGUFReader maps every tensor when it opens)."""
+def open_gguf(path: Path, where: str):
+    """A GGUFReader of the file, or one ModelLoadError naming `where` when it is not a whole GGUF file (wrong
+    magic, truncated tensor data, unreadable metadata: GGUFReader maps every tensor when it opens)."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"{where}: {str(path)!r} does not exist")
@@ -88,27 +90,60 @@ def gguf_architecture(path: Path, where: str) -> str:
     import gguf  # the gguf extra, checked above
 
     try:
-        reader = gguf.GGUFReader(path)
-        field = reader.get_field("general.architecture")
-        architecture = field.contents() if field is not None else None
+        return gguf.GGUFReader(path)
     except Exception as exc:  # gguf raises ValueError, IndexError, struct errors on a damaged file
         raise ModelLoadError(
             f"{where}: {str(path)!r} is not a readable GGUF file: truncated or damaged ({one_line(exc, 160)})"
         ) from None
-    if architecture is None:
-        raise ModelLoadError(f"{where}: {str(path)!r} has no general.architecture key")
-    return str(architecture)
+
+
+def field_value(reader, name: str, default=None):
+    """A GGUF metadata value (`GGUFReader` field contents), or `default` when the key is absent."""
+    field = reader.get_field(name)
+    return default if field is None else field.contents()
+
+
+def rope_scaling_found(reader, architecture: str) -> str | None:
+    """What rescales the GGUF's RoPE beyond its plain frequencies (`rope_freqs.weight`, a rope.scaling type other
+    than none/linear, a scaling factor or attention factor other than 1), in words, or None when it is plain.
+    llama.cpp applies each of these (llama_model::load_hparams, get_rope_factors); transformers' GGUF loader maps
+    none of them for llama (integrations/ggml.py has no rope.scaling keys for it, and load_gguf_checkpoint skips
+    tensors it cannot name), so a converted model would silently read with plain RoPE."""
+    if any(tensor.name == ROPE_FREQS for tensor in reader.tensors):
+        return f"{ROPE_FREQS}, per-pair frequency factors as in Llama 3.1 or a `longrope export --gguf` file"
+    scaling = field_value(reader, f"{architecture}.rope.scaling.type", "none")
+    if scaling not in PLAIN_SCALING_TYPES:
+        return f"{architecture}.rope.scaling.type = {scaling!r}"
+    linear = field_value(reader, f"{architecture}.rope.scale_linear", 1.0)
+    factor = field_value(reader, f"{architecture}.rope.scaling.factor", linear)
+    if factor not in (0.0, 1.0):
+        return f"{architecture}.rope.scaling.factor = {factor:g}"
+    attention = field_value(reader, f"{architecture}.rope.scaling.attn_factor", 1.0)
+    if attention != 1.0:
+        return f"{architecture}.rope.scaling.attn_factor = {attention:g}"
+    return None
 
 
 def check_llama_gguf(path: Path, where: str) -> str:
-    """A GGUF whose weights transformers dequantizes into a llama model; returns its architecture."""
-    architecture = gguf_architecture(path, where)
+    """A GGUF whose weights transformers dequantizes into a llama model with the same RoPE llama.cpp gives it;
+    returns its architecture."""
+    reader = open_gguf(path, where)
+    architecture = field_value(reader, "general.architecture")
+    if architecture is None:
+        raise ModelLoadError(f"{where}: {str(path)!r} has no general.architecture key")
     if architecture not in LLAMA_ARCHITECTURES:
         raise ModelLoadError(
             f"{where}: {str(path)!r} is a {architecture!r} GGUF; only llama-architecture GGUF files are read "
             f"(general.architecture = {', '.join(LLAMA_ARCHITECTURES)})"
         )
-    return architecture
+    scaling = rope_scaling_found(reader, architecture)
+    if scaling is not None:
+        raise ModelLoadError(
+            f"{where}: {str(path)!r} carries RoPE scaling ({scaling}), which transformers' GGUF loader drops: "
+            "the converted model would read with plain RoPE, not as llama.cpp runs this file; give the GGUF of "
+            "the model with plain RoPE (the one the factors are to be searched for)"
+        )
+    return str(architecture)
 
 
 def convert_gguf(path: Path, out_dir: Path, *, where: str, package: dict | None = None) -> ModelProvenance:

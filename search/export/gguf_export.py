@@ -50,12 +50,10 @@ from pydantic import BaseModel, ConfigDict
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import ExportError, export_path, factors_json
 from longrope.search.run.output_paths import write_output
+from longrope.workers.gguf_model import GGUF_MAGIC, PLAIN_SCALING_TYPES, ROPE_FREQS, field_value
 
-GGUF_MAGIC = b"GGUF"
 ARCHITECTURE = "llama"
-ROPE_FREQS = "rope_freqs.weight"
 PROVENANCE_KEY = "longrope.factors"
-PLAIN_SCALING_TYPES = ("none", "linear")  # rope.scaling.type values under which ggml's angles are unscaled
 DEFAULT_FREQ_BASE = 10000.0  # llama_model::load_hparams' default when rope.freq_base is absent
 
 
@@ -109,11 +107,6 @@ def read_gguf(path: Path, where: str):
                 f"{tensor.data_offset + tensor.n_bytes}, the file has {size}"
             )
     return reader
-
-
-def field_value(reader, name: str, default=None):
-    field = reader.get_field(name)
-    return default if field is None else field.contents()
 
 
 def check_architecture(reader, where: str) -> None:
