@@ -319,3 +319,44 @@ def test_coarse_tuning_and_no_needles_are_recorded(tmp_path, fake_pool, capsys, 
     assert {"ntk_tuned", "yarn_tuned"} <= set(result["methods"]) and all(kind != "needle" for kind, _ in sets)
     assert not any(row.get("needle") for row in result["methods"].values())
     assert "no needle windows scored" in (path.parent / "compare.md").read_text()
+
+
+def test_a_vllm_twin_takes_its_rows_score_only_where_it_applies_the_same_numbers():
+    """Past the original length (128 in the demo) both runtimes apply the long factors; the twin scales cos/sin by
+    long_mscale, its row by attention_factor. An export writes both equal (for_both_runtimes): one score serves
+    both. A file with a searched attention factor of 1.21 and no mscales gets vLLM's default sqrt(1 + ln 8 /
+    ln 128) = 1.1902 instead, and a row keeping n_hat positions unscaled has no vLLM counterpart: both are scored."""
+    from longrope.search.config.loading import load_job_config
+    from longrope.search.reports.compare import same_as_twin, with_vllm_rows
+    from longrope.search.run.job_context import JobContext
+
+    context = JobContext.resolve(load_job_config(CONFIGS / "demo.yaml", []))
+    factors = np.linspace(1.0, 8.0, context.pairs)
+    bare = context.longrope(factors, attention_factor=1.21)
+    rows = with_vllm_rows(
+        {"export": bare.for_both_runtimes(), "bare": bare, "n_hat": bare.model_copy(update={"n_hat_positions": 16})}
+    )
+    assert math.isclose(rows["bare (vLLM)"].attention_factor, math.sqrt(1 + math.log(8) / math.log(128)))
+    same = {name: same_as_twin(name, 1024, context, rows) for name in rows}
+    assert same == {
+        "export": False,
+        "bare": False,
+        "n_hat": False,
+        "export (vLLM)": True,
+        "bare (vLLM)": False,
+        "n_hat (vLLM)": False,
+    }
+    assert not any(same_as_twin(name, 128, context, rows) for name in rows), "at L0 the twin applies the long factors"
+
+
+def test_a_job_under_2x_tries_the_settings_whose_factor_is_at_least_1(tmp_path, fake_pool, capsys):
+    """At 128 -> 160 tokens (scale 1.25) the full grid's NTK multiplier 0.5 (factor 0.625) and 0.75 (0.9375) and
+    YaRN's 0.75 would stretch the frequencies past the plain model's, which NtkRope and YarnRope refuse: they are
+    left out, 5 x 7 NTK and 4 x 7 YaRN settings are tried, and compare.json counts those."""
+    args = run_compare_cli(tmp_path)
+    assert main([*args[: args.index("--lengths")], "--set", "target_length=160", "--lengths", "128,160"]) == 0
+    (path,) = (tmp_path / "out").glob("compare*/compare.json")
+    result = json.loads(path.read_text())
+    assert result["tuning_grid"] == {"name": "full", "settings": 5 * 7 + 4 * 7}
+    assert result["ntk_tuned"]["ntk_factor"] >= 1.0 and result["yarn_tuned"]["yarn_factor"] >= 1.0
+    assert "(full grid, 63 settings)" in capsys.readouterr().err

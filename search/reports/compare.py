@@ -38,7 +38,7 @@ from longrope.search.reports.compare_scoring import (
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.reports.needle_report import needle_cell, needle_table, plot_needle_heatmap
-from longrope.search.reports.tuned_baselines import TUNING_GRIDS, tuned_baselines
+from longrope.search.reports.tuned_baselines import tuned_baselines, tuning_grids
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.run_store import write_json_atomic, write_text_atomic
 
@@ -130,9 +130,10 @@ def score_methods(
     pool = ComparePool(context, sets)
     try:
         methods: dict[str, RopeMethod] = dict(context.baselines())
-        size = TUNING_GRIDS[tuning_grid].size
+        grids = tuning_grids(context, tuning_grid)
+        size = sum(map(len, grids.values()))
         log(f"compare: tuning NTK and YaRN on the search split ({tuning_grid} grid, {size} settings) ...")
-        tuned_methods, tuned = tuned_baselines(context, pool, tuning_grid, progress)
+        tuned_methods, tuned = tuned_baselines(context, pool, grids, progress)
         methods = with_vllm_rows({**methods, **tuned_methods, **files})
         scored = [name for name in sets if name[0] != "tuning"]
         log(
@@ -140,7 +141,7 @@ def score_methods(
             f"({' and '.join(sorted({kind for kind, _ in scored}))}, one worker pool) ..."
         )
         to_score = {
-            set_name: {name: m for name, m in methods.items() if not same_as_twin(name, set_name[1], context)}
+            set_name: {n: m for n, m in methods.items() if not same_as_twin(n, set_name[1], context, methods)}
             for set_name in scored
         }
         scores = pool.score_sets(to_score, progress, phase="method x window sets scored")
@@ -153,11 +154,16 @@ def score_methods(
         pool.shutdown()
 
 
-def same_as_twin(name: str, length: int, context: JobContext) -> bool:
-    """A vLLM twin at a length past the original: transformers applies the long factors there too (its
-    LongRoPE picks them when the sequence exceeds original_max_position_embeddings), so the twin's score is its
-    transformers row's, not scored again."""
-    return name.endswith(VLLM_SUFFIX) and length > context.original_length
+def same_as_twin(name: str, length: int, context: JobContext, methods: dict[str, RopeMethod]) -> bool:
+    """A vLLM twin that applies exactly its transformers row at this length, so it takes that row's score instead of
+    being scored again: past the original length transformers' LongRoPE picks the long factors too (the sequence
+    exceeds original_max_position_embeddings), and the twin scales cos/sin by the same number when its long_mscale
+    equals the row's attention factor (what `longrope export` writes) and the row keeps no n_hat positions
+    unscaled (vLLM has none). A file without mscales (older exports, Phi-3's config) is scored on its own."""
+    if not name.endswith(VLLM_SUFFIX) or length <= context.original_length:
+        return False
+    row, twin = methods[base_method(name)], methods[name]
+    return twin.attention_factor == row.attention_factor and getattr(row, "n_hat_positions", 0) == 0
 
 
 def write_outputs(result: CompareResult, directory: Path) -> None:

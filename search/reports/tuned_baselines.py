@@ -9,11 +9,14 @@ its factor and its temperature are tried over a grid. compare scores every setti
 split at the target length and keeps each method's lowest mean NLL; the test split never sees the choice.
 
 Two grids: `full` (the default; 49 NTK and 35 YaRN settings) and `coarse` (6 and 4), for models where every
-setting is an expensive forward (a 135M model at 16k tokens on a CPU: 95 s a window).
+setting is a long forward. A setting whose factor (the job's scale x its multiplier) would be below 1 is left out:
+both methods need a factor of at least 1 (below it they would stretch the frequencies beyond the plain model's),
+so a job under 2x tries fewer settings, and compare.json's `tuning_grid` counts those tried.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from longrope.encodings import NtkRope, RopeMethod, YarnRope
@@ -60,7 +63,7 @@ def baseline_shape(context: JobContext) -> dict:
 def ntk_grid(context: JobContext, grid: TuningGrid = TUNING_GRIDS["full"]) -> dict[tuple[float, float], RopeMethod]:
     """NTK at several scales and attention factors, each as LongRoPE factors at the target length."""
     shape, methods = baseline_shape(context), {}
-    for multiplier in grid.ntk_multipliers:
+    for multiplier in usable(context, grid.ntk_multipliers):
         factors = NtkRope(factor=context.scale * multiplier, **shape).factors().double()
         for attention in grid.ntk_attention:
             methods[(multiplier, attention)] = context.longrope(factors, attention_factor=attention)
@@ -77,28 +80,49 @@ def yarn_grid(context: JobContext, grid: TuningGrid) -> dict[tuple[float, float 
             attention_factor=attention,
             **shape,
         )
-        for multiplier in grid.yarn_multipliers
+        for multiplier in usable(context, grid.yarn_multipliers)
         for attention in grid.yarn_attention
     }
 
 
-def tuned_baselines(
-    context: JobContext, pool: ComparePool, grid_name: str = "full", progress: Progress = no_progress
-) -> tuple[dict[str, RopeMethod], dict[str, dict[str, float]]]:
-    """({"ntk_tuned": method, "yarn_tuned": method}, each one's settings): both grids scored in one pass on the
-    search split at the target length, each method's lowest mean NLL kept."""
+def usable(context: JobContext, multipliers: tuple[float, ...]) -> tuple[float, ...]:
+    """The multipliers whose factor, the job's scale times it, is at least 1."""
+    return tuple(m for m in multipliers if context.scale * m >= 1.0)
+
+
+def tuning_grids(context: JobContext, grid_name: str) -> dict[str, dict[tuple, RopeMethod]]:
+    """{"ntk_tuned": {setting: method}, "yarn_tuned": {...}}: every setting of the named grid tried for this job."""
     grid = TUNING_GRIDS[grid_name]
-    grids = {"ntk_tuned": ntk_grid(context, grid), "yarn_tuned": yarn_grid(context, grid)}
-    tuning = ("tuning", context.target_length)
-    methods = {f"{name} {key}": method for name, settings in grids.items() for key, method in settings.items()}
-    scores = pool.score(methods, [tuning], progress, phase="NTK and YaRN settings tried")[tuning]
+    return {"ntk_tuned": ntk_grid(context, grid), "yarn_tuned": yarn_grid(context, grid)}
+
+
+def setting_label(name: str, setting: tuple) -> str:
+    """A setting's label among the methods scored: e.g. "ntk_tuned (1.5, 1.1)"."""
+    return f"{name} {setting}"
+
+
+def pick_tuned(
+    context: JobContext, grids: dict[str, dict[tuple, RopeMethod]], mean_nll: Mapping[str, float]
+) -> tuple[dict[str, RopeMethod], dict[str, dict[str, float]]]:
+    """({"ntk_tuned": method, "yarn_tuned": method}, each one's settings): for each method, the setting with the
+    lowest mean NLL on the search split (`mean_nll`, by `setting_label`)."""
     tuned, settings = {}, {}
     for name, candidates in grids.items():
-        best = min(candidates, key=lambda key, name=name: scores[f"{name} {key}"].mean_nll)
-        multiplier, _ = best
+        best = min(candidates, key=lambda key, name=name: mean_nll[setting_label(name, key)])
         method = candidates[best]
         # NTK as it would be exported: its scale in the keys vLLM reads too, so its vLLM row differs only by regime
         tuned[name] = method.for_both_runtimes() if name == "ntk_tuned" else method
         factor_key = "ntk_factor" if name == "ntk_tuned" else "yarn_factor"
-        settings[name] = {factor_key: context.scale * multiplier, "attention_factor": method.attention_factor}
+        settings[name] = {factor_key: context.scale * best[0], "attention_factor": method.attention_factor}
     return tuned, settings
+
+
+def tuned_baselines(
+    context: JobContext, pool: ComparePool, grids: dict[str, dict[tuple, RopeMethod]], progress: Progress = no_progress
+) -> tuple[dict[str, RopeMethod], dict[str, dict[str, float]]]:
+    """`pick_tuned` over the grids (`tuning_grids`), every setting scored in one pass on the search split at the
+    target length."""
+    tuning = ("tuning", context.target_length)
+    methods = {setting_label(name, key): method for name, found in grids.items() for key, method in found.items()}
+    scores = pool.score(methods, [tuning], progress, phase="NTK and YaRN settings tried")[tuning]
+    return pick_tuned(context, grids, {label: score.mean_nll for label, score in scores.items()})
