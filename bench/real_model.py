@@ -30,6 +30,7 @@ Run (after `make real-model` and the search, `longrope search configs/smollm2-13
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -37,12 +38,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from benchlib import RESULTS, ROOT, provenance, save_json
+from pydantic import BaseModel
 
 from longrope.search.config.loading import load_job_config
 from longrope.search.reports.compare import summarize, write_outputs
 from longrope.search.reports.compare_rows import factors_rows, given_methods
 from longrope.search.reports.compare_tables import markdown_table
-from longrope.search.reports.tuned_baselines import TUNING_GRIDS, ntk_grid, yarn_grid
+from longrope.search.reports.tuned_baselines import TUNING_GRIDS, pick_tuned, setting_label, tuning_grids
 from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model
 from longrope.workers.scorer import Scorer
@@ -56,15 +58,80 @@ def window_ids(windows) -> list[str]:
     return [f"{name}@{offset}" for name, offset in zip(windows.names, windows.offsets, strict=True)]
 
 
-class ScoreLog:
-    """The append-only log of scores: {(set, length, method, window id): (nll sum, tokens)}."""
+class LogSetup(BaseModel):
+    """The score log's setup record (smollm2_scores.setup.json beside it): what its scores were scored with. A log
+    is added to and read only under the same setup, so a re-exported factors file at the same path, another dtype,
+    model or data seed can never borrow another setup's scores (the rows' keys name a method by its label alone)."""
 
-    def __init__(self, path: Path):
+    model: str  # the converted model's GGUF sha256 (provenance.json), else its directory
+    dtype: str
+    attn_implementation: str
+    original_length: int
+    target_length: int
+    data_seed: int
+    search_source: str
+    test_source: str
+    methods: dict[str, str] = {}  # label -> the method's fingerprint (`fingerprint`)
+
+    @classmethod
+    def of(cls, context: JobContext) -> LogSetup:
+        config, provenance_file = context.config, Path(context.model_dir) / "provenance.json"
+        model = json.loads(provenance_file.read_text())["gguf_sha256"] if provenance_file.is_file() else None
+        return cls(
+            model=model or str(context.model_dir),
+            dtype=config.model.dtype,
+            attn_implementation=config.model.attn_implementation,
+            original_length=context.original_length,
+            target_length=context.target_length,
+            data_seed=config.data.seed,
+            search_source=config.data.search_source,
+            test_source=config.data.test_source,
+        )
+
+
+def fingerprint(method) -> str:
+    """A method's identity: its class and every field (the factors, theta, attention factor...)."""
+    payload = type(method).__name__ + method.model_dump_json()
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+class ScoreLog:
+    """The append-only log of scores: {(set, length, method, window id): (nll sum, tokens)}, and its setup record."""
+
+    def __init__(self, path: Path, setup: LogSetup):
         self.path, self.scores = path, {}
+        self.setup_path = path.with_name(path.stem + ".setup.json")
+        self.setup = self._checked_setup(setup)
         if path.is_file():
             for line in path.read_text().splitlines():
                 row = json.loads(line)
                 self.scores[(row["set"], row["length"], row["method"], row["window"])] = (row["nll"], row["tokens"])
+
+    def _checked_setup(self, setup: LogSetup) -> LogSetup:
+        if not self.setup_path.is_file():
+            if self.path.is_file():
+                print(f"warning: {self.path} has no setup record; taking it as this run's: {setup.model_dump()}")
+            self.setup_path.write_text(setup.model_dump_json(indent=1) + "\n")
+            return setup
+        recorded = LogSetup.model_validate_json(self.setup_path.read_text())
+        for field, value in setup.model_dump(exclude={"methods"}).items():
+            if getattr(recorded, field) != value:
+                raise SystemExit(
+                    f"{self.path}: scored with {field} = {getattr(recorded, field)!r}, this run has {value!r}; "
+                    "give --results another folder for another setup"
+                )
+        return recorded
+
+    def check_methods(self, methods: dict) -> None:
+        """Each label names the method the log's scores of it were scored with (recorded on first use)."""
+        for label, method in methods.items():
+            known = self.setup.methods.setdefault(label, fingerprint(method))
+            if known != fingerprint(method):
+                raise SystemExit(
+                    f"{self.path}: its scores of {label!r} are of another method than this run's (a new export at "
+                    "the same path?); give --results another folder"
+                )
+        self.setup_path.write_text(self.setup.model_dump_json(indent=1) + "\n")
 
     def add(self, key: tuple, nll: float, tokens: int, seconds: float) -> None:
         self.scores[key] = (nll, tokens)
@@ -72,6 +139,18 @@ class ScoreLog:
         row = {"set": kind, "length": length, "method": method, "window": window, "nll": nll, "tokens": tokens}
         with self.path.open("a") as out:
             out.write(json.dumps({**row, "seconds": round(seconds, 1)}) + "\n")
+
+    def copied_twin(self, key: tuple, methods: dict) -> bool:
+        """Log, under `key`, the score of a method with the same fingerprint on the same set, length and window
+        (tuned YaRN's best is often YaRN's own setting), instead of scoring it again; whether there was one."""
+        kind, length, label, window = key
+        for other in methods:
+            twin = (kind, length, other, window)
+            if other != label and self.setup.methods.get(other) == self.setup.methods[label] and twin in self.scores:
+                self.add(key, *self.scores[twin], seconds=0.0)
+                print(f"{kind} {length} {window} {label}: the same method as {other}, its score", flush=True)
+                return True
+        return False
 
     def means(self, kind: str, length: int, method: str, ids: list[str]) -> list[float] | None:
         """Mean NLL per token of each window, or None while any is missing."""
@@ -100,7 +179,7 @@ class WindowScorer:
         for window, window_id in enumerate(window_ids(windows)[:first]):
             for name, method in methods.items():
                 key = (kind, length, name, window_id)
-                if key in self.log.scores:
+                if key in self.log.scores or self.log.copied_twin(key, methods):
                     continue
                 start = time.perf_counter()
                 (score,) = scorer.score([method], (window, window + 1))
@@ -111,39 +190,39 @@ class WindowScorer:
                 )
 
 
-def tuned(context: JobContext, scorer: WindowScorer, grid: str) -> tuple[dict, dict]:
-    """NTK and YaRN tuned on the search windows at the target (`tuned_baselines` picks the same way)."""
+def tuned(context: JobContext, scorer: WindowScorer, grid: str, partial: bool = False) -> tuple[dict, dict]:
+    """NTK and YaRN tuned on the search windows at the target, picked by compare's own rule (`pick_tuned`);
+    `partial`: from the log alone (nothing scored), refused while a setting is missing."""
     data = context.config.data
     windows = context.windows(data.search_source, context.target_length, data.search_windows)
-    grids = {"ntk_tuned": ntk_grid(context, TUNING_GRIDS[grid]), "yarn_tuned": yarn_grid(context, TUNING_GRIDS[grid])}
-    methods, settings = {}, {}
-    for name, candidates in grids.items():
-        labelled = {f"{name} {key}": method for key, method in candidates.items()}
+    grids, ids = tuning_grids(context, grid), window_ids(windows)
+    labelled = {setting_label(name, key): method for name, found in grids.items() for key, method in found.items()}
+    scorer.log.check_methods(labelled)
+    if not partial:
         scorer.score("tuning", context.target_length, windows, labelled)
-        ids = window_ids(windows)
-        nll = {
-            key: np.mean(scorer.log.means("tuning", context.target_length, f"{name} {key}", ids)) for key in candidates
-        }
-        best = min(nll, key=nll.get)
-        method = candidates[best]
-        methods[name] = method.for_both_runtimes() if name == "ntk_tuned" else method
-        factor_key = "ntk_factor" if name == "ntk_tuned" else "yarn_factor"
-        settings[name] = {factor_key: context.scale * best[0], "attention_factor": method.attention_factor}
-    settings["tuning_grid"] = {"name": grid, "settings": TUNING_GRIDS[grid].size}
+    nll = {label: scorer.log.means("tuning", context.target_length, label, ids) for label in labelled}
+    missing = [label for label, value in nll.items() if value is None]
+    if missing:
+        raise SystemExit(f"--partial: the log has no tuning score of {missing[0]!r} yet: run the table without it")
+    methods, settings = pick_tuned(context, grids, {label: float(np.mean(value)) for label, value in nll.items()})
+    settings["tuning_grid"] = {"name": grid, "settings": len(labelled)}
     return methods, settings
 
 
 def table_methods(context: JobContext, scorer: WindowScorer, args: argparse.Namespace) -> tuple[dict, dict, dict]:
     """(methods, the tuned ones' settings, the factors file's searched length): the table's rows."""
-    tuned_methods, settings = tuned(context, scorer, args.grid)
     files, searched_lengths = given_methods(context, factors_rows([args.factors]), print)
-    return {**context.baselines(), **tuned_methods, **files}, settings, searched_lengths
+    scorer.log.check_methods({**context.baselines(), **files})  # before any forward: a stale log stops here
+    tuned_methods, settings = tuned(context, scorer, args.grid, partial=getattr(args, "partial", False))
+    methods = {**context.baselines(), **tuned_methods, **files}
+    scorer.log.check_methods(methods)
+    return methods, settings, searched_lengths
 
 
 def run_table(args: argparse.Namespace) -> None:
     config = load_job_config(CONFIG, [f"data.test_windows={args.windows}", *args.set])
     context = JobContext.resolve(config)
-    log = ScoreLog(Path(args.results) / SCORES.name)
+    log = ScoreLog(Path(args.results) / SCORES.name, LogSetup.of(context))
     scorer = WindowScorer(context, log)
     methods, settings, searched_lengths = table_methods(context, scorer, args)
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -180,7 +259,7 @@ def run_ranking(args: argparse.Namespace) -> None:
 
     config = load_job_config(CONFIG, [f"data.test_windows={args.table_windows}", *args.set])
     context = JobContext.resolve(config)
-    log = ScoreLog(Path(args.results) / SCORES.name)
+    log = ScoreLog(Path(args.results) / SCORES.name, LogSetup.of(context))
     table_scorer = WindowScorer(context, log)  # bfloat16: the table's own scores, logged once
     methods, _, _ = table_methods(context, table_scorer, args)
     windows = context.windows(config.data.test_source, context.target_length, args.table_windows)
