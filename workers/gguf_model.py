@@ -226,12 +226,17 @@ def gguf_model_dir(path: Path, where: str = "model.path") -> Path:
     path = Path(path)
     check_llama_gguf(path, where)
     out = cache_root() / "gguf" / sha256_file(path)[:24]
-    if not (out / PROVENANCE_FILE).is_file():
-        shutil.rmtree(out, ignore_errors=True)  # a folder without provenance.json never finished
-        try:
-            convert_gguf(path, out, where=where)
-        except OSError:
-            if not (out / PROVENANCE_FILE).is_file():
-                raise
-            # another process (a second job on the same file) finished the same conversion first: use it
+    if (out / PROVENANCE_FILE).is_file():
+        return out
+    try:
+        convert_gguf(path, out, where=where)
+    except OSError:
+        if (out / PROVENANCE_FILE).is_file():
+            return out  # another job on the same file finished the same conversion first: its folder serves both
+        if not out.is_dir():
+            raise
+        # a folder without provenance.json is no conversion of ours (conversions appear whole, by rename): only
+        # now, with no finished one to delete, is it replaced
+        shutil.rmtree(out)
+        convert_gguf(path, out, where=where)
     return out

@@ -3,9 +3,10 @@ documents.
 
 The corpus `python-docs` is the Python 3.11 documentation's reStructuredText sources (Debian `python3.11-doc`,
 `usr/share/doc/python3.11/html/_sources/**/*.rst.txt`: 497 documents, 47 of them over 16k SmolLM2 tokens). The
-.deb is fetched from the Debian mirror at the pinned URL (or given with --deb, e.g. from `apt-get download
-python3.11-doc`), checked against its pinned sha256, and read with the standard library: a .deb is an `ar`
-archive whose `data.tar.xz` holds the files.
+.deb is fetched from the Debian mirror at the pinned URL, else from snapshot.debian.org by its SHA1 (once a newer
+stable update replaces it in the mirror's pool), or given with --deb (that exact file: `apt-get download` fetches
+the current version); it is checked against its pinned sha256 and read with the standard library: a .deb is an
+`ar` archive whose `data.tar.xz` holds the files.
 
 The split is by document, deterministic and stratified by size, so both splits get long documents whatever the
 tokenizer: documents are ordered by the sha256 of their path; among the long ones (at least LONG_BYTES bytes),
@@ -21,6 +22,7 @@ import io
 import os
 import shutil
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,13 +31,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from longrope.search.downloads.model_wheels import DownloadError, check_pinned
-from longrope.workers.errors import DataError
+from longrope.workers.errors import DataError, one_line
 from longrope.workers.gguf_model import cache_root, sha256_file, staged_folder
 
 LONG_BYTES = 60_000
 SEARCH_EVERY = 3  # one document in three goes to search
 CORPUS_FILE = "corpus.json"
 MIRROR = os.environ.get("LONGROPE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# snapshot.debian.org keeps every file Debian ever published, served by its SHA1 at /file/<sha1>: the pinned
+# package stays reachable after the mirror's pool drops it for a newer stable update
+SNAPSHOT = "https://snapshot.debian.org/file"
 AR_MAGIC = b"!<arch>\n"
 
 
@@ -46,6 +51,7 @@ class DebianPackage(BaseModel):
     version: str
     pool_path: str  # below the mirror's root
     sha256: str
+    sha1: str  # snapshot.debian.org's key for the same file
     prefix: str  # the folder inside data.tar whose files are the documents
     suffix: str
     card: str
@@ -57,6 +63,7 @@ KNOWN_CORPORA = {
         version="3.11.2-6+deb12u8",
         pool_path="pool/main/p/python3.11/python3.11-doc_3.11.2-6%2bdeb12u8_all.deb",
         sha256="50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",
+        sha1="d4a9ab01ca393dc30872e1ea65f14be24cfcfe73",
         prefix="usr/share/doc/python3.11/html/_sources/",
         suffix=".rst.txt",
         card="Python 3.11 documentation sources (Debian python3.11-doc), 497 reST documents",
@@ -103,7 +110,7 @@ def read_corpus_record(folder: Path) -> CorpusRecord | None:
         raise DataError(f"corpus record: {str(path)!r} is not a corpus.json longrope wrote ({reason})") from None
 
 
-def split_of(path: str, rank: int) -> Literal["search", "test"]:
+def split_of(rank: int) -> Literal["search", "test"]:
     """`rank`: the document's place, in sha256-of-path order, among the documents of its size class."""
     return "search" if rank % SEARCH_EVERY == 0 else "test"
 
@@ -113,31 +120,41 @@ def split_documents(texts: dict[str, bytes]) -> dict[str, Literal["search", "tes
     splits, ranks = {}, {True: 0, False: 0}
     for path in order:
         long = len(texts[path]) >= LONG_BYTES
-        splits[path] = split_of(path, ranks[long])
+        splits[path] = split_of(ranks[long])
         ranks[long] += 1
     return splits
 
 
 def fetch_deb(corpus: DebianPackage) -> Path:
+    """The pinned .deb from the cache, else from the mirror, else from snapshot.debian.org, checked against its
+    sha256 before it enters the cache (each download goes to a file of its own, so concurrent runs cannot mix)."""
     cached = cache_root() / "debs" / Path(corpus.pool_path).name.replace("%2b", "+")
     if cached.is_file() and sha256_file(cached) == corpus.sha256:
         return cached
-    url = f"{MIRROR.rstrip('/')}/{corpus.pool_path}"
     cached.parent.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_suffix(".part")
-    try:
-        with urllib.request.urlopen(url, timeout=120) as response, open(partial, "wb") as out:
-            shutil.copyfileobj(response, out, 1 << 20)
-    except (urllib.error.URLError, OSError) as exc:
-        partial.unlink(missing_ok=True)
-        raise DownloadError(f"download {url} failed ({exc}); fetch it with apt-get download and pass --deb") from None
-    try:
-        check_deb(partial, corpus)
-    except DownloadError:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, cached)
-    return cached
+    failures = []
+    for url in deb_urls(corpus):
+        handle, name = tempfile.mkstemp(prefix=f".{cached.name}.", dir=cached.parent)
+        partial = Path(name)
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response, os.fdopen(handle, "wb") as out:
+                shutil.copyfileobj(response, out, 1 << 20)
+            check_deb(partial, corpus)
+        except (urllib.error.URLError, OSError, DownloadError) as exc:
+            partial.unlink(missing_ok=True)
+            failures.append(f"{url}: {one_line(exc, 120)}")
+            continue
+        os.replace(partial, cached)
+        return cached
+    raise DownloadError(
+        f"download of {corpus.package} {corpus.version} failed ({'; '.join(failures)}); download that exact file "
+        "and pass it with --deb"
+    )
+
+
+def deb_urls(corpus: DebianPackage) -> list[str]:
+    """Where the pinned package is fetched from, in order: the mirror's pool, then Debian's permanent snapshot."""
+    return [f"{MIRROR.rstrip('/')}/{corpus.pool_path}", f"{SNAPSHOT}/{corpus.sha1}"]
 
 
 def check_deb(path: Path, corpus: DebianPackage) -> None:
