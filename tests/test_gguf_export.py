@@ -1,4 +1,4 @@
-"""`longrope export RUN --gguf IN.gguf -o OUT.gguf` (issue 28, item 5): the copy holds rope_freqs.weight = the
+"""`longrope export RUN --gguf IN.gguf -o OUT.gguf`: the copy holds rope_freqs.weight = the
 run's long factors, llama.rope.scaling.attn_factor = its attention factor, llama.context_length = its target length
 and the factors file as provenance; every other key and tensor (a quantized one too) is IN's, and IN is never
 touched. Each input llama.cpp would not apply the tensor to is refused in one line, exit 2, nothing written.

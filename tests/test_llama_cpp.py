@@ -1,4 +1,4 @@
-"""llama.cpp's own code applies `export --gguf` as transformers applies the block (issue 28, item 5).
+"""llama.cpp's own code applies `export --gguf` as transformers applies the block.
 
 Marked `llama_cpp`: `make test` builds llama-cpp-python 0.3.36 from source into .llama-cpp-site and runs these last,
 with LONGROPE_REQUIRE_LLAMA_CPP=1, where a missing llama-cpp-python fails instead of skipping (tests/tiny_gguf.py,
