@@ -9,8 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from search_helpers import JOB_RECORD
-from search_helpers import finished_run as make_finished_run
+from search_helpers import JOB_RECORD, known_problem_run
 
 
 def write(path: Path, data) -> Path:
@@ -42,13 +41,9 @@ def factors(*args: str) -> list[str]:
     return ["encodings", "factors", *args]
 
 
-def finished_run(t: Path) -> Path:
-    return make_finished_run(t / "run")
-
-
 def exportable_run(t: Path, **drop_or_change) -> Path:
     """A finished run with a hand-written job.json; a keyword set to None drops that field."""
-    run_dir = finished_run(t)
+    run_dir = known_problem_run(t / "run")
     job = {**JOB_RECORD, **drop_or_change}
     job = {k: v for k, v in job.items() if v is not None}
     (run_dir / "job.json").write_text(json.dumps(job))
@@ -90,7 +85,7 @@ def model_search(t: Path, model: Path, **model_fields) -> list[str]:
 
 
 def edit_run(t: Path, name: str, edit: Callable[[str], str]) -> Path:
-    run_dir = finished_run(t)
+    run_dir = known_problem_run(t / "run")
     path = run_dir / name
     path.write_text(edit(path.read_text()))
     return run_dir

@@ -130,3 +130,21 @@ def in_process_pool(monkeypatch):
     from longrope.search.reports import compare_scoring
 
     monkeypatch.setattr(compare_scoring, "WorkerPool", InProcessPool)
+
+
+@pytest.fixture
+def finished_known_problem_run(tmp_path):
+    """A finished run directory of the known-optimum problem (no model; search_helpers.known_problem_run), for the
+    commands that read one."""
+    from search_helpers import known_problem_run
+
+    return known_problem_run(tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def reference_model():
+    """(the shipped reference model on the CPU in float32, its model RoPE), loaded once per test module."""
+    from longrope.workers.models import load_model
+    from longrope.workers.reference_recipe import reference_model_dir
+
+    return load_model(reference_model_dir(), device="cpu")

@@ -46,7 +46,7 @@ class ScoreWithGradient:
     misses: tuple[int, ...] | None = None
 
 
-def finished_run(run_dir: Path, *overrides: str, **job_changes) -> Path:
+def known_problem_run(run_dir: Path, *overrides: str, **job_changes) -> Path:
     """A finished run directory (cheap objective, no model, one generation) for the commands that read one, with
     its job.json as `longrope search` writes it; `overrides` go to its config, `job_changes` to its job.json."""
     from longrope.search.config.loading import load_job_config

@@ -15,13 +15,13 @@ import pytest
 from bad_input_helpers import (
     alias_bomb,
     base,
-    finished_run,
     random_bytes,
     search,
     validate,
     write,
 )
 from cli_checks import cli_error_line
+from search_helpers import known_problem_run
 
 # ---- the table: id -> (argv builder, a substring of the one error line) ----
 
@@ -404,7 +404,7 @@ CASES = [
         id="short-without-long-factors",
     ),
     pytest.param(
-        lambda t: ["search", "--no-progress", "--resume", str(finished_run(t)), "--set", "search.seed=5"],
+        lambda t: ["search", "--no-progress", "--resume", str(known_problem_run(t / "run")), "--set", "search.seed=5"],
         "--set 'search.seed=5': a resumed run can change only workers.*",
         id="resume-set-outside-workers",
     ),

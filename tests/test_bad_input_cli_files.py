@@ -20,7 +20,6 @@ from bad_input_helpers import (
     edited_hash,
     exportable_run,
     factors,
-    finished_run,
     model_dir,
     model_search,
     replace_line,
@@ -28,6 +27,7 @@ from bad_input_helpers import (
     write,
 )
 from cli_checks import cli_error_line
+from search_helpers import known_problem_run
 
 # ---- the table: id -> (argv builder, a substring of the one error line) ----
 
@@ -110,7 +110,12 @@ CASES = [
         id="status-history-line-without-key",
     ),
     pytest.param(
-        lambda t: ["search", "--no-progress", "--resume", str(deleted(finished_run(t) / "history.jsonl").parent)],
+        lambda t: [
+            "search",
+            "--no-progress",
+            "--resume",
+            str(deleted(known_problem_run(t / "run") / "history.jsonl").parent),
+        ],
         "history.jsonl: lacks",
         id="resume-history-deleted",
     ),

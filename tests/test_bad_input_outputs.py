@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_checks import cli_error_line, longrope_block, snapshot, write_factors_file
-from search_helpers import JOB_RECORD, finished_run
+from search_helpers import JOB_RECORD, known_problem_run
 
 from longrope.search.cli.main import main
 from longrope.search.reports.compare_plots import plot_factors
@@ -33,7 +33,7 @@ LONG_NAME = "a" * 300  # past NAME_MAX (255 bytes on Linux filesystems)
 
 def exportable_run(t: Path, name: str = "run", **job) -> Path:
     """A finished run with a job.json (JOB_RECORD: head_dim 32, original length 64, target 256, model 'm')."""
-    run_dir = finished_run(t / name)
+    run_dir = known_problem_run(t / name)
     (run_dir / "job.json").write_text(json.dumps({**JOB_RECORD, **job}))
     return run_dir
 

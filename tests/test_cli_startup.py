@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from search_helpers import JOB_RECORD, finished_run
+from search_helpers import JOB_RECORD, known_problem_run
 
 HEAVY = ("torch", "ray", "transformers")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -40,7 +40,7 @@ def loaded_by(argv: list[str], cwd, modules: tuple[str, ...] = HEAVY) -> dict:
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    path = finished_run(tmp_path_factory.mktemp("startup") / "run")
+    path = known_problem_run(tmp_path_factory.mktemp("startup") / "run")
     (path / "job.json").write_text(json.dumps(JOB_RECORD))
     return path
 

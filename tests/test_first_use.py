@@ -20,7 +20,7 @@ import torch
 import yaml
 from cli_checks import longrope_block, write_factors_file
 from conftest import save_tiny_llama
-from search_helpers import JOB_RECORD, finished_run, unloadable_safetensors
+from search_helpers import JOB_RECORD, known_problem_run, unloadable_safetensors
 
 from longrope.encodings import LongRope
 from longrope.search.cli.main import main
@@ -115,7 +115,7 @@ def test_loading_a_model_draws_no_progress_bar(capfd):
 
 
 def test_a_piped_export_prints_its_path_on_one_line(tmp_path):
-    run = finished_run(tmp_path / "run")
+    run = known_problem_run(tmp_path / "run")
     (run / "job.json").write_text(json.dumps(JOB_RECORD))
     out = long_folder(tmp_path) / "factors.json"
     out.parent.mkdir(parents=True)
@@ -237,7 +237,7 @@ def test_csv_export_keeps_the_release_format_and_writes_the_rest_beside_it(tmp_p
     """The CSV stays the LongRoPE release's file (long factors, one per line, read by np.loadtxt); the block's
     attention factor, mscales and provenance, which it cannot hold, are in `f.csv.json`, equal to the JSON
     export."""
-    run = finished_run(tmp_path / "run")
+    run = known_problem_run(tmp_path / "run")
     (run / "job.json").write_text(json.dumps(JOB_RECORD))
     assert main(["export", str(run), "-o", str(tmp_path / "f.json")]) == 0
     assert main(["export", str(run), "-o", str(tmp_path / "f.csv"), "--format", "csv"]) == 0

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from cli_checks import cli_error_line
-from search_helpers import finished_run
+from search_helpers import known_problem_run
 from tiny_gguf import fields, rewritten_gguf, tensors, tiny_gguf, tiny_llama
 
 from longrope.encodings import from_hf
@@ -42,7 +42,7 @@ def digest(path: Path) -> str:
 def run_and_factors(tmp_path_factory):
     """A finished cheap run (16 pairs, L0 64, target 256, theta 10000) and its JSON export."""
     folder = tmp_path_factory.mktemp("gguf-run")
-    run = finished_run(folder / "run")
+    run = known_problem_run(folder / "run")
     assert main(["export", str(run), "-o", str(folder / "factors.json")]) == 0
     return run, read_factors_file(folder / "factors.json")
 

@@ -63,12 +63,6 @@ def float64_rms_norm(self, hidden: torch.Tensor) -> torch.Tensor:
     return self.weight * (hidden * torch.rsqrt(variance + self.variance_epsilon))
 
 
-@pytest.fixture(scope="module")
-def reference():
-    model, rope = load_model(reference_model_dir(), device="cpu")
-    return model, rope.method.original_inv_freq()
-
-
 def test_gradient_equals_a_central_finite_difference_in_float64(monkeypatch):
     """The reference model cast to float64 (its RMSNorm too, which transformers runs in float32 whatever the
     dtype: float32 noise in the NLL, ~1e-5 nats here, would swamp a finite difference), 2 windows of 256 tokens.
@@ -88,10 +82,11 @@ def test_gradient_equals_a_central_finite_difference_in_float64(monkeypatch):
         assert [row[index] for row in score.gradient] == pytest.approx(central, rel=1e-5, abs=1e-7), index
 
 
-def test_stacked_windows_get_each_its_own_gradient(reference):
+def test_stacked_windows_get_each_its_own_gradient(reference_model):
     """Three windows in one forward (one leaf row each) against each window scored alone (a forward each), and a
     window range against those windows of the whole."""
-    model, original_inv_freq = reference
+    model, rope = reference_model
+    original_inv_freq = rope.method.original_inv_freq()
     windows = reference_windows(3)
     stacked = Scorer(model, windows, original_inv_freq, tokens_per_forward=4096)
     alone = Scorer(model, windows, original_inv_freq, tokens_per_forward=1, loss_chunk_tokens=37)
@@ -106,9 +101,10 @@ def test_stacked_windows_get_each_its_own_gradient(reference):
     np.testing.assert_allclose(part.gradient, together.gradient[1:], rtol=1e-4, atol=1e-3)
 
 
-def test_nll_equals_plain_scoring(reference):
+def test_nll_equals_plain_scoring(reference_model):
     """score_with_gradient's NLL, tokens and misses (with a loss mask) are what `score` gives the same method."""
-    model, original_inv_freq = reference
+    model, rope = reference_model
+    original_inv_freq = rope.method.original_inv_freq()
     windows = reference_windows(2)
     plain = Scorer(model, windows, original_inv_freq)
     for method in (candidate(), candidate(top=6.0, attention=None)):
@@ -144,8 +140,9 @@ def test_differentiable_tables_equal_the_no_grad_tables():
     assert leaf.grad is not None and bool(leaf.grad.abs().sum() > 0)
 
 
-def test_weights_get_no_gradient_and_plain_scores_are_unchanged(reference):
-    model, original_inv_freq = reference
+def test_weights_get_no_gradient_and_plain_scores_are_unchanged(reference_model):
+    model, rope = reference_model
+    original_inv_freq = rope.method.original_inv_freq()
     scorer = Scorer(model, reference_windows(2), original_inv_freq)
     flags = [param.requires_grad for param in model.parameters()]
     before = scorer.score([candidate(), candidate(top=6.0)])
@@ -158,8 +155,9 @@ def test_weights_get_no_gradient_and_plain_scores_are_unchanged(reference):
         assert scorer.score_with_gradient(candidate()).gradient is not None
 
 
-def test_what_cannot_be_differentiated_is_refused(reference):
-    model, original_inv_freq = reference
+def test_what_cannot_be_differentiated_is_refused(reference_model):
+    model, rope = reference_model
+    original_inv_freq = rope.method.original_inv_freq()
     scorer = Scorer(model, reference_windows(1), original_inv_freq)
     with pytest.raises(ValueError, match="needs a LongRope method"):
         scorer.score_with_gradient(RopeMethod(head_dim=32, max_position_embeddings=TARGET))

@@ -15,9 +15,7 @@ from longrope.search.reports.intervals import wilson_interval
 from longrope.workers.corpus import corpus_documents
 from longrope.workers.documents import read_source
 from longrope.workers.errors import DataError
-from longrope.workers.models import load_model
 from longrope.workers.needles import KEY_SENTENCE, depth_spread, make_needle, needle_windows
-from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer
 from longrope.workers.tokenization import TextTokenizer
 from longrope.workers.windows import interleave_windows, load_windows
@@ -29,12 +27,6 @@ IGNORE = -100  # transformers' ignore_index for labels
 @pytest.fixture(scope="module")
 def search_docs() -> list[np.ndarray]:
     return [BYTES.encode(doc.text) for doc in corpus_documents("search")]
-
-
-@pytest.fixture(scope="module")
-def reference():
-    model, rope = load_model(reference_model_dir(), device="cpu")
-    return model, rope
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +107,8 @@ def _hf_masked_loss(model, tokens: np.ndarray, mask: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("objective", ["needle", "tail"])
-def test_masked_scores_equal_transformers_loss_with_ignored_labels(objective, reference, tmp_path):
-    model, rope = reference
+def test_masked_scores_equal_transformers_loss_with_ignored_labels(objective, reference_model, tmp_path):
+    model, rope = reference_model
     windows = load_windows(
         read_source("corpus:search"),
         BYTES,
@@ -144,8 +136,8 @@ def test_masked_scores_equal_transformers_loss_with_ignored_labels(objective, re
         assert score.nll[j] / score.tokens[j] == pytest.approx(expected, rel=1e-4)
 
 
-def test_zero_misses_is_exactly_greedy_decoding_returning_the_number(reference, search_docs):
-    model, rope = reference
+def test_zero_misses_is_exactly_greedy_decoding_returning_the_number(reference_model, search_docs):
+    model, rope = reference_model
     needles, _, _ = needle_windows(search_docs, BYTES, length=129, count=12, seed=5)
     tokens = np.stack([n.tokens for n in needles])
     mask = np.zeros((12, 128), dtype=bool)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from cli_checks import cli_error_line
-from search_helpers import finished_run
+from search_helpers import known_problem_run
 
 from longrope.search.cli.main import main
 from longrope.search.reports import progress_plot
@@ -27,7 +27,7 @@ RUN_FILES = ("config.json", "job.json", "history.jsonl", "state.json", "heartbea
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A finished run of the cheap objective, with a heartbeat.json as a stopped `longrope search` leaves it."""
-    folder = finished_run(tmp_path_factory.mktemp("runs") / "run")
+    folder = known_problem_run(tmp_path_factory.mktemp("runs") / "run")
     (folder / "heartbeat.json").write_text('{"pid": 1}')
     return folder
 
@@ -55,7 +55,7 @@ def test_no_command_writes_over_a_file_of_a_run_directory(run, name, tmp_path, c
 def test_a_run_directory_of_another_run_is_protected_too(run, tmp_path, capsys, caplog):
     """The rule is about any run directory, not the one the command reads: another run's history, and a folder
     that holds a run's files without its config.json (a stage that lost it, a run being copied)."""
-    other = finished_run(tmp_path / "other")
+    other = known_problem_run(tmp_path / "other")
     line = cli_error_line(["export", str(run), "-o", str(other / "history.jsonl")], capsys, caplog, folder=tmp_path)
     assert "is the history.jsonl of the run directory" in line
     partial = tmp_path / "partial"
@@ -156,8 +156,8 @@ def test_backward_cost_out_of_any_real_range_is_refused(run, value, capsys, capl
 def test_runs_of_different_lengths_say_so(tmp_path, capsys, monkeypatch):
     """Item 9: runs of 256 and 512 tokens were drawn on one axis without a word: now each line names its length,
     and the title says the lines are not comparable."""
-    short = finished_run(tmp_path / "short", "target_length=256")
-    long = finished_run(
+    short = known_problem_run(tmp_path / "short", "target_length=256")
+    long = known_problem_run(
         tmp_path / "long", "target_length=512", target_length=512, search_windows={"count": 1, "tokens": 513}
     )
     figures = []

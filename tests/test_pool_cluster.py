@@ -25,7 +25,7 @@ FAST_FAILURE_DETECTION = {
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def ray_utils_cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     cluster = Cluster(
         initialize_head=True,
@@ -38,8 +38,8 @@ def cluster():
     cluster.shutdown()
 
 
-def test_removed_node_mid_run_still_returns_every_result(cluster, tiny_llama_dir):
-    cluster, nodes = cluster
+def test_removed_node_mid_run_still_returns_every_result(ray_utils_cluster, tiny_llama_dir):
+    cluster, nodes = ray_utils_cluster
     windows = np.random.default_rng(1).integers(0, 96, size=(16, 129))
     candidates = [
         (

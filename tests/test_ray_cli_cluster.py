@@ -124,7 +124,7 @@ def explain(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def ray_cli_head(tmp_path_factory):
     """A head node from `ray start --head` on free ports: 2 CPUs, the dashboard and its job server."""
     home = tmp_path_factory.mktemp("ray_cli")  # the cluster's working directory, so a job's too
     temp_dir = Path(tempfile.mkdtemp(prefix="lrc-", dir="/tmp"))  # short: Ray's socket paths are length-limited
@@ -177,39 +177,43 @@ def cluster(tmp_path_factory):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def ray_cli(cluster, *args: str) -> subprocess.CompletedProcess:
-    result = run([str(BIN / "ray"), *args], env=cluster.env, cwd=cluster.home)
+def ray_cli(ray_cli_head, *args: str) -> subprocess.CompletedProcess:
+    result = run([str(BIN / "ray"), *args], env=ray_cli_head.env, cwd=ray_cli_head.home)
     assert result.returncode == 0, explain(result)
     return result
 
 
-def ray_list(cluster, kind: str, *filters: str) -> list[dict]:
+def ray_list(ray_cli_head, kind: str, *filters: str) -> list[dict]:
     """`ray list jobs|actors` from the cluster's state API (drivers and submitted jobs alike), as JSON."""
     options = [f"--filter={item}" for item in filters]
-    result = ray_cli(cluster, "list", kind, f"--address={cluster.dashboard}", "--format=json", "--detail", *options)
+    result = ray_cli(
+        ray_cli_head, "list", kind, f"--address={ray_cli_head.dashboard}", "--format=json", "--detail", *options
+    )
     return json.loads(result.stdout)
 
 
-def job_status(cluster, submission_id: str) -> dict:
-    [job] = ray_list(cluster, "jobs", f"submission_id={submission_id}")
+def job_status(ray_cli_head, submission_id: str) -> dict:
+    [job] = ray_list(ray_cli_head, "jobs", f"submission_id={submission_id}")
     return job
 
 
-def run_status(cluster, run_dir: Path) -> dict:
+def run_status(ray_cli_head, run_dir: Path) -> dict:
     """`longrope status RUN --json`."""
-    result = run([str(BIN / "longrope"), "status", str(run_dir), "--json"], env=cluster.env, cwd=cluster.home)
+    result = run([str(BIN / "longrope"), "status", str(run_dir), "--json"], env=ray_cli_head.env, cwd=ray_cli_head.home)
     assert result.returncode == 0, explain(result)
     return json.loads(result.stdout)
 
 
-def finished_run(cluster, run_dir: Path) -> dict:
+def search_on_the_cluster(ray_cli_head, run_dir: Path) -> dict:
     """The status of a run that must be finished, with a best candidate that `longrope export` writes."""
-    status = run_status(cluster, run_dir)
+    status = run_status(ray_cli_head, run_dir)
     assert status["finished"] is True, status
     assert status["generation"] == status["generations"] == 2, status  # generation 0, then 1 and 2: the last
     assert status["best_key"] and status["best_perplexity"] <= min(status["seed_perplexities"].values()), status
     factors = run_dir.parent / "factors.json"
-    result = run([str(BIN / "longrope"), "export", str(run_dir), "-o", str(factors)], env=cluster.env, cwd=cluster.home)
+    result = run(
+        [str(BIN / "longrope"), "export", str(run_dir), "-o", str(factors)], env=ray_cli_head.env, cwd=ray_cli_head.home
+    )
     assert result.returncode == 0, explain(result)
     rope = json.loads(factors.read_text())["rope_parameters"]
     assert rope["rope_type"] == "longrope" and rope["factor"] == 8.0, rope
@@ -219,10 +223,10 @@ def finished_run(cluster, run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def shell_run(cluster, tmp_path_factory):
+def shell_run(ray_cli_head, tmp_path_factory):
     """`longrope search CONFIG --set workers.address=auto` from a shell on the head node."""
     run_dir = tmp_path_factory.mktemp("shell") / "run"
-    env = {**cluster.env, "RAY_ADDRESS": cluster.gcs_address}
+    env = {**ray_cli_head.env, "RAY_ADDRESS": ray_cli_head.gcs_address}
     overrides = [*SMALL, "workers.address=auto", f"output_dir={run_dir}"]
     command = [str(BIN / "longrope"), "search", str(CONFIG), "--no-progress"]
     command += [part for item in overrides for part in ("--set", item)]
@@ -231,56 +235,56 @@ def shell_run(cluster, tmp_path_factory):
     return run_dir, result
 
 
-def test_search_from_the_head_node_scores_on_the_cluster(cluster, shell_run):
+def test_search_from_the_head_node_scores_on_the_cluster(ray_cli_head, shell_run):
     run_dir, result = shell_run
-    status = finished_run(cluster, run_dir)
+    status = search_on_the_cluster(ray_cli_head, run_dir)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
         "best_perplexity": status["best_perplexity"],
         "key": status["best_key"],
     }
     # the search was a driver of this cluster, and its two workers were actors there (ended with it)
-    [driver] = [job for job in ray_list(cluster, "jobs") if str(run_dir) in (job["entrypoint"] or "")]
+    [driver] = [job for job in ray_list(ray_cli_head, "jobs") if str(run_dir) in (job["entrypoint"] or "")]
     assert driver["type"] == "DRIVER" and driver["status"] == "SUCCEEDED", driver
-    workers = ray_list(cluster, "actors", "class_name=ScoringWorker", f"job_id={driver['job_id']}")
+    workers = ray_list(ray_cli_head, "actors", "class_name=ScoringWorker", f"job_id={driver['job_id']}")
     assert len(workers) == 2 and {actor["state"] for actor in workers} == {"DEAD"}, workers
-    logs = cluster.temp_dir / "session_latest" / "logs"  # each worker's stdout and stderr, on its node
+    logs = ray_cli_head.temp_dir / "session_latest" / "logs"  # each worker's stdout and stderr, on its node
     for actor in workers:
         assert list(logs.glob(f"worker-*-{actor['pid']}.err")), sorted(logs.glob("worker-*"))
 
 
-def test_job_submit_stop_and_resume(cluster, shell_run, tmp_path_factory):
+def test_job_submit_stop_and_resume(ray_cli_head, shell_run, tmp_path_factory):
     """`ray job submit -- longrope search`, `ray job stop` once the run directory exists (a run can be resumed
     from then on), then `ray job submit -- longrope search --resume DIR`, which ends where the shell run did."""
     run_dir = tmp_path_factory.mktemp("job") / "run"  # absolute: the job runs in the cluster's directory
     overrides = [*SMALL, "workers.address=auto", f"output_dir={run_dir}"]
     entrypoint = ["longrope", "search", str(CONFIG), "--no-progress"]
     entrypoint += [part for item in overrides for part in ("--set", item)]
-    submit = ["job", "submit", f"--address={cluster.dashboard}"]
-    ray_cli(cluster, *submit, "--submission-id=longrope-first", "--no-wait", "--", *entrypoint)
+    submit = ["job", "submit", f"--address={ray_cli_head.dashboard}"]
+    ray_cli(ray_cli_head, *submit, "--submission-id=longrope-first", "--no-wait", "--", *entrypoint)
 
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while not (run_dir / "config.json").exists():
-        status = job_status(cluster, "longrope-first")
+        status = job_status(ray_cli_head, "longrope-first")
         assert status["status"] in ("PENDING", "RUNNING"), status
         assert time.monotonic() < deadline, status
         time.sleep(0.5)
-    ray_cli(cluster, "job", "stop", f"--address={cluster.dashboard}", "longrope-first")  # waits for the end
-    stopped = job_status(cluster, "longrope-first")
+    ray_cli(ray_cli_head, "job", "stop", f"--address={ray_cli_head.dashboard}", "longrope-first")  # waits for the end
+    stopped = job_status(ray_cli_head, "longrope-first")
     assert stopped["status"] == "STOPPED", stopped
-    logs = ray_cli(cluster, "job", "logs", f"--address={cluster.dashboard}", "longrope-first").stdout
+    logs = ray_cli(ray_cli_head, "job", "logs", f"--address={ray_cli_head.dashboard}", "longrope-first").stdout
     assert f"longrope search --resume {run_dir}" in logs and "Traceback" not in logs, logs
-    driver_log = cluster.temp_dir / "session_latest" / "logs" / "job-driver-longrope-first.log"
+    driver_log = ray_cli_head.temp_dir / "session_latest" / "logs" / "job-driver-longrope-first.log"
     assert f"longrope search --resume {run_dir}" in driver_log.read_text()  # the head node keeps a job's output
-    assert run_status(cluster, run_dir)["finished"] is False
+    assert run_status(ray_cli_head, run_dir)["finished"] is False
 
     resume = ["longrope", "search", "--resume", str(run_dir), "--set", "workers.address=auto", "--no-progress"]
-    submitted = ray_cli(cluster, *submit, "--submission-id=longrope-resumed", "--", *resume)
+    submitted = ray_cli(ray_cli_head, *submit, "--submission-id=longrope-resumed", "--", *resume)
     assert "succeeded" in submitted.stdout, explain(submitted)
-    resumed = job_status(cluster, "longrope-resumed")
+    resumed = job_status(ray_cli_head, "longrope-resumed")
     assert resumed["status"] == "SUCCEEDED" and resumed["driver_exit_code"] in (0, None), resumed
 
-    status = finished_run(cluster, run_dir)
-    shell_status = run_status(cluster, shell_run[0])
+    status = search_on_the_cluster(ray_cli_head, run_dir)
+    shell_status = run_status(ray_cli_head, shell_run[0])
     assert (status["best_key"], status["best_perplexity"], status["evaluations"]) == (
         shell_status["best_key"],
         shell_status["best_perplexity"],

@@ -31,7 +31,7 @@ from run_dir_helpers import (
     scored,
     stopped_run,
 )
-from search_helpers import JOB_RECORD, FunctionEvaluator, finished_run, make_coordinator, write_job_record
+from search_helpers import JOB_RECORD, FunctionEvaluator, known_problem_run, make_coordinator, write_job_record
 
 from longrope.search.cli.main import main
 from longrope.search.cli.reporter import ConsoleReporter
@@ -47,60 +47,60 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def target_length_edited(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     edit_json(run / "job.json", lambda job: {**job, "target_length": 512})
     return run
 
 
 def legacy_job_target_length_edited(t: Path) -> Path:
     """A job.json of an older version (no hashes) edited: checked against config.json."""
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     (run / "job.json").write_text(json.dumps({**JOB_RECORD, "target_length": 512}))
     return run
 
 
 def job_from_another_run(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     config = cheap_config(t / "x", "search.generations=2")
     write_job_record(run, config)  # sealed, but with another run's config hash
     return run
 
 
 def job_head_dim_edited(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     (run / "job.json").write_text(json.dumps({**JOB_RECORD, "head_dim": 64}))  # legacy: no hash to catch it
     return run
 
 
 def history_line_from_another_run(t: Path) -> Path:
     """A line scored on 2 windows (another run's data.search_windows) appended to a 1-window run."""
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     record = lines(run / "history.jsonl")[0]
     append_line(run / "history.jsonl", {**record, "key": "f" * 20, "nll": [0.5, 0.6], "tokens": [1, 1]})
     return run
 
 
 def duplicate_final_line(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     record = lines(run / "history.jsonl")[3]
     append_line(run / "history.jsonl", scored(record, record["mean_nll"] / 2))
     return run
 
 
 def negative_mean_nll(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     rewrite_line(run / "history.jsonl", 2, lambda r: {**r, "mean_nll": -5.0, "perplexity": math.exp(-5.0)})
     return run
 
 
 def perplexity_not_exp(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     rewrite_line(run / "history.jsonl", 2, lambda r: {**r, "perplexity": 1.0001})
     return run
 
 
 def mean_nll_not_its_windows(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     rewrite_line(run / "history.jsonl", 2, lambda r: {**r, "mean_nll": r["mean_nll"] / 2, "perplexity": None})
     rewrite_line(run / "history.jsonl", 2, lambda r: {**r, "perplexity": math.exp(r["mean_nll"])})
     return run
@@ -108,7 +108,7 @@ def mean_nll_not_its_windows(t: Path) -> Path:
 
 def copied_better_line(t: Path) -> Path:
     """A self-consistent line with a better score than every candidate, for a key state.json told otherwise."""
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     records = lines(run / "history.jsonl")
     best = min(records, key=lambda r: r["mean_nll"])
     rewrite_line(run / "history.jsonl", records.index(best), lambda r: scored(r, r["mean_nll"] / 10))
@@ -116,7 +116,7 @@ def copied_better_line(t: Path) -> Path:
 
 
 def four_factors(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     rewrite_line(run / "history.jsonl", 1, lambda r: {**r, "factors": r["factors"][:4]})
     return run
 
@@ -126,7 +126,7 @@ def foreign_state(t: Path) -> Path:
     config = cheap_config(other, "search.generations=3")
     RunDir(other).create(config)
     make_coordinator(config, RunDir(other), FunctionEvaluator()).run()
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     (run / "state.json").write_bytes((other / "state.json").read_bytes())
     return run
 
@@ -139,13 +139,13 @@ def foreign_legacy_state(t: Path) -> Path:
 
 
 def history_emptied(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     (run / "history.jsonl").write_text("")
     return run
 
 
 def history_deleted(t: Path) -> Path:
-    run = finished_run(t / "run")
+    run = known_problem_run(t / "run")
     (run / "history.jsonl").unlink()
     return run
 
@@ -231,7 +231,11 @@ def test_every_reader_refuses_a_damaged_run_directory(corrupt, expected, command
 
 def test_the_undamaged_runs_read_cleanly(tmp_path, capsys):
     """The corruptions' starting points are sound: each command above fails for the damage, not the fixture."""
-    runs = (finished_run(tmp_path / "finished"), stopped_run(tmp_path / "stopped"), mid_polish(tmp_path / "polish"))
+    runs = (
+        known_problem_run(tmp_path / "finished"),
+        stopped_run(tmp_path / "stopped"),
+        mid_polish(tmp_path / "polish"),
+    )
     for run in (*runs, descent_run(tmp_path / "gradient", GRADIENT, fail_on_call=4)):
         assert main(["status", str(run)]) == 0
         assert main(["export", str(run), "-o", str(run / "f.json")]) == 0
@@ -248,7 +252,7 @@ def test_export_of_an_unfinished_search_warns_and_records_it(tmp_path, capsys):
     assert "export: warning: the search in" in err and "is not finished (generation 1/3 done" in err
     provenance = json.loads((tmp_path / "f.json").read_text())["provenance"]
     assert provenance["finished"] is False and provenance["generation"] == 1 and provenance["generations"] == 3
-    finished = finished_run(tmp_path / "done")
+    finished = known_problem_run(tmp_path / "done")
     assert main(["export", str(finished), "-o", str(tmp_path / "g.json")]) == 0
     assert "warning" not in capsys.readouterr().err
     assert json.loads((tmp_path / "g.json").read_text())["provenance"]["finished"] is True

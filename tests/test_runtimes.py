@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_checks import write_factors_file
-from search_helpers import JOB_RECORD, finished_run
+from search_helpers import JOB_RECORD, known_problem_run
 from vllm_engine import applied_cos_sin, engine_rope, max_diff, require_vllm, transformers_cos_sin, write_model_config
 
 from longrope.encodings import LongRope, NtkRope, from_hf
@@ -42,7 +42,7 @@ def factors_file(method: LongRope, path) -> str:
 
 
 def test_export_writes_one_scale_for_both_runtimes(tmp_path):
-    run_dir = finished_run(tmp_path / "run")
+    run_dir = known_problem_run(tmp_path / "run")
     (run_dir / "job.json").write_text(json.dumps(JOB_RECORD))
     assert main(["export", str(run_dir), "-o", str(tmp_path / "f.json")]) == 0
     block = json.loads((tmp_path / "f.json").read_text())["rope_parameters"]

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_checks import snapshot
-from search_helpers import JOB_RECORD
-from search_helpers import finished_run as make_finished_run
+from search_helpers import JOB_RECORD, known_problem_run
 
 from longrope.search.config.loading import load_job_config
 
@@ -51,12 +50,6 @@ def seed_file(path: Path, factors: list[float]) -> Path:
         )
     )
     return path
-
-
-@pytest.fixture
-def finished_run(tmp_path) -> Path:
-    """A finished run directory (cheap objective, no model) for the commands that read one."""
-    return make_finished_run(tmp_path / "run")
 
 
 def base(tmp_path: Path, **fields) -> dict:
@@ -172,45 +165,45 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path):
     assert snapshot(tmp_path) == before, "bad input must not write or overwrite anything"
 
 
-def test_resume_with_corrupted_state_or_another_config(finished_run, tmp_path):
-    before = snapshot(finished_run)
-    other = write(tmp_path / "other.yaml", {"target_length": 512, "output_dir": str(finished_run)})
+def test_resume_with_corrupted_state_or_another_config(finished_known_problem_run, tmp_path):
+    before = snapshot(finished_known_problem_run)
+    other = write(tmp_path / "other.yaml", {"target_length": 512, "output_dir": str(finished_known_problem_run)})
     result = run_cli("search", str(other), cwd=tmp_path)
     assert result.returncode == 2 and "holds a run of another config" in result.stderr
-    state = finished_run / "state.json"
+    state = finished_known_problem_run / "state.json"
     state.write_text(state.read_text()[:40])
-    before = snapshot(finished_run)
-    result = run_cli("search", "--resume", str(finished_run), cwd=tmp_path)
+    before = snapshot(finished_known_problem_run)
+    result = run_cli("search", "--resume", str(finished_known_problem_run), cwd=tmp_path)
     assert result.returncode == 2 and "state.json: corrupted" in result.stderr
-    assert snapshot(finished_run) == before
+    assert snapshot(finished_known_problem_run) == before
 
 
-def test_status_and_export_of_a_finished_run(finished_run, tmp_path):
-    status = run_cli("status", str(finished_run), "--json", cwd=tmp_path)
+def test_status_and_export_of_a_finished_run(finished_known_problem_run, tmp_path):
+    status = run_cli("status", str(finished_known_problem_run), "--json", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     summary = json.loads(status.stdout)
     assert summary["finished"] and summary["generation"] == summary["generations"] == 1, "a 1-generation run"
     assert set(summary["seed_perplexities"]) == {"pi", "ntk", "yarn"}
-    result = run_cli("export", str(finished_run), "-o", str(tmp_path / "f.json"), cwd=tmp_path)
+    result = run_cli("export", str(finished_known_problem_run), "-o", str(tmp_path / "f.json"), cwd=tmp_path)
     assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
     provenance = json.loads((tmp_path / "f.json").read_text())["provenance"]
     assert (provenance["finished"], provenance["generation"], provenance["generations"]) == (True, 1, 1)
     # without job.json (the model's shape) export says so in one line
-    (finished_run / "job.json").unlink()
-    result = run_cli("export", str(finished_run), "-o", str(tmp_path / "g.json"), cwd=tmp_path)
+    (finished_known_problem_run / "job.json").unlink()
+    result = run_cli("export", str(finished_known_problem_run), "-o", str(tmp_path / "g.json"), cwd=tmp_path)
     assert result.returncode == 2 and "job.json: missing" in result.stderr
 
 
-def test_status_reads_the_run_record(finished_run, tmp_path):
+def test_status_reads_the_run_record(finished_known_problem_run, tmp_path):
     """With job.json, status names the model and lengths, and the best candidate's attention factor as the
     encoding it was scored with (the one in its history record)."""
-    (finished_run / "job.json").write_text(json.dumps(JOB_RECORD))
-    summary = json.loads(run_cli("status", str(finished_run), "--json", cwd=tmp_path).stdout)
-    history = [json.loads(line) for line in (finished_run / "history.jsonl").read_text().splitlines()]
+    (finished_known_problem_run / "job.json").write_text(json.dumps(JOB_RECORD))
+    summary = json.loads(run_cli("status", str(finished_known_problem_run), "--json", cwd=tmp_path).stdout)
+    history = [json.loads(line) for line in (finished_known_problem_run / "history.jsonl").read_text().splitlines()]
     best = min((r for r in history if r.get("status", "scored") == "scored"), key=lambda r: r["perplexity"])
     assert (summary["model"], summary["original_length"], summary["target_length"]) == ("m", 64, 256)
     assert summary["best_attention_factor"] == pytest.approx(best["attention_factor"])
-    short = make_finished_run(
+    short = known_problem_run(
         tmp_path / "short",
         "search.factor=short",
         "search.long_factors=f.json",

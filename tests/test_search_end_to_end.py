@@ -48,7 +48,7 @@ SMALL_BUDGET = [
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def reference_model_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     config = load_job_config(None, [*SMALL_BUDGET, f"output_dir={out}"])
     best = run_search(config)
@@ -56,8 +56,8 @@ def finished_run(tmp_path_factory):
     ray.shutdown()
 
 
-def test_run_directory_is_complete(finished_run):
-    _, run_dir, best = finished_run
+def test_run_directory_is_complete(reference_model_run):
+    _, run_dir, best = reference_model_run
     state = run_dir.read_state()
     assert state["finished"] and state["evolution"]["generation"] == 3
     history = run_dir.read_history()
@@ -66,8 +66,8 @@ def test_run_directory_is_complete(finished_run):
     assert all(len(r["nll"]) == 4 and r["tokens"] == [1024] * 4 for r in history.values())
 
 
-def test_export_validates_and_transformers_loads_it_with_equal_logits(finished_run, tmp_path):
-    _, run_dir, best = finished_run
+def test_export_validates_and_transformers_loads_it_with_equal_logits(reference_model_run, tmp_path):
+    _, run_dir, best = reference_model_run
     exported = factors_file_of_run(run_dir)
     FactorsFile.model_validate_json(exported.model_dump_json())  # the JSON validates against its model
     model_dir = shutil.copytree(reference_model_dir(), tmp_path / "model")
@@ -93,8 +93,8 @@ def test_export_validates_and_transformers_loads_it_with_equal_logits(finished_r
     assert candidate.attention_factor == pytest.approx(best["attention_factor"])
 
 
-def test_best_beats_nominal_ntk_on_the_test_split(finished_run, tmp_path, monkeypatch):
-    config, run_dir, _ = finished_run
+def test_best_beats_nominal_ntk_on_the_test_split(reference_model_run, tmp_path, monkeypatch):
+    config, run_dir, _ = reference_model_run
     factors_path = tmp_path / "factors.json"
     factors_path.write_text(factors_file_of_run(run_dir).model_dump_json())
     context = JobContext.resolve(config)
@@ -149,8 +149,8 @@ class KillingEvaluator:
             yield item
 
 
-def test_killed_ray_worker_loses_no_candidate(finished_run, tmp_path):
-    config, _, _ = finished_run
+def test_killed_ray_worker_loses_no_candidate(reference_model_run, tmp_path):
+    config, _, _ = reference_model_run
     config = load_job_config(None, [*SMALL_BUDGET, f"output_dir={tmp_path}", "search.seed=7"])
     context = JobContext.resolve(config)
     windows = context.windows(config.data.search_source, 1024, config.data.search_windows)

@@ -22,7 +22,7 @@ import yaml
 from cli_checks import snapshot
 from rich.console import Console
 from run_dir_helpers import GRADIENT, HYBRID, cheap_config, descent_run, edit_json, mid_polish
-from search_helpers import FunctionEvaluator, finished_run, make_coordinator, problem
+from search_helpers import FunctionEvaluator, known_problem_run, make_coordinator, problem
 
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.config.loading import load_job_config
@@ -153,7 +153,7 @@ def test_status_of_another_hosts_run_goes_by_the_heartbeats_age(tmp_path):
 def test_a_finished_run_is_finished_and_the_heartbeat_leaves_the_search_files_alone(tmp_path):
     """A clean end is recorded as finished (no ETA, no "running"); two identical runs still write the same
     history.jsonl and optimizer state: the heartbeat's times reach neither."""
-    first, second = finished_run(tmp_path / "a"), finished_run(tmp_path / "b")
+    first, second = known_problem_run(tmp_path / "a"), known_problem_run(tmp_path / "b")
     beat = heartbeats.read_heartbeat(first / heartbeats.HEARTBEAT)
     assert beat is not None and beat.state == "finished" and beat.pid == os.getpid() and beat.stop_reason is None
     status = run_status(RunDir(first))
@@ -251,7 +251,7 @@ RESUMER = textwrap.dedent(
 def test_resuming_a_finished_run_says_so_without_starting_ray(tmp_path):
     """Neither Ray nor a cluster is touched: `ray` is never imported, and a dead cluster address is not even
     tried (it would fail the resume with "nothing answers there")."""
-    run_dir = finished_run(tmp_path / "run")
+    run_dir = known_problem_run(tmp_path / "run")
     before = snapshot(run_dir)
     result = subprocess.run(
         [sys.executable, "-c", RESUMER.format(), str(run_dir)],

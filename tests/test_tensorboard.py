@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from cli_checks import cli_error_line
 from run_dir_helpers import stopped_run
-from search_helpers import FunctionEvaluator, finished_run, make_coordinator, problem
+from search_helpers import FunctionEvaluator, known_problem_run, make_coordinator, problem
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from longrope.search.cli.main import main
@@ -180,7 +180,7 @@ def test_the_cli_refuses_tensorboard_without_the_package(tmp_path, capsys, caplo
 
 
 def test_a_resume_may_turn_tensorboard_on_and_nothing_else(tmp_path, capsys, caplog):
-    run_dir = finished_run(tmp_path / "run")
+    run_dir = known_problem_run(tmp_path / "run")
     assert main(["search", "--resume", str(run_dir), "--set", "search.tensorboard=true"]) == 0
     line = cli_error_line(
         ["search", "--resume", str(run_dir), "--set", "search.seed=4"], capsys, caplog, folder=tmp_path
