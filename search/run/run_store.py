@@ -35,7 +35,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.descent_state import DescentState
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.path_limits import os_error_text, shown_path
 
@@ -119,43 +118,67 @@ class HistoryRecord(BaseModel):
 FINAL_STATUSES = ("scored", "stopped")
 
 
-class EvolutionState(BaseModel):
-    """The optimizer's state (`DimMonoEvolution` or `CmaesOptimizer`.state_dict())."""
+class OptimizerState(BaseModel):
+    """state.json's `optimizer`: which searcher, and its own state (its pydantic model validates it on load:
+    `EvolutionState`, `CmaesState`, `GradientState`, `HybridState` in search/optimizers/)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    kind: Literal["dim_mono", "cmaes", "gradient", "hybrid"] = "dim_mono"
-    generation: int = Field(ge=0)
-    rng: dict[str, Any] | None  # dim_mono: the PCG64 generator's state; cmaes: None (rebuilt by replay)
-    population: list[str]
-    told: list[list[Any]]
-    pending: list[list[Any]] = []  # steady: asked, not yet told (re-submitted on resume)
-    children_told: int = Field(default=0, ge=0)
-    generation_keys: list[str] = []  # what generation 0 / the current round asked
-    asked_keys: list[list[str]] = []  # cmaes: the keys each generation asked, for the replay
-    descent: DescentState | None = None  # gradient: the descent's own state (search/optimizers/descent_state.py)
-    polish: EvolutionState | None = None  # hybrid: a polish in progress (a GradientDescent's state), or none
-    polished_through: int = Field(default=0, ge=0)  # hybrid: the last generation whose best was polished
+    kind: Literal["dim_mono", "cmaes", "gradient", "hybrid"]
+    state: dict[str, Any]
 
 
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
 
 
 class RunState(BaseModel):
-    """state.json: the optimizer's state (after the last generation, or in steady mode the last result) and the
-    run's progress."""
+    """state.json: the searcher's state (written when a generation ends, or new candidates went out) and the run's
+    timings. A state.json written before the searchers had states of their own (`{"evolution": ...}`) is read
+    as the same state in the new shape (`legacy_state`), so a run in progress resumes across the upgrade."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
-    evolution: EvolutionState
+    optimizer: OptimizerState
     generation_seconds: list[Seconds]
     polish_seconds: list[Seconds] = []  # hybrid: each polish step's (and its rounding's), for status's ETA
-    best_by_generation: list[float | None] = []
-    stopped_early: bool = False
     finished: bool = False
-    exhausted: bool = False  # the optimizer could make no new candidate (the grid is used up around the parents)
-    total_generations: int | None = Field(default=None, ge=1)  # the optimizer's (CMA-ES: by its budget)
+    total_generations: int | None = Field(default=None, ge=1)  # the searcher's (CMA-ES: by its budget)
     config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return legacy_state(data) if isinstance(data, dict) and "evolution" in data else data
+
+
+def legacy_state(data: dict[str, Any]) -> dict[str, Any]:
+    """An older state.json (`evolution` holding every optimizer's fields, the early stop at the top) in the
+    `{"optimizer": {"kind", "state"}}` shape. Only moves fields: what it held is what the new state holds."""
+    data = dict(data)
+    evolution = dict(data.pop("evolution"))
+    early_stop = {"best_by_generation": data.pop("best_by_generation", []), "stopped": data.pop("stopped_early", False)}
+    exhausted = data.pop("exhausted", False)
+    kind = evolution.pop("kind", "dim_mono")
+    if kind == "dim_mono":
+        state = {**_ga_fields(evolution), "early_stop": early_stop, "exhausted": exhausted}
+    elif kind == "cmaes":
+        state = {k: evolution[k] for k in ("generation", "told", "asked_keys") if k in evolution}
+        state["early_stop"] = early_stop
+    elif kind == "gradient":
+        state = {k: evolution[k] for k in ("generation", "told", "descent") if k in evolution}
+    else:
+        polish = evolution.get("polish")
+        state = {
+            "evolution": {**_ga_fields(evolution), "early_stop": early_stop, "exhausted": exhausted},
+            "polish": None if polish is None else {k: polish[k] for k in ("generation", "told", "descent")},
+            "polished_through": evolution.get("polished_through", 0),
+        }
+    return {**data, "optimizer": {"kind": kind, "state": state}}
+
+
+def _ga_fields(evolution: dict[str, Any]) -> dict[str, Any]:
+    names = ("generation", "rng", "population", "told", "pending", "children_told", "generation_keys")
+    return {name: evolution[name] for name in names if name in evolution}
 
 
 def first_error(exc: ValidationError) -> str:
