@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
-from longrope.search.optimizers.evolution import told_from_json
+from longrope.search.optimizers.evolution import DimMonoEvolution, told_from_json
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, json_score
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score
 
 FAILED_SCORE_MARGIN = 1.0  # a non-finite score is told as (worst finite of its generation) + this
 
@@ -47,11 +47,22 @@ class CmaesState(BaseModel):
     asked_keys: list[list[str]] = []
     early_stop: EarlyStopState = EarlyStopState()
 
+    def told_scores(self) -> dict[str, float]:
+        return told_from_json(self.told)[1]
+
+    def parent_keys(self) -> list[str]:
+        return []  # a distribution, not parents
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stop.stopped
+
 
 class CmaesOptimizer:
     """CMA-ES as a `Searcher` (searcher.py); its samples may repeat a candidate, which takes the recorded score."""
 
     kind = "cmaes"
+    state_model = CmaesState
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
         self.settings = settings
@@ -59,7 +70,7 @@ class CmaesOptimizer:
         self.seed_genomes = _unique([grid.from_seed(seed) for seed in seeds])
         self.seed_names = {grid.from_seed(seed).key: seed.name for seed in seeds}
         self.popsize = settings.cmaes.population or settings.mutations + settings.crossovers
-        budget = settings.population + (settings.mutations + settings.crossovers) * settings.generations
+        budget = self.plan(settings, len(self.seed_genomes)).candidates
         self.iterations = max(0, math.ceil((budget - len(self.seed_genomes)) / self.popsize))
         self.generation = 0
         self.scores: dict[str, float] = {}
@@ -70,12 +81,39 @@ class CmaesOptimizer:
         self._asked_x: list[np.ndarray] = []
         self.early_stop = EarlyStop(settings.early_stop)
 
+    @classmethod
+    def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> CmaesOptimizer:
+        return cls(settings, grid, seeds)
+
     @property
     def total_generations(self) -> int:
         return 1 + self.iterations
 
     def threshold(self) -> str | None:
         return None  # CMA-ES ranks every sample of a generation; racing does not apply
+
+    @property
+    def budget(self) -> int:
+        return len(self.seed_genomes) + self.iterations * self.popsize
+
+    @staticmethod
+    def descent_steps(search) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return None
+
+    @staticmethod
+    def generations_range(search: SearchConfig) -> tuple[int, int]:
+        """Generation 0 included: 1 + ceil((budget - seeds) / samples per generation), with the number of distinct
+        seeds between 1 and the seeds the config can give (a seed file from a run gives two)."""
+        budget = DimMonoEvolution.plan(search, 0).candidates
+        samples = search.cmaes.population or search.mutations + search.crossovers
+        most_seeds = len(search.seeds) + 2 * len(search.seed_files) + 1
+        return 1 + max(0, math.ceil((budget - most_seeds) / samples)), 1 + max(0, math.ceil((budget - 1) / samples))
+
+    @staticmethod
+    def plan(search: SearchConfig, seeds: int) -> SearchPlan:
+        """The GA's evaluation budget, spent in generations of `cmaes.population` samples after the seeds."""
+        return DimMonoEvolution.plan(search, seeds)
 
     # ---- the parametrisation ----
 
@@ -156,6 +194,10 @@ class CmaesOptimizer:
 
     def position(self) -> str:
         return generation_label(self.generation, self.total_generations)
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stop.stopped
 
     def _start(self) -> None:
         best_seed = min(self.seed_genomes, key=lambda g: (self.scores[g.key], g.key))

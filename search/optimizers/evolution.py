@@ -32,7 +32,7 @@ from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, json_score, rank_score
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score, rank_score
 
 MAX_TRIES = 200  # redraws before giving up on one new candidate
 CROSSOVER_PASSES = 20  # the official max_crossover_try
@@ -54,12 +54,23 @@ class EvolutionState(BaseModel):
     early_stop: EarlyStopState = EarlyStopState()
     exhausted: bool = False  # no new candidate could be made: the search is over
 
+    def told_scores(self) -> dict[str, float]:
+        return told_from_json(self.told)[1]
+
+    def parent_keys(self) -> list[str]:
+        return list(self.population)
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stop.stopped
+
 
 class DimMonoEvolution:
     """The release's GA as a `Searcher` (searcher.py): ask(count) -> candidates, tell(results), done(), best(),
     threshold(), state() / load_state()."""
 
     kind = "dim_mono"
+    state_model = EvolutionState
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
         self.settings = settings
@@ -81,6 +92,10 @@ class DimMonoEvolution:
         self.exhausted = False
         self._threshold: str | None = None
 
+    @classmethod
+    def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> DimMonoEvolution:
+        return cls(settings, grid, seeds)
+
     @property
     def total_generations(self) -> int:
         """The initial population, then `generations` rounds of mutation and crossover."""
@@ -88,8 +103,24 @@ class DimMonoEvolution:
 
     @property
     def budget(self) -> int:
-        """Evaluations the run asks for at most: the initial population and every generation's children."""
-        return self.settings.population + self.children_per_generation * self.settings.generations
+        return self.plan(self.settings, len(self.seed_genomes)).candidates
+
+    @staticmethod
+    def descent_steps(search) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return None
+
+    @staticmethod
+    def generations_range(search: SearchConfig) -> tuple[int, int]:
+        """How many generations a run makes, generation 0 included (fewest, most)."""
+        return 1 + search.generations, 1 + search.generations
+
+    @staticmethod
+    def plan(search: SearchConfig, seeds: int) -> SearchPlan:
+        """The initial population, then every generation's children; the steady schedule spends the same."""
+        children = search.mutations + search.crossovers
+        text = f"{search.population} + {search.generations} generations x {children}"
+        return SearchPlan(search.population + search.generations * children, 0, text)
 
     # ---- operators ----
 
@@ -225,6 +256,10 @@ class DimMonoEvolution:
 
     def position(self) -> str:
         return generation_label(self.generation, self.total_generations)
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stop.stopped
 
     def adopt(self, genome: Genome, score: float) -> None:
         """A child made elsewhere (the hybrid's polished best, on the grid) and its score: it joins the parents

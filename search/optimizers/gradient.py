@@ -40,7 +40,7 @@ from longrope.search.optimizers.descent_state import DescentState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, json_score
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -203,12 +203,19 @@ class GradientState(BaseModel):
     told: list[list[Any]]  # [key, score or null]
     descent: DescentState
 
+    def told_scores(self) -> dict[str, float]:
+        return {str(key): math.inf if score is None else float(score) for key, score in self.told}
+
+    def parent_keys(self) -> list[str]:
+        return []
+
 
 class GradientDescent:
     """Descent as a `Searcher` (searcher.py); see the module docstring for its generations. `start` skips the
     seeds: descent from a given point (the hybrid's polish)."""
 
     kind = "gradient"
+    state_model = GradientState
 
     def __init__(
         self,
@@ -245,6 +252,14 @@ class GradientDescent:
         self.pending: dict[str, Candidate] = {}
         self._genomes: dict[str, Genome] = {}  # the asked points that lie on the grid (seeds, the rounding)
 
+    @classmethod
+    def from_config(cls, settings, grid: GenomeGrid, seeds: list[Seed], mix: ObjectiveMix | None) -> GradientDescent:
+        """The configured descent (`settings`: the search section); the search windows' objective mix is needed
+        to hold some windows out and to weigh the others' gradients."""
+        if mix is None:
+            raise ValueError("optimizer 'gradient': the search windows' objective mix is needed")
+        return cls(settings.gradient, grid, seeds, mix)
+
     # ---- the searcher interface ----
 
     @property
@@ -254,6 +269,27 @@ class GradientDescent:
 
     def threshold(self) -> str | None:
         return None  # one point a generation: nothing to race
+
+    @property
+    def budget(self) -> int:
+        return len(self.seed_genomes) + self.steps + 1
+
+    @staticmethod
+    def descent_steps(search) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return search.gradient.steps
+
+    @staticmethod
+    def generations_range(search) -> tuple[int, int]:
+        """The seeds, the steps, the best point rounded to the grid."""
+        return 2 + search.gradient.steps, 2 + search.gradient.steps
+
+    @staticmethod
+    def plan(search, seeds: int) -> SearchPlan:
+        """The seeds, one point per step (each with a backward pass on its gradient windows), then the best point
+        rounded to the grid."""
+        steps = search.gradient.steps
+        return SearchPlan(seeds + steps + 1, steps, f"{seeds} seeds + {steps} steps + 1 on the grid")
 
     def done(self) -> bool:
         return self.rounded

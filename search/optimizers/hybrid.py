@@ -22,7 +22,7 @@ from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.gradient import GradientDescent, GradientState
 from longrope.search.optimizers.labels import generation_label, polish_position
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan
 
 
 class HybridState(BaseModel):
@@ -34,17 +34,39 @@ class HybridState(BaseModel):
     polish: GradientState | None = None
     polished_through: int = Field(default=0, ge=0)
 
+    @property
+    def generation(self) -> int:
+        return self.evolution.generation
+
+    def told_scores(self) -> dict[str, float]:
+        polish = self.polish.told_scores() if self.polish is not None else {}
+        return {**self.evolution.told_scores(), **polish}
+
+    def parent_keys(self) -> list[str]:
+        return self.evolution.parent_keys()
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.evolution.stopped_early
+
 
 class HybridSearch:
     """The evolution and its polishes as one `Searcher` (see the module docstring)."""
 
     kind = "hybrid"
+    state_model = HybridState
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix: ObjectiveMix):
         self.settings, self.grid, self.mix = settings, grid, mix
         self.evolution = DimMonoEvolution(settings, grid, seeds)
         self.polish: GradientDescent | None = None
         self.polished_through = 0  # the last generation whose best was polished
+
+    @classmethod
+    def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix: ObjectiveMix | None):
+        if mix is None:
+            raise ValueError("optimizer 'hybrid': the search windows' objective mix is needed")
+        return cls(settings, grid, seeds, mix)
 
     @property
     def generation(self) -> int:
@@ -53,6 +75,30 @@ class HybridSearch:
     @property
     def total_generations(self) -> int:
         return self.evolution.total_generations
+
+    @property
+    def budget(self) -> int:
+        return self.plan(self.settings, len(self.evolution.seed_genomes)).candidates
+
+    @staticmethod
+    def descent_steps(search) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return None
+
+    @staticmethod
+    def generations_range(search: SearchConfig) -> tuple[int, int]:
+        return DimMonoEvolution.generations_range(search)  # the polishes run between the GA's generations
+
+    @staticmethod
+    def plan(search: SearchConfig, seeds: int) -> SearchPlan:
+        """The GA's budget, plus each polish's steps (with a backward pass) and its best rounded to the grid."""
+        ga, gradient = DimMonoEvolution.plan(search, seeds), search.gradient
+        polishes = gradient.polishes(search.generations)
+        word = "polish" if polishes == 1 else "polishes"
+        text = f"{ga.text} + {polishes} {word} x ({gradient.polish_steps} steps + 1 on the grid)"
+        return SearchPlan(
+            ga.candidates + polishes * (gradient.polish_steps + 1), polishes * gradient.polish_steps, text
+        )
 
     # ---- the searcher interface ----
 
@@ -113,6 +159,10 @@ class HybridSearch:
         done, last = self.evolution.generation - 1, self.total_generations - 1
         where = polish_position(steps_done, self.settings.gradient.polish_steps)
         return f"the polish after {generation_label(done, last + 1).removesuffix(' (initial population)')}, {where}"
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.evolution.stopped_early
 
     def _evolution_best(self) -> Genome:
         return self.evolution.genomes[self.evolution.best()[0]]

@@ -83,6 +83,16 @@ class GenerationEnd:
     polish: bool = False  # a hybrid's polish step (timed apart from the generations)
 
 
+@dataclass(frozen=True)
+class SearchPlan:
+    """What one search of a configured optimizer scores at most (no early stop): its candidates, each on every
+    search window, of them the ones with a backward pass, and how the count is made up, in words."""
+
+    candidates: int
+    backward_steps: int
+    text: str
+
+
 class Searcher(Protocol):
     """What the coordinator needs of an optimizer (see the module docstring)."""
 
@@ -91,6 +101,9 @@ class Searcher(Protocol):
 
     @property
     def total_generations(self) -> int: ...
+
+    @property
+    def budget(self) -> int: ...  # candidates it scores at most (`plan(...).candidates`)
 
     def ask(self, count: int) -> list[Candidate]: ...
 

@@ -92,6 +92,8 @@ class Coordinator:
         heartbeat: HeartbeatWriter | None = None,
         watcher: ProgressWatcher | None = None,
         backward_cost: float | None = None,
+        history: dict[str, dict[str, Any]] | None = None,
+        state: RunState | None = None,
     ):
         self.settings, self.problem, self.run_dir, self.evaluator = settings, problem, run_dir, evaluator
         self.searcher = searcher
@@ -101,33 +103,16 @@ class Coordinator:
             watcher = TensorBoardScalars(run_dir.file(TENSORBOARD_DIR), backward_cost or 0.0)
         self.watcher = watcher
         self.groups = window_groups(problem.windows, settings.racing)
-        self.history: dict[str, dict[str, Any]] = {}
+        self.history: dict[str, dict[str, Any]] = dict(history or {})  # a resumed run's, as read and checked
         self.tasks: dict[str, _Task] = {}
-        self.generation_seconds: list[float] = []
-        self.polish_seconds: list[float] = []  # a hybrid's polish steps, timed apart: status's ETA
+        self.generation_seconds = list(state.generation_seconds) if state else []
+        self.polish_seconds = list(state.polish_seconds) if state else []  # a hybrid's polish steps: status's ETA
         self.window_evaluations = 0  # scored by this process (not what a resumed run found recorded)
         self.started = time.monotonic()
 
     @property
     def finished(self) -> bool:
         return self.searcher.done() and not self.tasks
-
-    def resume(self) -> History:
-        """Load what the run directory holds; writes nothing, so a damaged directory is left as it was. Returns the
-        history as read, so the caller can cut a torn last line once every check has passed."""
-        history = self.run_dir.load_history()
-        state = self.run_dir.read_state()
-        if state is not None:
-            run_state = RunState.model_validate(state)
-            try:
-                self.searcher.load_state(run_state.optimizer.state)
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc})") from None
-            self.generation_seconds = list(run_state.generation_seconds)
-            self.polish_seconds = list(run_state.polish_seconds)
-            check_history_holds(self.run_dir, run_state, history.records)
-        self.history = dict(history.records)
-        return history
 
     def run(self) -> dict[str, Any]:
         """Run until the searcher is done; returns the best candidate's history record. heartbeat.json says the run
@@ -301,6 +286,7 @@ class Coordinator:
                 "generation_seconds": self.generation_seconds,
                 **({"polish_seconds": self.polish_seconds} if self.polish_seconds else {}),
                 "finished": self.finished,
+                "stopped_early": self.searcher.stopped_early,
                 "total_generations": self.searcher.total_generations,
             }
         )
@@ -342,3 +328,19 @@ def history_record(task: _Task, status: str, problem: SearchProblem) -> dict[str
             "gradient": [float(v) if math.isfinite(v) else None for v in step_gradient],
         }
     return record
+
+
+def restore(run_dir: RunDir, searcher: Searcher) -> tuple[History, RunState | None]:
+    """What a resumed run starts from: history.jsonl as read, and state.json loaded into `searcher` (after checking
+    that history.jsonl holds every candidate the state counts as told). Writes nothing."""
+    history = run_dir.load_history()
+    state = run_dir.read_state()
+    if state is None:
+        return history, None
+    run_state = RunState.model_validate(state)
+    try:
+        searcher.load_state(run_state.searcher)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from None
+    check_history_holds(run_dir, run_state, history.records)
+    return history, run_state

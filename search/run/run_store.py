@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
+from longrope.search.optimizers.factory import state_model
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.path_limits import os_error_text, shown_path
 
@@ -142,13 +143,26 @@ class RunState(BaseModel):
     generation_seconds: list[Seconds]
     polish_seconds: list[Seconds] = []  # hybrid: each polish step's (and its rounding's), for status's ETA
     finished: bool = False
+    stopped_early: bool = False  # the searcher's own stop rule ended it before its budget
     total_generations: int | None = Field(default=None, ge=1)  # the searcher's (CMA-ES: by its budget)
     config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
+
+    _searcher_state: Any = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
         return legacy_state(data) if isinstance(data, dict) and "evolution" in data else data
+
+    @model_validator(mode="after")
+    def _typed(self) -> RunState:
+        self._searcher_state = state_model(self.optimizer.kind).model_validate(self.optimizer.state)
+        return self
+
+    @property
+    def searcher(self) -> Any:
+        """The searcher's own state, typed (`EvolutionState`, `CmaesState`, `GradientState`, `HybridState`)."""
+        return self._searcher_state
 
 
 def legacy_state(data: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +187,7 @@ def legacy_state(data: dict[str, Any]) -> dict[str, Any]:
             "polish": None if polish is None else {k: polish[k] for k in ("generation", "told", "descent")},
             "polished_through": evolution.get("polished_through", 0),
         }
-    return {**data, "optimizer": {"kind": kind, "state": state}}
+    return {**data, "optimizer": {"kind": kind, "state": state}, "stopped_early": early_stop["stopped"]}
 
 
 def _ga_fields(evolution: dict[str, Any]) -> dict[str, Any]:
