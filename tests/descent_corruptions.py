@@ -22,7 +22,7 @@ def polish_adam_moment_one_value(t: Path) -> Path:
 def polish_adam_moment_edited(t: Path) -> Path:
     """The right length, finite: found only by replaying the polish on history.jsonl's gradients."""
     run = mid_polish(t / "run")
-    m = json.loads((run / "state.json").read_text())["evolution"]["polish"]["descent"]["adam"]["m"]
+    m = json.loads((run / "state.json").read_text())["optimizer"]["state"]["polish"]["descent"]["adam"]["m"]
     edit_json(
         run / "state.json", lambda s: set_field(s, ["evolution", "polish", "descent", "adam", "m"], [0.0] * len(m))
     )
@@ -83,12 +83,12 @@ def _scaled_gradient(record: dict) -> dict:
 DESCENT_CORRUPTIONS = [
     pytest.param(
         polish_adam_moment_one_value,
-        "state.json: evolution.polish.descent.adam.m: 1 values, but the run's descent has 17 parameters",
+        "state.json: optimizer.state.polish.descent.adam.m: 1 values, but the run's descent has 17 parameters",
         id="polish-adam-m-one-value",
     ),
     pytest.param(
         polish_adam_moment_edited,
-        "state.json: evolution.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and gradients",
+        "state.json: optimizer.state.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and gradients",
         id="polish-adam-m-edited",
     ),
     pytest.param(
@@ -98,7 +98,7 @@ DESCENT_CORRUPTIONS = [
     ),
     pytest.param(
         polish_dropped,
-        "state.json: evolution.polished_through is 2, but history.jsonl holds 1 of the 4 steps of the polish after "
+        "state.json: optimizer.state.polished_through is 2, but history.jsonl holds 1 of the 4 steps of the polish after "
         "generation 2",
         id="polish-dropped",
     ),

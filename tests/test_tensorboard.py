@@ -50,9 +50,7 @@ def run(config, evaluator=None, *, resume: bool = False, windows: int = 1, **opt
     if not resume:
         store.create(config)
     evaluator = evaluator or FunctionEvaluator(windows=windows, wobble=0.0)
-    coordinator = make_coordinator(config, store, evaluator, problem(windows), **options)
-    if resume:
-        coordinator.resume()
+    coordinator = make_coordinator(config, store, evaluator, problem(windows), resume=resume, **options)
     return coordinator.run()
 
 
@@ -134,7 +132,7 @@ def test_the_search_is_the_same_with_tensorboard_on_or_off(tmp_path, overrides):
     on, off = tmp_path / "true", tmp_path / "false"
     assert (on / "history.jsonl").read_bytes() == (off / "history.jsonl").read_bytes()
     state = [json.loads((folder / "state.json").read_text()) for folder in (on, off)]
-    assert state[0]["evolution"] == state[1]["evolution"]
+    assert state[0]["optimizer"]["state"] == state[1]["optimizer"]["state"]
     assert (on / TENSORBOARD_DIR).is_dir() and not (off / TENSORBOARD_DIR).exists()
     assert RunDir(on).read_config().hash() == RunDir(off).read_config().hash(), "not part of the run's identity"
 

@@ -221,10 +221,12 @@ class CmaesOptimizer:
     # ---- state (replay, no pickle) ----
 
     def state(self) -> CmaesState:
+        """The told scores and the keys of every generation told whole (one still out is asked again on resume: the
+        replayed instance samples it anew, the same)."""
         return CmaesState(
             generation=self.generation,
             told=[[self.genomes[k].to_json(), json_score(s)] for k, s in self.scores.items()],
-            asked_keys=[list(keys) for keys in self.asked_keys],
+            asked_keys=[list(keys) for keys in self.asked_keys[: max(0, self.generation - 1)]],
             early_stop=self.early_stop.state(),
         )
 
