@@ -229,9 +229,10 @@ def test_hybrid_polishes_every_k_generations_and_adopts_the_result(tmp_path):
     records = history(tmp_path)
     steps = [r for r in records if "gradient" in r]
     assert len(steps) == 2 * 3, "polished after generations 2 and 4, 3 steps each"
-    state = json.loads((tmp_path / "state.json").read_text())["optimizer"]["state"]
-    assert state["kind"] == "hybrid" and state["polished_through"] == 4 and state["polish"] is None
-    told = {Genome.from_json(genome).key for genome, _ in state["told"]}
+    optimizer = json.loads((tmp_path / "state.json").read_text())["optimizer"]
+    state = optimizer["state"]
+    assert optimizer["kind"] == "hybrid" and state["polished_through"] == 4 and state["polish"] is None
+    told = {Genome.from_json(genome).key for genome, _ in state["evolution"]["told"]}
     after_polish = [
         records[k + 1]["key"]
         for k, r in enumerate(records[:-1])

@@ -250,6 +250,8 @@ class GradientDescent:
         self.rounded = False  # the last generation (the best point on the grid) is told
         self.final: Genome | None = None  # that point's genome
         self.pending: dict[str, Candidate] = {}
+        self._asked: list[Candidate] = []  # the generation out now, in the order asked
+        self._results: dict[str, Result] = {}  # its results told so far
         self._genomes: dict[str, Genome] = {}  # the asked points that lie on the grid (seeds, the rounding)
 
     @classmethod
@@ -310,18 +312,22 @@ class GradientDescent:
         else:
             batch = [self._rounded_point()]
         self.pending = {point.key: point for point in batch}
+        self._asked = list(batch)
         return batch
 
     def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
         """Take each point's result (its mean NLL on every window, and for a step its objective's gradient on the
         step's windows); a whole generation told moves descent on."""
-        told = []
         for result in results:
-            told.append(self.pending.pop(result.key))
+            self.pending.pop(result.key)
             self.scores[result.key] = result.score
             self.points[result.key] = [list(result.factors), result.attention_factor]
+            self._results[result.key] = result
         if self.pending:
             return []
+        told, self._asked = self._asked, []
+        step_result = self._results[told[0].key]
+        self._results = {}
         before = self.generation
         if self.u is None:
             best = min(told, key=lambda p: (self.scores[p.key], p.key))
@@ -329,7 +335,7 @@ class GradientDescent:
         elif not self._descending() or told[0].key in self._genomes:
             self.rounded, self.final = True, self._genomes[told[0].key]
         else:
-            self._descend(told[0], results[0])
+            self._descend(told[0], step_result)
         self.generation += 1
         return [self._generation_end(before, {point.key for point in told})]
 
@@ -440,7 +446,7 @@ class GradientDescent:
         self.since_gain = descent.since_gain
         self.rounded = descent.rounded
         self.final = None if descent.final is None else Genome.from_json(descent.final)
-        self.pending = {}
+        self.pending, self._asked, self._results = {}, [], {}
 
 
 def _unique_genomes(genomes: list[Genome]) -> list[Genome]:

@@ -12,6 +12,7 @@ included), so a killed hybrid run resumes exactly where it stopped.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,8 +106,8 @@ class HybridSearch:
     def ask(self, count: int) -> list[Candidate]:
         if self.polish is None and self.polish_due():
             self.polish = polish_descent(self.settings, self.grid, self.mix, self._evolution_best())
-        if self.polish is not None:
-            return self.polish.ask(count)
+        if self.polish is not None:  # its steps carry the generation the evolution is at (after the one polished)
+            return [replace(c, generation=self.evolution.generation) for c in self.polish.ask(count)]
         return self.evolution.ask(count)
 
     def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:

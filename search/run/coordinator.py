@@ -148,9 +148,8 @@ class Coordinator:
         while self.tasks:
             for key, score in self.evaluator.as_completed():
                 self._on_part(key, score)
-                if not self.tasks:
-                    break  # a generation barrier: the next one goes out with the next call
-                self._fill()
+                if self.tasks:  # else a generation barrier: the call ends, the next generation goes with the next
+                    self._fill()
             self._fill()
         self._write_state()
 
