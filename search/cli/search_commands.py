@@ -35,7 +35,7 @@ from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.needle_report import needle_table
 from longrope.search.run.job_context import JobContext, offline_checks
-from longrope.search.run.run_store import CONFIG, RunDir
+from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError
 
@@ -239,7 +239,10 @@ def run_search_command(args: argparse.Namespace) -> int:
 
 def _stored_config(run_dir: RunDir) -> JobConfig | None:
     """A run's stored config, for pricing its backward passes (run_search reads and checks the whole directory)."""
-    return run_dir.read_config() if run_dir.file(CONFIG).is_file() else None
+    try:
+        return run_dir.read_config() if run_dir.file(CONFIG).is_file() else None
+    except (RunStoreError, OSError):
+        return None  # run_search says what is wrong with the directory, in one line
 
 
 def _tensorboard_backward_cost(config: JobConfig | None) -> float | None:

@@ -32,10 +32,10 @@ from typing import Any
 from longrope.encodings import RopeMethod
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.gradient import objective_gradient, subset_mix
-from longrope.search.optimizers.racing import clearly_worse, window_groups
 from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, Searcher
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
+from longrope.search.run.racing import clearly_worse, window_groups
 from longrope.search.run.reporting import Progress, ProgressWatcher, SearchReporter, SilentReporter
 from longrope.search.run.run_check import check_history_holds
 from longrope.search.run.run_store import (

@@ -32,10 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.factory import state_model
+from longrope.search.optimizers.cmaes import CmaesState
+from longrope.search.optimizers.evolution import EvolutionState
+from longrope.search.optimizers.gradient import GradientState
+from longrope.search.optimizers.hybrid import HybridState
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.path_limits import os_error_text, shown_path
 
@@ -119,14 +122,32 @@ class HistoryRecord(BaseModel):
 FINAL_STATUSES = ("scored", "stopped")
 
 
-class OptimizerState(BaseModel):
-    """state.json's `optimizer`: which searcher, and its own state (its pydantic model validates it on load:
-    `EvolutionState`, `CmaesState`, `GradientState`, `HybridState` in search/optimizers/)."""
-
+class _Tagged(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    kind: Literal["dim_mono", "cmaes", "gradient", "hybrid"]
-    state: dict[str, Any]
+
+class SavedEvolution(_Tagged):
+    kind: Literal["dim_mono"]
+    state: EvolutionState
+
+
+class SavedCmaes(_Tagged):
+    kind: Literal["cmaes"]
+    state: CmaesState
+
+
+class SavedGradient(_Tagged):
+    kind: Literal["gradient"]
+    state: GradientState
+
+
+class SavedHybrid(_Tagged):
+    kind: Literal["hybrid"]
+    state: HybridState
+
+
+# state.json's `optimizer`: which searcher, and its own state in its own model (search/optimizers/)
+OptimizerState = Annotated[SavedEvolution | SavedCmaes | SavedGradient | SavedHybrid, Field(discriminator="kind")]
 
 
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
@@ -147,22 +168,15 @@ class RunState(BaseModel):
     total_generations: int | None = Field(default=None, ge=1)  # the searcher's (CMA-ES: by its budget)
     config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
 
-    _searcher_state: Any = PrivateAttr(default=None)
-
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
         return legacy_state(data) if isinstance(data, dict) and "evolution" in data else data
 
-    @model_validator(mode="after")
-    def _typed(self) -> RunState:
-        self._searcher_state = state_model(self.optimizer.kind).model_validate(self.optimizer.state)
-        return self
-
     @property
-    def searcher(self) -> Any:
-        """The searcher's own state, typed (`EvolutionState`, `CmaesState`, `GradientState`, `HybridState`)."""
-        return self._searcher_state
+    def searcher(self) -> EvolutionState | CmaesState | GradientState | HybridState:
+        """The searcher's own state, typed."""
+        return self.optimizer.state
 
 
 def legacy_state(data: dict[str, Any]) -> dict[str, Any]:
