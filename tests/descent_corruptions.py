@@ -91,7 +91,8 @@ DESCENT_CORRUPTIONS = [
     ),
     pytest.param(
         polish_adam_moment_edited,
-        "state.json: optimizer.state.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and gradients",
+        "state.json: optimizer.state.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and "
+        "gradients",
         id="polish-adam-m-edited",
     ),
     pytest.param(
@@ -101,8 +102,8 @@ DESCENT_CORRUPTIONS = [
     ),
     pytest.param(
         polish_dropped,
-        "state.json: optimizer.state.polished_through is 2, but history.jsonl holds 1 of the 4 steps of the polish after "
-        "generation 2",
+        "state.json: optimizer.state.polished_through is 2, but history.jsonl holds 1 of the 4 steps of the polish "
+        "after generation 2",
         id="polish-dropped",
     ),
     pytest.param(

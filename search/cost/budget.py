@@ -45,6 +45,12 @@ def candidates_per_search(config: JobConfig) -> int:
     return search_plan(config.search, seed_count(config)).candidates
 
 
+def raced_children(config: JobConfig) -> int:
+    """Candidates racing may stop in one search: every one after the initial population (which has no parents to
+    race against)."""
+    return candidates_per_search(config) - config.search.population
+
+
 def seed_count(config: JobConfig) -> int:
     """Seeds a search starts from, at most: each closed form of search.seeds, and two a seed file (a run at
     another target length gives its best and those factors moved to this target: job_context.py
@@ -98,8 +104,7 @@ def search_budget(config: JobConfig, original_length: int) -> SearchBudget:
 def window_evaluations(config: JobConfig, budget: SearchBudget, fraction: float | None = None) -> float:
     """Window evaluations of the whole job: every candidate on every window, or with racing the initial
     population in full and each child on `fraction` of its windows."""
-    total = 0.0
-    children = config.search.generations * (config.search.mutations + config.search.crossovers)
+    total, children = 0.0, raced_children(config)
     for stage in budget.stages:
         if fraction is None:
             total += stage.candidates * stage.windows

@@ -91,6 +91,7 @@ class DimMonoEvolution:
         self.early_stop = EarlyStop(settings.early_stop)
         self.exhausted = False
         self._threshold: str | None = None
+        self._arrived: dict[str, float] = {}  # scores of the generation out, until all of it is in
 
     @classmethod
     def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> DimMonoEvolution:
@@ -223,7 +224,14 @@ class DimMonoEvolution:
         alive (elitist); steady: each child joins the parents at once if it beats the worst of them. Returns the
         generation it completed, if any (its best recorded for the early stop)."""
         before = self.generation
-        self.tell_genomes([self.pending[r.key] for r in results], [r.score for r in results])
+        if self.steady and self.generation > 0:  # arrival order is the schedule itself
+            self.tell_genomes([self.pending[r.key] for r in results], [r.score for r in results])
+        else:  # a generation is told whole, in the order it was asked: the state is the same however results came
+            self._arrived.update((r.key, r.score) for r in results)
+            if self._arrived.keys() >= self.pending.keys():
+                keys = [key for key in self._generation_keys if key in self._arrived]
+                self.tell_genomes([self.pending[k] for k in keys], [self._arrived[k] for k in keys])
+                self._arrived = {}
         return [self._generation_end(done) for done in range(before, self.generation)]
 
     def tell_genomes(self, genomes: list[Genome], scores: list[float]) -> None:
@@ -361,6 +369,7 @@ class DimMonoEvolution:
         self.children_told = state.children_told
         self._generation_keys = list(state.generation_keys)
         self._threshold = state.threshold
+        self._arrived = {}
         self.early_stop.load_state(state.early_stop)
         self.exhausted = state.exhausted
         unknown = [key for key in self.population if key not in self.genomes]

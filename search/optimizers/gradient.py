@@ -318,16 +318,15 @@ class GradientDescent:
     def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
         """Take each point's result (its mean NLL on every window, and for a step its objective's gradient on the
         step's windows); a whole generation told moves descent on."""
-        for result in results:
-            self.pending.pop(result.key)
-            self.scores[result.key] = result.score
-            self.points[result.key] = [list(result.factors), result.attention_factor]
-            self._results[result.key] = result
-        if self.pending:
+        self._results.update((result.key, result) for result in results)
+        if self._results.keys() < self.pending.keys():
             return []
-        told, self._asked = self._asked, []
-        step_result = self._results[told[0].key]
-        self._results = {}
+        told, self._asked, self.pending = self._asked, [], {}
+        for point in told:  # in the order asked: the state is the same however results came
+            result = self._results[point.key]
+            self.scores[point.key] = result.score
+            self.points[point.key] = [list(result.factors), result.attention_factor]
+        step_result, self._results = self._results[told[0].key], {}
         before = self.generation
         if self.u is None:
             best = min(told, key=lambda p: (self.scores[p.key], p.key))

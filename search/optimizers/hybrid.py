@@ -124,7 +124,7 @@ class HybridSearch:
     def _polish_end(self, end: GenerationEnd, after: int) -> GenerationEnd:
         """A polish step's line: which polish, which step (the one just told), the polish's own best."""
         steps, done = self.polish.steps, end.generation - 1
-        label = f"polish after generation {after}, {polish_position(done, steps, rounded=self.polish.done())}"
+        label = f"polish after generation {after}, {polish_position(done, steps)}"
         return GenerationEnd(label, after, end.best, end.previous_best, polish=True)
 
     def done(self) -> bool:

@@ -105,6 +105,9 @@ class Searcher(Protocol):
     @property
     def budget(self) -> int: ...  # candidates it scores at most (`plan(...).candidates`)
 
+    @property
+    def stopped_early(self) -> bool: ...  # its own stop rule ended it before its budget
+
     def ask(self, count: int) -> list[Candidate]: ...
 
     def tell(self, results: Sequence[Result]) -> list[GenerationEnd]: ...

@@ -31,6 +31,7 @@ from typing import Any
 
 from longrope.encodings import RopeMethod
 from longrope.search.config.search_section import SearchConfig
+from longrope.search.optimizers.factory import search_plan
 from longrope.search.optimizers.gradient import objective_gradient, subset_mix
 from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, Searcher
 from longrope.search.run.generation_log import generation_line, polish_line
@@ -99,8 +100,9 @@ class Coordinator:
         self.searcher = searcher
         self.heartbeat = heartbeat or HeartbeatWriter(run_dir.file(HEARTBEAT))
         self.reporter = reporter or SilentReporter()
-        if watcher is None and settings.tensorboard:
-            watcher = TensorBoardScalars(run_dir.file(TENSORBOARD_DIR), backward_cost or 0.0)
+        if watcher is None and settings.tensorboard:  # a forward-only search's window-equivalents need no c
+            backward = search_plan(settings, 0).backward_steps > 0
+            watcher = TensorBoardScalars(run_dir.file(TENSORBOARD_DIR), backward_cost if backward else 0.0)
         self.watcher = watcher
         self.groups = window_groups(problem.windows, settings.racing)
         self.history: dict[str, dict[str, Any]] = dict(history or {})  # a resumed run's, as read and checked
@@ -119,7 +121,7 @@ class Coordinator:
         is alive meanwhile, and records how it ended (an exception: which one)."""
         done = final_count(self.history)
         try:
-            with self.heartbeat.held(), self.reporter.progress(self.searcher_budget(), done) as bar:
+            with self.heartbeat.held(), self.reporter.progress(self.searcher.budget, done) as bar:
                 self.bar = bar
                 if not bar.live:  # no bar: say at once what is being scored, not only when generation 0 ends
                     self.reporter.log(f"search: scoring {self.searcher.position()}, {done} evaluations done")
@@ -135,9 +137,6 @@ class Coordinator:
         if best is None:
             raise RunStoreError("search: no candidate got a finite score; check the model and the data")
         return best
-
-    def searcher_budget(self) -> int:
-        return int(getattr(self.searcher, "budget", final_count(self.history)))
 
     # ---- the loop ----
 

@@ -264,7 +264,7 @@ def _score(
                 searcher,
                 reporter=reporter,
                 heartbeat=heartbeat,
-                backward_cost=_backward_cost(config, searcher, options),
+                backward_cost=_backward_cost(config, options),
                 history=checked.records if checked else None,
                 state=checked.state if checked else None,
             )
@@ -273,7 +273,7 @@ def _score(
             pool.shutdown()
 
 
-def _backward_cost(config: JobConfig, searcher: Searcher, options: _Options) -> float | None:
+def _backward_cost(config: JobConfig, options: _Options) -> float | None:
     """c for the TensorBoard scalars' window-equivalents: only a watched run with backward passes needs one; one
     with no price given writes no window-equivalents, and says so."""
     if not config.search.tensorboard or not search_plan(config.search, 0).backward_steps:

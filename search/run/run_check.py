@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.factory import searcher_class
+from longrope.search.optimizers.factory import search_plan, searcher_class
 from longrope.search.optimizers.gradient import WindowSplit
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.run.descent_check import check_descents
@@ -202,13 +202,14 @@ def _step_problem(record: dict[str, Any], config: JobConfig, count: int) -> str 
     backward pass reads one block of the gradient windows (`WindowSplit`: never a held-out one), the gradient
     optimizer's step k the k-th block."""
     optimizer, windows = config.search.optimizer, record["gradient_windows"]
-    if optimizer not in ("gradient", "hybrid"):
+    if not search_plan(config.search, 0).backward_steps:
         return f"a descent step (gradient_windows {windows}) in a {optimizer!r} run, which takes none"
     split = WindowSplit.of(config.search.gradient, count)
     blocks = [list(split.block(step)) for step in range(1, math.ceil(split.gradient / split.per_step) + 1)]
     step = record["generation"]
     expected = list(split.block(max(step, 1)))  # the gradient optimizer's step k reads block k
-    if optimizer == "gradient" and windows != expected:
+    steps_are_generations = searcher_class(optimizer).descent_steps(config.search) is not None
+    if steps_are_generations and windows != expected:
         return f"gradient_windows {windows}, but step {step} reads {expected}"
     if windows not in blocks:
         held_out = list(split.held_out)

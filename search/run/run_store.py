@@ -35,10 +35,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.cmaes import CmaesState
-from longrope.search.optimizers.evolution import EvolutionState
-from longrope.search.optimizers.gradient import GradientState
-from longrope.search.optimizers.hybrid import HybridState
+from longrope.search.optimizers.saved_state import OptimizerState, SearcherState, legacy_state
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.path_limits import os_error_text, shown_path
 
@@ -122,34 +119,6 @@ class HistoryRecord(BaseModel):
 FINAL_STATUSES = ("scored", "stopped")
 
 
-class _Tagged(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class SavedEvolution(_Tagged):
-    kind: Literal["dim_mono"]
-    state: EvolutionState
-
-
-class SavedCmaes(_Tagged):
-    kind: Literal["cmaes"]
-    state: CmaesState
-
-
-class SavedGradient(_Tagged):
-    kind: Literal["gradient"]
-    state: GradientState
-
-
-class SavedHybrid(_Tagged):
-    kind: Literal["hybrid"]
-    state: HybridState
-
-
-# state.json's `optimizer`: which searcher, and its own state in its own model (search/optimizers/)
-OptimizerState = Annotated[SavedEvolution | SavedCmaes | SavedGradient | SavedHybrid, Field(discriminator="kind")]
-
-
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
 
 
@@ -174,39 +143,9 @@ class RunState(BaseModel):
         return legacy_state(data) if isinstance(data, dict) and "evolution" in data else data
 
     @property
-    def searcher(self) -> EvolutionState | CmaesState | GradientState | HybridState:
+    def searcher(self) -> SearcherState:
         """The searcher's own state, typed."""
         return self.optimizer.state
-
-
-def legacy_state(data: dict[str, Any]) -> dict[str, Any]:
-    """An older state.json (`evolution` holding every optimizer's fields, the early stop at the top) in the
-    `{"optimizer": {"kind", "state"}}` shape. Only moves fields: what it held is what the new state holds."""
-    data = dict(data)
-    evolution = dict(data.pop("evolution"))
-    early_stop = {"best_by_generation": data.pop("best_by_generation", []), "stopped": data.pop("stopped_early", False)}
-    exhausted = data.pop("exhausted", False)
-    kind = evolution.pop("kind", "dim_mono")
-    if kind == "dim_mono":
-        state = {**_ga_fields(evolution), "early_stop": early_stop, "exhausted": exhausted}
-    elif kind == "cmaes":
-        state = {k: evolution[k] for k in ("generation", "told", "asked_keys") if k in evolution}
-        state["early_stop"] = early_stop
-    elif kind == "gradient":
-        state = {k: evolution[k] for k in ("generation", "told", "descent") if k in evolution}
-    else:
-        polish = evolution.get("polish")
-        state = {
-            "evolution": {**_ga_fields(evolution), "early_stop": early_stop, "exhausted": exhausted},
-            "polish": None if polish is None else {k: polish[k] for k in ("generation", "told", "descent")},
-            "polished_through": evolution.get("polished_through", 0),
-        }
-    return {**data, "optimizer": {"kind": kind, "state": state}, "stopped_early": early_stop["stopped"]}
-
-
-def _ga_fields(evolution: dict[str, Any]) -> dict[str, Any]:
-    names = ("generation", "rng", "population", "told", "pending", "children_told", "generation_keys")
-    return {name: evolution[name] for name in names if name in evolution}
 
 
 def first_error(exc: ValidationError) -> str:
