@@ -17,8 +17,8 @@ from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
 from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.genome import Genome
-from longrope.search.optimizers.gradient import Parametrization, objective_gradient, subset_mix
-from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.optimizers.gradient import Parametrization
+from longrope.search.optimizers.objective import ObjectiveMix, objective_gradient, subset_mix
 from longrope.search.run.known_problem import OPTIMUM, TARGET, objective, problem, window_nll_gradient
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir

@@ -32,7 +32,7 @@ from typing import Any
 from longrope.encodings import RopeMethod
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import search_plan
-from longrope.search.optimizers.gradient import objective_gradient, subset_mix
+from longrope.search.optimizers.objective import objective_gradient, subset_mix
 from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, Searcher
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
