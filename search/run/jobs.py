@@ -129,11 +129,20 @@ def _cut_torn_tail(run_dir: RunDir, checked: CheckedRun, reporter: SearchReporte
         )
 
 
-def _finished_already(checked: CheckedRun, reporter: SearchReporter) -> dict[str, Any]:
-    best = checked.best
+def _finished_job(job_dir: RunDir, config: JobConfig, reporter: SearchReporter) -> dict[str, Any] | None:
+    """A staged job whose every stage is finished: its last stage's best, said in one line for the job, before
+    any model, window or worker is touched; None while a stage is left to run."""
+    folders = [RunDir(stage.output_dir) for stage in stage_configs(config, job_dir.path)]
+    if not all(folder.file(CONFIG).is_file() and read_run(folder).finished for folder in folders):
+        return None
+    return _finished_already(read_run(folders[-1]), reporter, job_dir)
+
+
+def _finished_already(checked: CheckedRun, reporter: SearchReporter, job_dir: RunDir | None = None) -> dict[str, Any]:
+    best, path = checked.best, (job_dir or checked.run_dir).path
     reporter.log(
-        f"search {checked.config.name}: finished already, run dir {checked.run_dir.path} "
-        f"(best search ppl {best['perplexity']:.4f}); see `longrope status {checked.run_dir.path}`"
+        f"search {checked.config.name}: finished already, run dir {path} "
+        f"(best search ppl {best['perplexity']:.4f}); see `longrope status {path}`"
     )
     return best
 
@@ -149,6 +158,8 @@ def _run_stages(config: JobConfig | None, job_dir: RunDir, resume: bool, options
         config = config or stored
     else:
         job_dir.check_new(config)
+    if resume and (finished := _finished_job(job_dir, config, options.reporter)):
+        return finished
     stages = _checked_stages(config, job_dir)
     with job_dir.lock():
         if not resume:
