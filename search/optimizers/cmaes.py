@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import cma
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +31,9 @@ from longrope.search.optimizers.evolution import DimMonoEvolution, told_from_jso
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
 from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score
+
+if TYPE_CHECKING:
+    import cma
 
 FAILED_SCORE_MARGIN = 1.0  # a non-finite score is told as (worst finite of its generation) + this
 
@@ -210,6 +212,8 @@ class CmaesOptimizer:
             "verbose": -9,
             "tolflatfitness": 10,  # the grid makes equal scores common; do not stop on a few flat generations
         }
+        import cma  # imported when a CMA-ES search starts: `cma` loads matplotlib, which status and export avoid
+
         self.es = cma.CMAEvolutionStrategy(x0, self.settings.cmaes.sigma, options)
 
     def _tell_es(self, keys: list[str]) -> None:
