@@ -15,16 +15,19 @@ from run_dir_helpers import GRADIENT, descent_run, edit_json, mid_polish, rewrit
 
 def polish_adam_moment_one_value(t: Path) -> Path:
     run = mid_polish(t / "run")
-    edit_json(run / "state.json", lambda s: set_field(s, ["evolution", "polish", "descent", "adam", "m"], [0.0]))
+    edit_json(
+        run / "state.json", lambda s: set_field(s, ["optimizer", "state", "polish", "descent", "adam", "m"], [0.0])
+    )
     return run
 
 
 def polish_adam_moment_edited(t: Path) -> Path:
     """The right length, finite: found only by replaying the polish on history.jsonl's gradients."""
     run = mid_polish(t / "run")
-    m = json.loads((run / "state.json").read_text())["evolution"]["polish"]["descent"]["adam"]["m"]
+    m = json.loads((run / "state.json").read_text())["optimizer"]["state"]["polish"]["descent"]["adam"]["m"]
     edit_json(
-        run / "state.json", lambda s: set_field(s, ["evolution", "polish", "descent", "adam", "m"], [0.0] * len(m))
+        run / "state.json",
+        lambda s: set_field(s, ["optimizer", "state", "polish", "descent", "adam", "m"], [0.0] * len(m)),
     )
     return run
 
@@ -39,14 +42,14 @@ def polish_seconds_negative(t: Path) -> Path:
 def polish_dropped(t: Path) -> Path:
     """polish null and polished_through 2: as if the polish after generation 2 were done, with 1 of its 4 steps."""
     run = mid_polish(t / "run")
-    edit_json(run / "state.json", lambda s: set_field(s, ["evolution", "polish"], None))
-    edit_json(run / "state.json", lambda s: set_field(s, ["evolution", "polished_through"], 2))
+    edit_json(run / "state.json", lambda s: set_field(s, ["optimizer", "state", "polish"], None))
+    edit_json(run / "state.json", lambda s: set_field(s, ["optimizer", "state", "polished_through"], 2))
     return run
 
 
 def descent_adam_moment_two_values(t: Path) -> Path:
     run = descent_run(t / "run", GRADIENT, fail_on_call=4)
-    edit_json(run / "state.json", lambda s: set_field(s, ["evolution", "descent", "adam", "m"], [0.0, 0.0]))
+    edit_json(run / "state.json", lambda s: set_field(s, ["optimizer", "state", "descent", "adam", "m"], [0.0, 0.0]))
     return run
 
 
@@ -83,12 +86,13 @@ def _scaled_gradient(record: dict) -> dict:
 DESCENT_CORRUPTIONS = [
     pytest.param(
         polish_adam_moment_one_value,
-        "state.json: evolution.polish.descent.adam.m: 1 values, but the run's descent has 17 parameters",
+        "state.json: optimizer.state.polish.descent.adam.m: 1 values, but the run's descent has 17 parameters",
         id="polish-adam-m-one-value",
     ),
     pytest.param(
         polish_adam_moment_edited,
-        "state.json: evolution.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and gradients",
+        "state.json: optimizer.state.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and "
+        "gradients",
         id="polish-adam-m-edited",
     ),
     pytest.param(
@@ -98,17 +102,19 @@ DESCENT_CORRUPTIONS = [
     ),
     pytest.param(
         polish_dropped,
-        "state.json: evolution.polished_through is 2, but history.jsonl holds 1 of the 4 steps of the polish after "
-        "generation 2",
+        "state.json: optimizer.state.polished_through is 2, but history.jsonl holds 1 of the 4 steps of the polish "
+        "after generation 2",
         id="polish-dropped",
     ),
     pytest.param(
         descent_adam_moment_two_values,
-        "state.json: evolution.descent.adam.m: 2 values, but the run's descent has 17 parameters",
+        "state.json: optimizer.state.descent.adam.m: 2 values, but the run's descent has 17 parameters",
         id="descent-adam-m-two-values",
     ),
     pytest.param(
-        descent_u_nan, "state.json: corrupted (evolution.descent.u.0: Input should be a finite number", id="u-nan"
+        descent_u_nan,
+        "state.json: corrupted (optimizer.gradient.state.descent.u.0: Input should be a finite number",
+        id="u-nan",
     ),
     pytest.param(
         step_line_changed(lambda r: {**r, "backward_windows": "abc"}),
@@ -157,7 +163,7 @@ DESCENT_CORRUPTIONS = [
     ),
     pytest.param(
         last_step_gradient_edited,
-        "state.json: evolution.descent.u[0] is",
+        "state.json: optimizer.state.descent.u[0] is",
         id="last-gradient-edited",
     ),
 ]

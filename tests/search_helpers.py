@@ -73,30 +73,33 @@ def write_job_record(run_dir: Path, config, **changes) -> None:
 
 def run_job(config, run_dir, evaluator, *, resume: bool = False):
     """Start (or resume) `config`'s search in `run_dir` with `evaluator`; returns (best record, coordinator)."""
-    coordinator = make_coordinator(config, run_dir, evaluator)
-    if resume:
-        coordinator.resume()
-    else:
+    if not resume:
         run_dir.create(config)
+    coordinator = make_coordinator(config, run_dir, evaluator, resume=resume)
     return coordinator.run(), coordinator
 
 
-def make_coordinator(config, run_dir, evaluator, search_problem: SearchProblem | None = None, **options):
-    """A quiet coordinator for `config` with its optimizer built as `longrope search` builds it; `options` go to
-    the Coordinator (a watcher, a backward_cost)."""
-
-    from longrope.search.optimizers.factory import make_optimizer
-    from longrope.search.run.coordinator import Coordinator
+def make_coordinator(
+    config, run_dir, evaluator, search_problem: SearchProblem | None = None, *, resume: bool = False, **options
+):
+    """A quiet coordinator for `config` with its searcher built as `longrope search` builds it, complete: with
+    `resume`, the run directory's history and state loaded first (`coordinator.restore`); `options` go to the
+    Coordinator (a watcher, a backward_cost)."""
+    from longrope.search.optimizers.factory import make_searcher
+    from longrope.search.run.coordinator import Coordinator, restore
 
     search_problem = search_problem or problem(getattr(evaluator, "windows", 1))
-    optimizer = make_optimizer(
+    searcher = make_searcher(
         config.search,
         pairs=search_problem.pairs,
         scale=search_problem.scale,
         seeds=search_problem.seeds,
         mix=search_problem.mix,
     )
-    return Coordinator(config.search, search_problem, run_dir, evaluator, optimizer, **options)
+    if resume:
+        history, state = restore(run_dir, searcher)
+        options |= {"history": history.records, "state": state}
+    return Coordinator(config.search, search_problem, run_dir, evaluator, searcher, **options)
 
 
 class FunctionEvaluator:
@@ -144,3 +147,11 @@ class FunctionEvaluator:
             return CandidateScore(nll=nll, tokens=(1,) * len(nll))
         grads = tuple(tuple(window_nll_gradient(factors, j, self.windows, self.wobble)) for j in range(*windows))
         return ScoreWithGradient(nll=nll, tokens=(1,) * len(nll), gradient=grads)
+
+
+def result_of(candidate, score: float):
+    """A searcher's Result for `candidate` scored `score` on one window (what the coordinator tells it)."""
+    from longrope.search.optimizers.searcher import Result
+
+    attention = 1.0 if candidate.attention_factor is None else candidate.attention_factor
+    return Result(candidate.key, score, (score,), (1,), tuple(float(f) for f in candidate.factors), attention)

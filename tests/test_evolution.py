@@ -6,33 +6,34 @@ import json
 
 import numpy as np
 import pytest
+from search_helpers import result_of
 
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import DimMonoEvolution
-from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.factory import make_searcher
 from longrope.search.run.known_problem import PAIRS, objective, problem
 
 
 def run_generations(settings: SearchConfig, generations: int) -> tuple[DimMonoEvolution, list[list]]:
-    evolution = make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    evolution = make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
     asked = []
     for _ in range(generations):
-        genomes = evolution.ask()
-        asked.append(genomes)
-        evolution.tell(genomes, [objective(evolution.grid.factors(g)) for g in genomes])
+        candidates = evolution.ask(1)
+        asked.append(candidates)
+        evolution.tell([result_of(c, objective(c.factors)) for c in candidates])
     return evolution, asked
 
 
 def test_every_candidate_obeys_the_constraints():
     settings = SearchConfig(seed=3)
-    evolution, asked = run_generations(settings, 6)
+    _, asked = run_generations(settings, 6)
     for genomes in asked:
-        for genome in genomes:
-            factors = evolution.grid.factors(genome)
+        for candidate in genomes:
+            factors = candidate.factors
             assert np.all(np.diff(factors) >= 0), "monotone non-decreasing in the pair index"
             assert factors.min() >= 1.0 and factors.max() <= 1.25 * 4.0 + 1e-9, "bounded to [1, 1.25 s]"
             np.testing.assert_allclose(factors * 100, np.round(factors * 100), atol=1e-6)  # the 0.01 grid
-            assert genome.n_hat == 0 and genome.attention_steps is None  # both genes off by default
+            assert candidate.n_hat == 0 and candidate.attention_factor is None  # both genes off by default
 
 
 def test_sizes_as_configured_and_no_duplicates():
@@ -50,7 +51,7 @@ def test_seeds_are_in_generation_zero():
     first = asked[0]
     for seed in problem().seeds:
         expected = np.maximum.accumulate(np.clip(np.round(seed.factors, 2), 1.0, 5.0))
-        assert any(np.allclose(evolution.grid.factors(g), expected) for g in first[:3]), seed.name
+        assert any(np.allclose(c.factors, expected) for c in first[:3]), seed.name
     assert set(evolution.seed_names.values()) == {"pi", "ntk", "yarn"}
 
 
@@ -65,27 +66,27 @@ def test_same_seed_same_population_other_seed_other_population():
 def test_state_round_trips_through_json():
     settings = SearchConfig(seed=9)
     evolution, _ = run_generations(settings, 3)
-    restored = make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
-    restored.load_state_dict(json.loads(json.dumps(evolution.state_dict())))
-    assert [g.key for g in restored.ask()] == [g.key for g in evolution.ask()]
+    restored = make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    restored.load_state(json.loads(evolution.state().model_dump_json()))
+    assert [c.key for c in restored.ask(1)] == [c.key for c in evolution.ask(1)]
 
 
 def test_optional_genes_stay_in_their_sets():
     settings = SearchConfig.model_validate(
         {"seed": 2, "n_hat": {"enabled": True}, "attention_factor": {"mode": "searched", "low": 1.0, "high": 1.4}}
     )
-    evolution, asked = run_generations(settings, 5)
+    _, asked = run_generations(settings, 5)
     genomes = [g for gen in asked for g in gen]
     assert {g.n_hat for g in genomes} <= set(settings.n_hat.choices) and len({g.n_hat for g in genomes}) > 1
-    attention = {evolution.grid.attention_factor(g) for g in genomes}
+    attention = {c.attention_factor for c in genomes}
     assert min(attention) >= 1.0 - 1e-9 and max(attention) <= 1.4 + 1e-9 and len(attention) > 1
 
 
 def test_nan_scores_rank_last():
     settings = SearchConfig(population=10, parents=4, mutations=3, crossovers=3)
-    evolution = make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
-    genomes = evolution.ask()
-    scores = [float("nan")] + [float(i) for i in range(1, len(genomes))]
-    evolution.tell(genomes, scores)
-    assert genomes[0].key not in evolution.population
+    evolution = make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    candidates = evolution.ask(1)
+    scores = [float("nan")] + [float(i) for i in range(1, len(candidates))]
+    evolution.tell([result_of(c, score) for c, score in zip(candidates, scores, strict=True)])
+    assert candidates[0].key not in evolution.population
     assert evolution.best()[1] == pytest.approx(1.0)

@@ -100,7 +100,7 @@ def write_config(folder: Path, output_dir: str) -> Path:
 
 
 def evolution_state(run_dir: Path) -> dict:
-    return json.loads((run_dir / "state.json").read_text())["evolution"]
+    return json.loads((run_dir / "state.json").read_text())["optimizer"]["state"]
 
 
 def best_of_history(run_dir: Path) -> dict:
@@ -239,7 +239,7 @@ def test_steady_racing_run_killed_at_three_points_loses_nothing_and_scores_nothi
         assert len(record["nll"]) > windows_seen.get(record["key"], 0), "a window scored twice"
         windows_seen[record["key"]] = len(record["nll"])
     state = json.loads((run_dir / "state.json").read_text())
-    assert state["finished"] and state["evolution"]["pending"] == []
+    assert state["finished"] and state["optimizer"]["state"]["pending"] == []
 
 
 def test_sigterm_that_ray_turns_into_a_plain_keyboard_interrupt_still_exits_143(monkeypatch, capsys):

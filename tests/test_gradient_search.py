@@ -17,8 +17,8 @@ from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
 from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.genome import Genome
-from longrope.search.optimizers.gradient import Parametrization, objective_gradient, subset_mix
-from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.optimizers.gradient import Parametrization
+from longrope.search.optimizers.objective import ObjectiveMix, objective_gradient, subset_mix
 from longrope.search.run.known_problem import OPTIMUM, TARGET, objective, problem, window_nll_gradient
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir
@@ -35,9 +35,7 @@ def run(config, run_dir, evaluator=None, *, resume=False):
     store = RunDir(run_dir)
     if not resume:
         store.create(config)
-    coordinator = make_coordinator(config, store, evaluator or smooth(), problem(WINDOWS))
-    if resume:
-        coordinator.resume()
+    coordinator = make_coordinator(config, store, evaluator or smooth(), problem(WINDOWS), resume=resume)
     return coordinator.run(), coordinator
 
 
@@ -173,7 +171,7 @@ def test_a_crash_anywhere_resumes_to_the_uninterrupted_run(tmp_path, fail_on_cal
     assert best == clean_best
     clean_state = json.loads((tmp_path / "clean" / "state.json").read_text())
     state = json.loads((crashed / "state.json").read_text())
-    assert state["evolution"] == clean_state["evolution"]
+    assert state["optimizer"]["state"] == clean_state["optimizer"]["state"]
     assert [r["key"] for r in history(crashed)] == [r["key"] for r in history(tmp_path / "clean")]
 
 
@@ -198,8 +196,8 @@ def test_held_out_windows_stop_a_descent_that_no_longer_gains(tmp_path):
     run(config, tmp_path)
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["finished"] and state["stopped_early"]
-    assert state["evolution"]["generation"] < 42
-    assert state["evolution"]["descent"]["rounded"]
+    assert state["optimizer"]["state"]["generation"] < 42
+    assert state["optimizer"]["state"]["descent"]["rounded"]
 
 
 # ---- hybrid ----
@@ -231,9 +229,10 @@ def test_hybrid_polishes_every_k_generations_and_adopts_the_result(tmp_path):
     records = history(tmp_path)
     steps = [r for r in records if "gradient" in r]
     assert len(steps) == 2 * 3, "polished after generations 2 and 4, 3 steps each"
-    state = json.loads((tmp_path / "state.json").read_text())["evolution"]
-    assert state["kind"] == "hybrid" and state["polished_through"] == 4 and state["polish"] is None
-    told = {Genome.from_json(genome).key for genome, _ in state["told"]}
+    optimizer = json.loads((tmp_path / "state.json").read_text())["optimizer"]
+    state = optimizer["state"]
+    assert optimizer["kind"] == "hybrid" and state["polished_through"] == 4 and state["polish"] is None
+    told = {Genome.from_json(genome).key for genome, _ in state["evolution"]["told"]}
     after_polish = [
         records[k + 1]["key"]
         for k, r in enumerate(records[:-1])
@@ -259,7 +258,7 @@ def test_hybrid_polishes_its_final_best_when_the_last_generation_is_no_multiple(
     """polish_every 3 in 4 generations: after generation 3, and after 4 (the last) although 4 is no multiple."""
     run(hybrid(tmp_path, "search.gradient.polish_every=3"), tmp_path)
     state = json.loads((tmp_path / "state.json").read_text())
-    assert state["evolution"]["polished_through"] == 4 and state["finished"]
+    assert state["optimizer"]["state"]["polished_through"] == 4 and state["finished"]
     assert polish_runs(history(tmp_path)) == [3, 3]
 
 
@@ -277,7 +276,7 @@ def test_hybrid_stopped_early_still_polishes_its_final_best(tmp_path):
     config = hybrid(tmp_path, "search.early_stop.patience=1", "search.early_stop.min_improvement=10")
     run(config, tmp_path)
     state = json.loads((tmp_path / "state.json").read_text())
-    assert state["stopped_early"] and state["finished"] and state["evolution"]["polished_through"] == 1
+    assert state["stopped_early"] and state["finished"] and state["optimizer"]["state"]["polished_through"] == 1
     assert polish_runs(history(tmp_path)) == [3]
 
 
@@ -310,8 +309,8 @@ def test_hybrid_resumes_exactly_mid_polish(tmp_path, fail_on_call):
     best, _ = run(config, crashed, resume=True)
     assert best == clean_best
     assert [r["key"] for r in history(crashed)] == [r["key"] for r in history(tmp_path / "clean")]
-    clean_state = json.loads((tmp_path / "clean" / "state.json").read_text())["evolution"]
-    assert json.loads((crashed / "state.json").read_text())["evolution"] == clean_state
+    clean_state = json.loads((tmp_path / "clean" / "state.json").read_text())["optimizer"]["state"]
+    assert json.loads((crashed / "state.json").read_text())["optimizer"]["state"] == clean_state
 
 
 # ---- bad search.gradient values ----

@@ -13,11 +13,12 @@ import math
 
 import numpy as np
 import pytest
+from search_helpers import result_of
 
 from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.search.cli.main import main
 from longrope.search.config.search_section import SearchConfig
-from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.factory import make_searcher
 from longrope.search.optimizers.genome import Genome, SearchSpace, Seed, resolve_space
 from longrope.search.run.known_problem import PAIRS, objective, problem
 
@@ -82,14 +83,15 @@ def seeds_for(settings: SearchConfig) -> list[Seed]:
 
 
 def drive(settings: SearchConfig, rounds: int | None = None) -> tuple[object, list[Genome]]:
-    """Ask and tell until the optimizer stops or `rounds` asks are told (steady: three children at a time)."""
-    optimizer = make_optimizer(settings, pairs=PAIRS, scale=SCALE, seeds=seeds_for(settings))
+    """Ask and tell until the optimizer stops or `rounds` asks are told (steady: three children at a time); the
+    genomes asked for, as the GA holds them while they are out."""
+    optimizer = make_searcher(settings, pairs=PAIRS, scale=SCALE, seeds=seeds_for(settings))
     asked: list[Genome] = []
-    while not optimizer.stop() and (rounds is None or rounds > 0):
-        genomes = optimizer.ask(3)
-        assert genomes, "the optimizer ran out of new candidates"
-        asked += genomes
-        optimizer.tell(genomes, [objective(optimizer.grid.factors(g)) for g in genomes])
+    while not optimizer.done() and (rounds is None or rounds > 0):
+        candidates = optimizer.ask(3)
+        assert candidates, "the optimizer ran out of new candidates"
+        asked += [optimizer.pending[c.key] for c in candidates]
+        optimizer.tell([result_of(c, objective(c.factors)) for c in candidates])
         rounds = None if rounds is None else rounds - 1
     return optimizer, asked
 
@@ -122,7 +124,7 @@ def test_every_asked_genome_is_in_the_space(schedule, d, length_scale):
 
 
 def test_identical_searched_parts_give_identical_keys_and_other_low_steps_are_invalid():
-    optimizer = make_optimizer(longrope2(critical_dim=5), pairs=PAIRS, scale=SCALE, seeds=problem().seeds)
+    optimizer = make_searcher(longrope2(critical_dim=5), pairs=PAIRS, scale=SCALE, seeds=problem().seeds)
     grid = optimizer.grid
     genome = grid.genome(np.linspace(1.0, 7.0, PAIRS))
     again = grid.genome(np.concatenate([np.full(5, 3.0), np.linspace(1.0, 7.0, PAIRS)[5:]]))
@@ -134,14 +136,14 @@ def test_identical_searched_parts_give_identical_keys_and_other_low_steps_are_in
 def test_state_round_trips_in_longrope2():
     settings = longrope2(critical_dim=5, seed=3)
     optimizer, _ = drive(settings, rounds=3)
-    restored = make_optimizer(settings, pairs=PAIRS, scale=SCALE, seeds=seeds_for(settings))
-    restored.load_state_dict(json.loads(json.dumps(optimizer.state_dict())))
-    assert [g.key for g in restored.ask()] == [g.key for g in optimizer.ask()]
+    restored = make_searcher(settings, pairs=PAIRS, scale=SCALE, seeds=seeds_for(settings))
+    restored.load_state(json.loads(optimizer.state().model_dump_json()))
+    assert [c.key for c in restored.ask(3)] == [c.key for c in optimizer.ask(3)]
 
 
 def test_genomes_outside_the_space_are_invalid():
     """Four searched pairs (12..15) within [4, 12]; the pairs below derived from pair 12."""
-    grid = make_optimizer(longrope2(critical_dim=12, length_scale=12.0), pairs=PAIRS, scale=SCALE, seeds=[]).grid
+    grid = make_searcher(longrope2(critical_dim=12, length_scale=12.0), pairs=PAIRS, scale=SCALE, seeds=[]).grid
 
     def genome(searched: list[int]) -> Genome:
         return Genome(tuple(grid.derive([0] * 12 + searched)))
@@ -159,7 +161,7 @@ def test_genomes_outside_the_space_are_invalid():
 def test_pi_seed_projects_by_hand():
     """PI: every pair 4.0 = S. Searched pairs 5..15 clip to >= 4.00 and must increase: 4.00, 4.01, ..., 4.10;
     the pairs below follow from 4.00: 4^(i/5)."""
-    optimizer = make_optimizer(longrope2(critical_dim=5), pairs=PAIRS, scale=SCALE, seeds=problem().seeds)
+    optimizer = make_searcher(longrope2(critical_dim=5), pairs=PAIRS, scale=SCALE, seeds=problem().seeds)
     pi = optimizer.grid.from_seed(problem().seeds[0])
     factors = optimizer.grid.factors(pi)
     np.testing.assert_allclose(factors[5:], 4.0 + 0.01 * np.arange(11), atol=1e-12)
@@ -169,8 +171,8 @@ def test_pi_seed_projects_by_hand():
 @pytest.mark.parametrize(("d", "length_scale"), [(5, None), (3, 4.2), (12, 12.0)])
 def test_every_seed_lands_in_the_space_and_starts_the_search(d, length_scale):
     settings = longrope2(critical_dim=d, length_scale=length_scale)
-    optimizer = make_optimizer(settings, pairs=PAIRS, scale=SCALE, seeds=problem().seeds)
-    first = optimizer.ask()
+    optimizer = make_searcher(settings, pairs=PAIRS, scale=SCALE, seeds=problem().seeds)
+    first = optimizer.ask(1)
     for seed in problem().seeds:  # pi, ntk, yarn
         genome = optimizer.grid.from_seed(seed)
         assert optimizer.grid.is_valid(genome), seed.name
@@ -179,7 +181,7 @@ def test_every_seed_lands_in_the_space_and_starts_the_search(d, length_scale):
 
 
 def test_projection_caps_the_last_pair_and_clips_to_length_scale():
-    optimizer = make_optimizer(
+    optimizer = make_searcher(
         longrope2(critical_dim=12, length_scale=30.0), pairs=PAIRS, scale=SCALE, seeds=problem().seeds
     )
     wide = np.concatenate([np.ones(12), [5.0, 6.0, 7.0, 25.0]])
@@ -210,11 +212,11 @@ def test_resolve_space_defaults():
     assert (longrope.kind, longrope.critical_dim, longrope.low, longrope.high) == ("longrope", 0, 100, 500)
 
 
-def test_make_optimizer_takes_the_resolved_critical_dim():
-    optimizer = make_optimizer(longrope2(), pairs=PAIRS, scale=SCALE, seeds=problem().seeds, critical_dim=4)
+def test_make_searcher_takes_the_resolved_critical_dim():
+    optimizer = make_searcher(longrope2(), pairs=PAIRS, scale=SCALE, seeds=problem().seeds, critical_dim=4)
     assert optimizer.grid.critical_dim == 4 and list(optimizer.grid.searched_pairs) == list(range(4, PAIRS))
     with pytest.raises(ValueError, match=r"^search\.critical_dim: "):
-        make_optimizer(longrope2(), pairs=PAIRS, scale=SCALE, seeds=problem().seeds)  # nobody resolved it
+        make_searcher(longrope2(), pairs=PAIRS, scale=SCALE, seeds=problem().seeds)  # nobody resolved it
 
 
 @pytest.mark.parametrize(

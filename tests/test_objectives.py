@@ -203,7 +203,7 @@ def test_racing_a_mix_weighs_each_window_by_its_objective():
     """Worse by 0.02 nats on perplexity windows, better by 1.0 on needle windows, weights 1:1: the mix says
     better (-0.49), so racing must not stop it; unweighted perplexity-first racing did (seen in review)."""
     from longrope.search.config.search_section import RacingConfig
-    from longrope.search.optimizers.racing import clearly_worse
+    from longrope.search.run.racing import clearly_worse
 
     mix = ObjectiveMix.of({"perplexity": 1.0, "needle": 1.0}, 4)
     assert mix.racing_weights() == [1.0] * 8

@@ -12,8 +12,8 @@ from search_helpers import FunctionEvaluator, run_job
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.search_section import RacingConfig
-from longrope.search.optimizers.racing import clearly_worse, window_groups
 from longrope.search.run.known_problem import window_nll
+from longrope.search.run.racing import clearly_worse, window_groups
 from longrope.search.run.run_store import RunDir
 
 WINDOWS = 8
@@ -123,10 +123,10 @@ def test_a_stopped_candidate_is_recorded_and_never_a_parent(windows, request):
             assert 3 <= len(record["nll"]) < WINDOWS and len(record["tokens"]) == len(record["nll"])
         else:
             assert record["status"] == "scored" and len(record["nll"]) == WINDOWS
-    parents = coordinator.optimizer.population
+    parents = coordinator.searcher.population
     assert parents and all(history[key]["status"] == "scored" for key in parents)
     stopped = [key for key, r in history.items() if r["status"] == "stopped"]
-    assert stopped and all(math.isinf(coordinator.optimizer.scores[key]) for key in stopped), "told as last"
+    assert stopped and all(math.isinf(coordinator.searcher.scores[key]) for key in stopped), "told as last"
 
 
 def test_each_stop_came_after_the_parents_were_all_there(exact_windows):
@@ -159,7 +159,8 @@ def test_racing_crash_then_resume_equals_a_clean_run_and_scores_no_window_twice(
     resumed_best, _ = run_job(job(crash_dir.path), crash_dir, resumed, resume=True)
     assert resumed_best == clean_best
     clean_state = json.loads(clean_dir.file("state.json").read_text())
-    assert json.loads(crash_dir.file("state.json").read_text())["evolution"] == clean_state["evolution"]
+    crashed_state = json.loads(crash_dir.file("state.json").read_text())
+    assert crashed_state["optimizer"]["state"] == clean_state["optimizer"]["state"]
     assert crash_dir.read_history() == clean_dir.read_history()
     assert crashing.window_evaluations + resumed.window_evaluations == clean_evaluator.window_evaluations
 

@@ -35,7 +35,7 @@ from search_helpers import JOB_RECORD, FunctionEvaluator, known_problem_run, mak
 
 from longrope.search.cli.main import main
 from longrope.search.cli.reporter import ConsoleReporter
-from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.factory import make_searcher
 from longrope.search.run.coordinator import Coordinator
 from longrope.search.run.known_problem import problem
 from longrope.search.run.run_store import RunDir
@@ -265,7 +265,7 @@ def generation_log(config, run_dir: RunDir) -> list[str]:
     """The generation lines the coordinator logs for a run of `config` (plain lines, as when piped)."""
     console = Console(record=True, width=200, force_terminal=False)
     search_problem = problem(1)
-    optimizer = make_optimizer(
+    optimizer = make_searcher(
         config.search, pairs=search_problem.pairs, scale=search_problem.scale, seeds=search_problem.seeds
     )
     evaluator = FunctionEvaluator()

@@ -31,8 +31,8 @@ def job(tmp_path, generations: int = 4) -> JobConfig:
     )
 
 
-def coordinator(config: JobConfig, run_dir: RunDir, evaluator=None) -> Coordinator:
-    return make_coordinator(config, run_dir, evaluator or FunctionEvaluator())
+def coordinator(config: JobConfig, run_dir: RunDir, evaluator=None, *, resume: bool = False) -> Coordinator:
+    return make_coordinator(config, run_dir, evaluator or FunctionEvaluator(), resume=resume)
 
 
 @pytest.fixture
@@ -76,10 +76,9 @@ def test_a_failed_write_is_one_error_leaves_no_temp_file_and_the_run_resumes(tmp
     assert "\n" not in str(info.value)
     assert not [p.name for p in run_dir.path.iterdir() if p.name.startswith(".")], "no temp file left behind"
     monkeypatch.setattr(os, "replace", real_replace)
-    resumed = coordinator(config, run_dir)
-    resumed.resume()
+    resumed = coordinator(config, run_dir, resume=True)
     assert resumed.run() == clean[1]
-    assert run_dir.read_state()["evolution"] == clean[0].read_state()["evolution"]
+    assert run_dir.read_state()["optimizer"]["state"] == clean[0].read_state()["optimizer"]["state"]
 
 
 def test_a_torn_last_line_is_found_cut_and_rescored(tmp_path, clean):
@@ -97,8 +96,7 @@ def test_a_torn_last_line_is_found_cut_and_rescored(tmp_path, clean):
     run_dir.cut_torn_history(history)
     assert run_dir.file("history.jsonl").read_bytes() == complete
     evaluator = FunctionEvaluator()
-    resumed = coordinator(config, run_dir, evaluator)
-    resumed.resume()
+    resumed = coordinator(config, run_dir, evaluator, resume=True)
     assert resumed.run() == clean[1]
     lines = run_dir.file("history.jsonl").read_bytes().splitlines(keepends=True)
     assert last in lines, "the torn candidate was scored again, to the same record"
@@ -136,7 +134,7 @@ def test_resume_with_history_missing_writes_nothing(tmp_path, clean):
     run_dir.file("history.jsonl").unlink()
     before = snapshot(run_dir.path)
     with pytest.raises(RunStoreError, match=r"history\.jsonl: lacks \d+ of the \d+ candidates that state\.json"):
-        coordinator(job(run_dir.path), run_dir).resume()
+        coordinator(job(run_dir.path), run_dir, resume=True)
     assert snapshot(run_dir.path) == before
 
 

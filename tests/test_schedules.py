@@ -8,11 +8,11 @@ import random
 
 import numpy as np
 import pytest
-from search_helpers import FunctionEvaluator, make_coordinator, run_job
+from search_helpers import FunctionEvaluator, make_coordinator, result_of, run_job
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.cmaes import CmaesOptimizer
-from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.factory import make_searcher
 from longrope.search.optimizers.genome import Genome, GenomeGrid
 from longrope.search.run.known_problem import PAIRS, objective, problem
 from longrope.search.run.run_store import RunDir
@@ -71,21 +71,21 @@ def test_steady_spends_the_budget_keeps_the_queue_full_and_improves(tmp_path):
     seed_best = min(objective(seed.factors) for seed in problem().seeds)
     assert best["mean_nll"] < 0.2 * seed_best
     state = json.loads((tmp_path / "state.json").read_text())
-    assert state["finished"] and state["evolution"]["pending"] == []
-    assert coordinator.optimizer.generation == 11
+    assert state["finished"] and state["optimizer"]["state"]["pending"] == []
+    assert coordinator.searcher.generation == 11
 
 
 def test_steady_children_come_from_the_parents_of_the_moment(tmp_path):
     """(mu + lambda) with lambda = 1: the parents after each tell are the best `parents` of all told so far."""
     settings = job(tmp_path, schedule="steady").search
-    optimizer = make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    optimizer = make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
     initial = optimizer.ask(3)
     assert len(initial) == 16, "generation 0 is the whole initial population"
     assert optimizer.ask(3) == [], "nothing more while generation 0 is out"
-    optimizer.tell(initial, [objective(optimizer.grid.factors(g)) for g in initial])
+    optimizer.tell([result_of(c, objective(c.factors)) for c in initial])
     for _ in range(40):
         (child,) = optimizer.ask(1)
-        optimizer.tell([child], [objective(optimizer.grid.factors(child))])
+        optimizer.tell([result_of(child, objective(child.factors))])
         ranked = sorted(optimizer.scores, key=lambda key: (optimizer.scores[key], key))
         assert optimizer.population == ranked[: settings.parents]
 
@@ -130,7 +130,7 @@ def test_steady_killed_at_random_points_loses_nothing_and_scores_nothing_twice(t
     recorded_windows = sum(len(r["nll"]) for r in finals)
     assert sum(e.window_evaluations for e in evaluators) == recorded_windows, "a window scored twice"
     state = json.loads(run_dir.file("state.json").read_text())
-    assert state["finished"] and set(state["evolution"]["population"]) <= {r["key"] for r in finals}
+    assert state["finished"] and set(state["optimizer"]["state"]["population"]) <= {r["key"] for r in finals}
 
 
 # ---- CMA-ES ----
@@ -138,7 +138,7 @@ def test_steady_killed_at_random_points_loses_nothing_and_scores_nothing_twice(t
 
 def cmaes(settings_overrides: dict | None = None) -> CmaesOptimizer:
     settings = job("unused", optimizer="cmaes", **(settings_overrides or {})).search
-    return make_optimizer(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    return make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
 
 
 def test_cmaes_parametrisation_is_monotone_and_round_trips_the_seeds():
@@ -158,8 +158,8 @@ def test_cmaes_parametrisation_is_monotone_and_round_trips_the_seeds():
 
 def run_cmaes(optimizer: CmaesOptimizer, generations: int) -> None:
     for _ in range(generations):
-        genomes = optimizer.ask()
-        optimizer.tell(genomes, [objective(optimizer.grid.factors(g)) for g in genomes])
+        candidates = optimizer.ask(1)
+        optimizer.tell([result_of(c, objective(c.factors)) for c in candidates])
 
 
 def test_cmaes_replay_resume_reaches_the_uninterrupted_state():
@@ -167,20 +167,20 @@ def test_cmaes_replay_resume_reaches_the_uninterrupted_state():
     run_cmaes(uninterrupted, 6)
     np.random.seed(123)  # the global generator must not matter
     restored = cmaes()
-    restored.load_state_dict(json.loads(json.dumps(uninterrupted.state_dict())))
+    restored.load_state(json.loads(uninterrupted.state().model_dump_json()))
     assert np.array_equal(restored.es.mean, uninterrupted.es.mean)
     assert restored.es.sigma == uninterrupted.es.sigma
     assert np.array_equal(restored.es.C, uninterrupted.es.C)
-    assert [g.key for g in restored.ask()] == [g.key for g in uninterrupted.ask()]
+    assert [c.key for c in restored.ask(1)] == [c.key for c in uninterrupted.ask(1)]
 
 
 def test_cmaes_replay_refuses_a_state_that_does_not_replay():
     optimizer = cmaes()
     run_cmaes(optimizer, 3)
-    state = json.loads(json.dumps(optimizer.state_dict()))
+    state = json.loads(optimizer.state().model_dump_json())
     state["asked_keys"][1][0] = Genome((100,) * PAIRS).key
     with pytest.raises(ValueError, match="replaying CMA-ES generation 2 asks for other candidates"):
-        cmaes().load_state_dict(state)
+        cmaes().load_state(state)
 
 
 def test_cmaes_search_improves_on_the_best_seed_and_resumes_exactly(tmp_path):
@@ -188,7 +188,7 @@ def test_cmaes_search_improves_on_the_best_seed_and_resumes_exactly(tmp_path):
     clean_best, coordinator = run_job(config, RunDir(tmp_path / "clean"), FunctionEvaluator())
     seed_best = min(objective(seed.factors) for seed in problem().seeds)
     assert clean_best["mean_nll"] < 0.5 * seed_best
-    assert coordinator.optimizer.generation == coordinator.optimizer.total_generations
+    assert coordinator.searcher.generation == coordinator.searcher.total_generations
     crash_dir = RunDir(tmp_path / "crash")
     crashing = FunctionEvaluator(fail_on_call=5)
     with pytest.raises(RuntimeError, match="simulated coordinator crash"):
@@ -210,7 +210,6 @@ def test_a_used_up_grid_finishes_the_run_and_a_resume_does_not_try_again(tmp_pat
     assert len(finals) == len({r["key"] for r in finals}) <= 17
     assert best == RunDir(tmp_path).best_record()
     state = json.loads((tmp_path / "state.json").read_text())
-    assert state["exhausted"] and state["finished"]
-    resumed = make_coordinator(config, RunDir(tmp_path), QueueEvaluator(capacity=3))
-    resumed.resume()
+    assert state["optimizer"]["state"]["exhausted"] and state["finished"]
+    resumed = make_coordinator(config, RunDir(tmp_path), QueueEvaluator(capacity=3), resume=True)
     assert resumed.finished

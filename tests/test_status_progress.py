@@ -27,7 +27,6 @@ from search_helpers import FunctionEvaluator, known_problem_run, make_coordinato
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.config.loading import load_job_config
 from longrope.search.run import heartbeat as heartbeats
-from longrope.search.run.generation_log import resume_position
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.status import KILLED, format_status, run_status
 from longrope.workers.errors import Terminated, WorkerPoolError
@@ -330,7 +329,7 @@ def test_terminal_progress_keeps_its_numbers_at_any_width(tmp_path, width):
     coordinator = progress_run(tmp_path / "run", console, "search.generations=2")
     frames = [line for line in re.split(r"[\r\n]|\x1b\[[0-9;?]*[A-Za-z]", out.getvalue()) if line.startswith("search ")]
     last = frames[-1]
-    expected = coordinator._expected_evaluations()
+    expected = coordinator.searcher.budget
     assert f"{expected}/{expected}" in last
     assert re.search(r"\d+:\d\d:\d\d ETA (\d+:\d\d:\d\d|-:--:--)$", last.rstrip()), last
     assert "…" not in last and len(last.rstrip()) <= width
@@ -356,9 +355,7 @@ def logged_lines(config, run_dir: Path, evaluator, *, resume: bool = False) -> l
     """The plain lines a coordinator of `config` logs (as when piped), resumed from `run_dir` or not."""
     console = Console(record=True, width=300, force_terminal=False)
     reporter = ConsoleReporter(console, show_progress=False)
-    coordinator = make_coordinator(config, RunDir(run_dir), evaluator, problem(4), reporter=reporter)
-    if resume:
-        coordinator.resume()
+    coordinator = make_coordinator(config, RunDir(run_dir), evaluator, problem(4), reporter=reporter, resume=resume)
     coordinator.run()
     return console.export_text().splitlines()
 
@@ -368,11 +365,9 @@ def test_a_resumed_polish_says_where_in_the_polish_it_goes_on(tmp_path):
     step 2/4, not "generation 3/2"; the coordinator's first line says so too (`jobs._resume` logs the same)."""
     run = mid_polish(tmp_path / "run")
     config = cheap_config(run, "data.search_windows=4", "search.seed=3", *HYBRID)
-    coordinator = make_coordinator(config, RunDir(run), FunctionEvaluator(windows=4, wobble=0.0), problem(4))
-    coordinator.resume()
-    assert resume_position(coordinator.optimizer, coordinator.polish_pending()) == (
-        "the polish after generation 2/2, step 2/4"
-    )
+    evaluator = FunctionEvaluator(windows=4, wobble=0.0)
+    coordinator = make_coordinator(config, RunDir(run), evaluator, problem(4), resume=True)
+    assert coordinator.searcher.position() == "the polish after generation 2/2, step 2/4"
     lines = logged_lines(config, run, FunctionEvaluator(windows=4, wobble=0.0), resume=True)
     assert lines[0] == "search: scoring the polish after generation 2/2, step 2/4, 17 evaluations done"
     assert not any("generation 3/" in line for line in lines)

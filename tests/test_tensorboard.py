@@ -22,7 +22,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
-from longrope.search.config.strict import JobConfigError
 from longrope.search.run.jobs import _backward_cost, _Options
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.tensorboard_scalars import INSTALL, TENSORBOARD_DIR
@@ -50,9 +49,7 @@ def run(config, evaluator=None, *, resume: bool = False, windows: int = 1, **opt
     if not resume:
         store.create(config)
     evaluator = evaluator or FunctionEvaluator(windows=windows, wobble=0.0)
-    coordinator = make_coordinator(config, store, evaluator, problem(windows), **options)
-    if resume:
-        coordinator.resume()
+    coordinator = make_coordinator(config, store, evaluator, problem(windows), resume=resume, **options)
     return coordinator.run()
 
 
@@ -134,7 +131,7 @@ def test_the_search_is_the_same_with_tensorboard_on_or_off(tmp_path, overrides):
     on, off = tmp_path / "true", tmp_path / "false"
     assert (on / "history.jsonl").read_bytes() == (off / "history.jsonl").read_bytes()
     state = [json.loads((folder / "state.json").read_text()) for folder in (on, off)]
-    assert state[0]["evolution"] == state[1]["evolution"]
+    assert state[0]["optimizer"]["state"] == state[1]["optimizer"]["state"]
     assert (on / TENSORBOARD_DIR).is_dir() and not (off / TENSORBOARD_DIR).exists()
     assert RunDir(on).read_config().hash() == RunDir(off).read_config().hash(), "not part of the run's identity"
 
@@ -205,30 +202,27 @@ def test_a_resume_refuses_a_tensorboard_that_is_no_folder_before_scoring(make, e
     assert expected in cli_error_line(argv, capsys, caplog, folder=tmp_path)
 
 
-def test_the_search_asks_its_caller_for_c_only_for_a_watched_run_with_backward_passes(tmp_path):
-    """`run_search(backward_cost=...)` (the CLI passes `longrope estimate`'s c): asked only when search.tensorboard
-    is on and the optimizer takes backward passes; a price that fails is one warning line, and no
-    window_equivalents."""
-    lines, asked = [], []
+def test_c_is_priced_only_for_a_watched_run_with_backward_passes(tmp_path):
+    """The CLI prices a backward pass (`longrope estimate`'s c for the job's model) only when search.tensorboard is
+    on and the optimizer takes backward passes; a model it cannot price gives no c, and the search says in one
+    warning line that it writes no window_equivalents."""
+    from longrope.search.cli.estimate_command import job_backward_cost
+    from longrope.search.cli.search_commands import _tensorboard_backward_cost
+
+    demo = [f"output_dir={tmp_path}", "search.tensorboard=true"]
+    gradient = load_job_config(DEMO, [*demo, "search.optimizer=gradient"])
+    assert _tensorboard_backward_cost(load_job_config(DEMO, demo)) is None, "dim_mono: forward only"
+    assert _tensorboard_backward_cost(load_job_config(DEMO, [*demo[:1], "search.optimizer=gradient"])) is None
+    assert _tensorboard_backward_cost(gradient) == job_backward_cost(gradient)[0] > 1.0
+    unpriced = gradient.model_copy(update={"model": gradient.model.model_copy(update={"path": str(tmp_path / "m")})})
+    assert _tensorboard_backward_cost(unpriced) is None
+    lines = []
 
     class Lines:
         def log(self, line):
             lines.append(line)
 
-    def price(config):
-        asked.append(config.search.optimizer)
-        if config.data.search_windows == 3:
-            raise JobConfigError("model.path: no config.json at '/cluster/model'")
-        return 2.5
-
-    options = _Options(Lines(), lambda: False, price)
-    gradient = ["search.optimizer=gradient"]
-    assert _backward_cost(job(tmp_path, windows=4), options) is None, "dim_mono: forward only"
-    assert _backward_cost(job(tmp_path, *gradient, "search.tensorboard=false", windows=4), options) is None
-    assert _backward_cost(job(tmp_path, *gradient, windows=4), options) == 2.5
-    assert asked == ["gradient"] and not lines
-    assert _backward_cost(job(tmp_path, *gradient, windows=3), options) is None
+    assert _backward_cost(gradient, _Options(Lines(), lambda: False, None)) is None
     assert lines == [
-        "search: warning: search.tensorboard: no search/window_equivalents scalar (model.path: no config.json at "
-        "'/cluster/model')"
+        "search: warning: search.tensorboard: no search/window_equivalents scalar (no price for a backward pass)"
     ]

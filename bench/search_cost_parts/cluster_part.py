@@ -15,7 +15,7 @@ import ray
 from rich.console import Console
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.factory import make_searcher
 from longrope.search.run import known_problem
 from longrope.search.run.coordinator import Coordinator
 from longrope.search.run.run_store import RunDir
@@ -79,7 +79,7 @@ def simulate(schedule: str, racing: bool, seed: int, work: Path) -> dict:
     run_dir = RunDir(config.output_dir)
     run_dir.create(config)
     problem = known_problem.problem(SIM_WINDOWS)
-    optimizer = make_optimizer(config.search, pairs=problem.pairs, scale=problem.scale, seeds=problem.seeds)
+    optimizer = make_searcher(config.search, pairs=problem.pairs, scale=problem.scale, seeds=problem.seeds)
     coordinator = Coordinator(config.search, problem, run_dir, pool, optimizer)
     workers = len(pool.workers)
     try:

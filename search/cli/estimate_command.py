@@ -21,7 +21,7 @@ from longrope.search.cost.architecture import (
     model_config_path,
     read_config_json,
 )
-from longrope.search.cost.budget import backward_cost, search_budget, seed_count
+from longrope.search.cost.budget import backward_cost, per_search_text, search_budget
 from longrope.search.cost.estimate import DeviceEstimate, JobEstimate, job_estimate, resolve_original_length
 from longrope.search.cost.hardware import DEFAULT_MFU, Rates, find_gpu, gpu_rates
 from longrope.search.cost.memory import forward_shape, worker_dtype, worker_threads
@@ -192,19 +192,6 @@ def format_estimate(estimate: JobEstimate, config: JobConfig) -> str:
     for device in estimate.devices:
         lines += device_lines(device)
     return "\n".join(lines)
-
-
-def per_search_text(config: JobConfig) -> str:
-    """How one search's candidate count is made up (estimate.candidates_per_search)."""
-    search, gradient = config.search, config.search.gradient
-    generations = f"{search.population} + {search.generations} generations x {search.mutations + search.crossovers}"
-    if search.optimizer == "gradient":
-        return f"{seed_count(config)} seeds + {gradient.steps} steps + 1 on the grid"
-    if search.optimizer == "hybrid":
-        polishes = gradient.polishes(search.generations)
-        polish_word = "polish" if polishes == 1 else "polishes"
-        return f"{generations} + {polishes} {polish_word} x ({gradient.polish_steps} steps + 1 on the grid)"
-    return generations
 
 
 def gradient_text(estimate: JobEstimate) -> str:

@@ -30,13 +30,14 @@ from longrope.search.export.factors_export import (
 )
 from longrope.search.export.gguf_export import ROPE_FREQS, write_gguf_export
 from longrope.search.export.verify import verify
+from longrope.search.optimizers.factory import search_plan
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.needle_report import needle_table
 from longrope.search.run.job_context import JobContext, offline_checks
-from longrope.search.run.run_store import CONFIG, RunDir
+from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError
 from longrope.workers.devices import device_problem
-from longrope.workers.errors import Terminated, WorkerPoolError
+from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -221,7 +222,7 @@ def run_search_command(args: argparse.Namespace) -> int:
             resume_dir=args.resume,
             reporter=ConsoleReporter(cli_console(), show_progress=not args.no_progress),
             sigterm_seen=lambda: SigtermSeen.received,
-            backward_cost=lambda job: job_backward_cost(job)[0],  # search.tensorboard's window-equivalents
+            backward_cost=_tensorboard_backward_cost(config or _stored_config(run_dir)),
         )
     except KeyboardInterrupt as exc:
         started = run_dir.file(CONFIG).exists()
@@ -234,6 +235,26 @@ def run_search_command(args: argparse.Namespace) -> int:
         raise
     print(json.dumps({"best_perplexity": best["perplexity"], "key": best["key"]}))
     return 0
+
+
+def _stored_config(run_dir: RunDir) -> JobConfig | None:
+    """A run's stored config, for pricing its backward passes (run_search reads and checks the whole directory)."""
+    try:
+        return run_dir.read_config() if run_dir.file(CONFIG).is_file() else None
+    except (RunStoreError, OSError):
+        return None  # run_search says what is wrong with the directory, in one line
+
+
+def _tensorboard_backward_cost(config: JobConfig | None) -> float | None:
+    """c, the price of a backward window pass that `search.tensorboard`'s window-equivalents count (estimate's, for
+    the job's model), when the job asks for the scalars and scores backward passes; None otherwise, or when the
+    model cannot be priced (the search then says it writes no window-equivalents)."""
+    if config is None or not config.search.tensorboard or not search_plan(config.search, 0).backward_steps:
+        return None
+    try:
+        return job_backward_cost(config)[0]
+    except (JobConfigError, ModelLoadError):
+        return None
 
 
 def _resume_overrides(run_dir: str, overrides: list[str]) -> JobConfig | None:

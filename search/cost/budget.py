@@ -12,6 +12,7 @@ from __future__ import annotations
 from longrope.search.config.job_config import JobConfig
 from longrope.search.cost.architecture import Architecture, Frozen
 from longrope.search.cost.flops import Flops, attention_fraction, forward_flops, loss_tokens, recompute_flops
+from longrope.search.optimizers.factory import search_plan
 
 # Racing, measured by bench/search_cost.py (docs/search-cost.md: 2163, 2198 and 1885 window evaluations of 2816
 # on seeds 0-2; generation 0, 32 x 8 = 256 of them, is never raced): the share of a raced child's windows that
@@ -39,27 +40,15 @@ class SearchBudget(Frozen):
 
 
 def candidates_per_search(config: JobConfig) -> int:
-    """Upper bound (no early stop, no patience): points scored forward on every search window.
-
-    - dim_mono and CMA-ES: the initial population, then generations x (mutations + crossovers); the steady
-      schedule spends the same budget (docs/search-cost.md).
-    - gradient: the seeds (`seed_count`), then one point per step (search.gradient.steps): every step's point is
-      scored on all windows, a candidate in history.jsonl like any other; then its best rounded to the grid.
-    - hybrid: the GA's budget, plus each polish step's point (`gradient_steps`) and each polish's rounded best."""
-    search = config.search
-    descent = gradient_steps(config) + grid_points(config)
-    if search.optimizer == "gradient":
-        return seed_count(config) + descent
-    return search.population + search.generations * (search.mutations + search.crossovers) + descent
+    """Upper bound (no early stop, no patience): points scored forward on every search window, as the configured
+    optimizer plans them (`plan` of its class in search/optimizers/)."""
+    return search_plan(config.search, seed_count(config)).candidates
 
 
-def grid_points(config: JobConfig) -> int:
-    """A descent ends by scoring its best point rounded to the search grid (search/optimizers/gradient.py): one for
-    `gradient`, one a polish for `hybrid` (GradientConfig.polishes), none for the other optimizers."""
-    search = config.search
-    if search.optimizer == "gradient":
-        return 1
-    return search.gradient.polishes(search.generations) if search.optimizer == "hybrid" else 0
+def raced_children(config: JobConfig) -> int:
+    """Candidates racing may stop in one search: every one after the initial population (which has no parents to
+    race against)."""
+    return candidates_per_search(config) - config.search.population
 
 
 def seed_count(config: JobConfig) -> int:
@@ -70,14 +59,13 @@ def seed_count(config: JobConfig) -> int:
 
 
 def gradient_steps(config: JobConfig) -> int:
-    """Steps with a backward in one search: search.gradient.steps for `gradient`; for `hybrid`, polish_steps at
-    every polish_every-th generation and after the last (GradientConfig.polishes); none for the other optimizers."""
-    search, gradient = config.search, config.search.gradient
-    if search.optimizer == "gradient":
-        return gradient.steps
-    if search.optimizer == "hybrid":
-        return gradient.polishes(search.generations) * gradient.polish_steps
-    return 0
+    """Steps with a backward pass in one search (descent's steps, a hybrid's polish steps; none for the others)."""
+    return search_plan(config.search, seed_count(config)).backward_steps
+
+
+def per_search_text(config: JobConfig) -> str:
+    """How one search's candidate count is made up, in words."""
+    return search_plan(config.search, seed_count(config)).text
 
 
 def gradient_windows(config: JobConfig) -> int:
@@ -116,8 +104,7 @@ def search_budget(config: JobConfig, original_length: int) -> SearchBudget:
 def window_evaluations(config: JobConfig, budget: SearchBudget, fraction: float | None = None) -> float:
     """Window evaluations of the whole job: every candidate on every window, or with racing the initial
     population in full and each child on `fraction` of its windows."""
-    total = 0.0
-    children = config.search.generations * (config.search.mutations + config.search.crossovers)
+    total, children = 0.0, raced_children(config)
     for stage in budget.stages:
         if fraction is None:
             total += stage.candidates * stage.windows

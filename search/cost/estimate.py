@@ -26,6 +26,7 @@ from longrope.search.cost.budget import (
     backward_flops,
     gradient_steps,
     gradient_windows,
+    raced_children,
     search_budget,
     stage_flops,
     window_evaluations,
@@ -177,7 +178,7 @@ def device_estimate(
                                                                              strict=True)) / 3600  # fmt: skip
     hours_racing = None
     if budget.racing_child_fraction is not None:
-        children = config.search.generations * (config.search.mutations + config.search.crossovers)
+        children = raced_children(config)
         share = budget.racing_child_fraction[0]
         racing = [(s.candidates - children + children * share) * t for s, t in zip(stages, per_candidate, strict=True)]
         hours_racing = sum(racing) / 3600

@@ -19,20 +19,52 @@ for exactly the recorded keys, which puts it in the same state as an uninterrupt
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-import cma
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from longrope.search.config.search_section import SearchConfig
-from longrope.search.optimizers.evolution import told_from_json
+from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
+from longrope.search.optimizers.evolution import DimMonoEvolution, told_from_json
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
+from longrope.search.optimizers.labels import generation_label
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score
+
+if TYPE_CHECKING:
+    import cma
 
 FAILED_SCORE_MARGIN = 1.0  # a non-finite score is told as (worst finite of its generation) + this
 
 
+class CmaesState(BaseModel):
+    """`CmaesOptimizer`'s state: every told genome and score, and the keys each CMA-ES generation asked for (a
+    fresh, identically seeded instance replays them: no pickle)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    generation: int = Field(ge=0)
+    told: list[list[Any]]  # [genome (Genome.to_json), score or null]
+    asked_keys: list[list[str]] = []
+    early_stop: EarlyStopState = EarlyStopState()
+
+    def told_scores(self) -> dict[str, float]:
+        return told_from_json(self.told)[1]
+
+    def parent_keys(self) -> list[str]:
+        return []  # a distribution, not parents
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stop.stopped
+
+
 class CmaesOptimizer:
-    """ask() -> genomes (duplicates possible); tell(genomes, scores); stop(); best(); state_dict() / load."""
+    """CMA-ES as a `Searcher` (searcher.py); its samples may repeat a candidate, which takes the recorded score."""
+
+    kind = "cmaes"
+    state_model = CmaesState
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
         self.settings = settings
@@ -40,7 +72,7 @@ class CmaesOptimizer:
         self.seed_genomes = _unique([grid.from_seed(seed) for seed in seeds])
         self.seed_names = {grid.from_seed(seed).key: seed.name for seed in seeds}
         self.popsize = settings.cmaes.population or settings.mutations + settings.crossovers
-        budget = settings.population + (settings.mutations + settings.crossovers) * settings.generations
+        budget = self.plan(settings, len(self.seed_genomes)).candidates
         self.iterations = max(0, math.ceil((budget - len(self.seed_genomes)) / self.popsize))
         self.generation = 0
         self.scores: dict[str, float] = {}
@@ -49,18 +81,41 @@ class CmaesOptimizer:
         self.pending: dict[str, Genome] = {}
         self.es: cma.CMAEvolutionStrategy | None = None
         self._asked_x: list[np.ndarray] = []
+        self.early_stop = EarlyStop(settings.early_stop)
+
+    @classmethod
+    def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> CmaesOptimizer:
+        return cls(settings, grid, seeds)
 
     @property
     def total_generations(self) -> int:
         return 1 + self.iterations
 
-    @property
-    def population(self) -> list[str]:
-        """The best candidate so far (CMA-ES keeps a distribution, not parents)."""
-        return [self.best()[0].key] if self.scores else []
-
-    def worst_parent(self) -> str | None:
+    def threshold(self) -> str | None:
         return None  # CMA-ES ranks every sample of a generation; racing does not apply
+
+    @property
+    def budget(self) -> int:
+        return len(self.seed_genomes) + self.iterations * self.popsize
+
+    @staticmethod
+    def descent_steps(search) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return None
+
+    @staticmethod
+    def generations_range(search: SearchConfig) -> tuple[int, int]:
+        """Generation 0 included: 1 + ceil((budget - seeds) / samples per generation), with the number of distinct
+        seeds between 1 and the seeds the config can give (a seed file from a run gives two)."""
+        budget = DimMonoEvolution.plan(search, 0).candidates
+        samples = search.cmaes.population or search.mutations + search.crossovers
+        most_seeds = len(search.seeds) + 2 * len(search.seed_files) + 1
+        return 1 + max(0, math.ceil((budget - most_seeds) / samples)), 1 + max(0, math.ceil((budget - 1) / samples))
+
+    @staticmethod
+    def plan(search: SearchConfig, seeds: int) -> SearchPlan:
+        """The GA's evaluation budget, spent in generations of `cmaes.population` samples after the seeds."""
+        return DimMonoEvolution.plan(search, seeds)
 
     # ---- the parametrisation ----
 
@@ -76,16 +131,20 @@ class CmaesOptimizer:
         attention = float(x[pairs]) if self.grid.searched_attention else None
         return self.grid.genome(np.exp(np.minimum(log_factors, 700.0)), attention)
 
-    # ---- ask / tell ----
+    # ---- the searcher interface ----
 
-    def stop(self) -> bool:
-        if self.generation >= self.total_generations:
+    def done(self) -> bool:
+        if self.early_stop.stopped or self.generation >= self.total_generations:
             return True
         return self.es is not None and bool(self.es.stop())
 
-    def ask(self, count: int | None = None) -> list[Genome]:
-        if self.pending:
+    def ask(self, count: int) -> list[Candidate]:
+        """The next generation when none of it is out (`count` ignored: CMA-ES samples its population whole)."""
+        if self.pending or self.done():
             return []
+        return [self.candidate(genome) for genome in self.ask_genomes()]
+
+    def ask_genomes(self) -> list[Genome]:
         if self.generation == 0:
             batch = list(self.seed_genomes)
         else:
@@ -95,7 +154,27 @@ class CmaesOptimizer:
         self.pending = {g.key: g for g in batch}
         return batch
 
-    def tell(self, genomes: list[Genome], scores: list[float]) -> None:
+    def candidate(self, genome: Genome) -> Candidate:
+        return Candidate(
+            key=genome.key,
+            generation=self.generation,
+            factors=self.grid.factors(genome),
+            attention_factor=self.grid.attention_factor(genome),
+            n_hat=genome.n_hat,
+            seed=self.seed_names.get(genome.key),
+        )
+
+    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+        before = self.generation
+        self.tell_genomes([self.pending[r.key] for r in results], [r.score for r in results])
+        if self.generation == before:
+            return []
+        best = self.best()[1]
+        self.early_stop.record(best)
+        label = generation_label(before, self.total_generations)
+        return [GenerationEnd(label, before, best, self.early_stop.previous_best, self.early_stop.countdown())]
+
+    def tell_genomes(self, genomes: list[Genome], scores: list[float]) -> None:
         for genome, score in zip(genomes, scores, strict=True):
             self.scores[genome.key] = score if math.isfinite(score) else math.inf
             self.genomes[genome.key] = genome
@@ -108,9 +187,19 @@ class CmaesOptimizer:
             self._tell_es(self.asked_keys[-1])
         self.generation += 1
 
-    def best(self) -> tuple[Genome, float]:
+    def best(self) -> tuple[str, float]:
         key = min(self.scores, key=lambda k: (self.scores[k], k))
-        return self.genomes[key], self.scores[key]
+        return key, self.scores[key]
+
+    def outstanding(self) -> list[Candidate]:
+        return [self.candidate(genome) for genome in self.pending.values()]
+
+    def position(self) -> str:
+        return generation_label(self.generation, self.total_generations)
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stop.stopped
 
     def _start(self) -> None:
         best_seed = min(self.seed_genomes, key=lambda g: (self.scores[g.key], g.key))
@@ -123,6 +212,8 @@ class CmaesOptimizer:
             "verbose": -9,
             "tolflatfitness": 10,  # the grid makes equal scores common; do not stop on a few flat generations
         }
+        import cma  # imported when a CMA-ES search starts: `cma` loads matplotlib, which status and export avoid
+
         self.es = cma.CMAEvolutionStrategy(x0, self.settings.cmaes.sigma, options)
 
     def _tell_es(self, keys: list[str]) -> None:
@@ -131,27 +222,26 @@ class CmaesOptimizer:
         failed = (max(finite) if finite else 0.0) + FAILED_SCORE_MARGIN
         self.es.tell(self._asked_x, [s if math.isfinite(s) else failed for s in scores])
 
-    # ---- persistence (replay, no pickle) ----
+    # ---- state (replay, no pickle) ----
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "cmaes",
-            "generation": self.generation,
-            "rng": None,
-            "population": self.population,
-            "told": [[self.genomes[k].to_json(), s if math.isfinite(s) else None] for k, s in self.scores.items()],
-            "asked_keys": [list(keys) for keys in self.asked_keys],
-        }
+    def state(self) -> CmaesState:
+        """The told scores and the keys of every generation told whole (one still out is asked again on resume: the
+        replayed instance samples it anew, the same)."""
+        return CmaesState(
+            generation=self.generation,
+            told=[[self.genomes[k].to_json(), json_score(s)] for k, s in self.scores.items()],
+            asked_keys=[list(keys) for keys in self.asked_keys[: max(0, self.generation - 1)]],
+            early_stop=self.early_stop.state(),
+        )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != "cmaes":
-            raise ValueError(f"kind: state.json holds a {state.get('kind')!r} optimizer, the config says cmaes")
-        self.genomes, self.scores = told_from_json(state["told"])
-        recorded = [[str(k) for k in keys] for keys in state["asked_keys"]]
-        generation = int(state["generation"])
+    def load_state(self, state: dict[str, Any] | CmaesState) -> None:
+        state = CmaesState.model_validate(state)
+        self.genomes, self.scores = told_from_json(state.told)
+        self.early_stop.load_state(state.early_stop)
+        recorded, generation = state.asked_keys, state.generation
         if generation != (len(recorded) + 1 if generation else 0):
             raise ValueError(f"generation {generation} does not match {len(recorded)} recorded CMA-ES generations")
-        self.asked_keys, self.generation = [], 0
+        self.asked_keys, self.generation, self.pending = [], 0, {}
         if generation == 0:
             return
         self._start()

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longrope.search.optimizers.gradient import RECORDED_DECIMALS, GradientDescent, Point
+from longrope.search.optimizers.gradient import RECORDED_DECIMALS, GradientDescent
+from longrope.search.optimizers.searcher import Candidate, Result
 
 
 @dataclass(frozen=True)
@@ -34,20 +35,20 @@ def replay(descent: GradientDescent, records: Mapping[str, dict[str, Any]], gene
     state, keys = None, []
     while True:
         if descent.generation == generation:
-            state = copy.deepcopy(descent.state_dict())  # it holds the descent's own dicts, which go on changing
-        if descent.stop():
+            state = copy.deepcopy(descent.state().model_dump(mode="json"))  # the descent's dicts go on changing
+        if descent.done():
             break
         points = descent.ask()
         found = [records.get(point.key) for point in points]
         if not points or not all(map(_recorded_as_asked, points, found)):
             break
-        descent.tell(points, found)
+        descent.tell([Result.of_record(record) for record in found])
         keys += [point.key for point in points]
     descent.pending = {}
     return Replay(state, descent.generation, tuple(keys))
 
 
-def _recorded_as_asked(point: Point, record: dict[str, Any] | None) -> bool:
+def _recorded_as_asked(point: Candidate, record: dict[str, Any] | None) -> bool:
     """A final history record of the point as the descent asks it: its factors (as recorded, 6 decimals), its
     attention factor when the descent sets one (otherwise the encoding's own is recorded) and, for a step, its
     gradient windows."""

@@ -22,23 +22,55 @@ Two schedules (`search.schedule`):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from longrope.search.config.search_section import SearchConfig
+from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
+from longrope.search.optimizers.labels import generation_label
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score, rank_score
 
 MAX_TRIES = 200  # redraws before giving up on one new candidate
 CROSSOVER_PASSES = 20  # the official max_crossover_try
 
 
-def rank_score(score: float) -> float:
-    return score if math.isfinite(score) else math.inf
+class EvolutionState(BaseModel):
+    """`DimMonoEvolution`'s state: the generator, every told genome and score, the parents, what is out."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    generation: int = Field(ge=0)
+    rng: dict[str, Any]  # the PCG64 generator's state
+    population: list[str]
+    told: list[list[Any]]  # [genome (Genome.to_json), score or null]
+    pending: list[list[Any]] = []  # asked, not yet told (steady: re-submitted on resume)
+    children_told: int = Field(default=0, ge=0)
+    generation_keys: list[str] = []  # what generation 0 / the current round asked
+    threshold: str | None = None  # generational racing: the worst parent when the generation was asked
+    early_stop: EarlyStopState = EarlyStopState()
+    exhausted: bool = False  # no new candidate could be made: the search is over
+
+    def told_scores(self) -> dict[str, float]:
+        return told_from_json(self.told)[1]
+
+    def parent_keys(self) -> list[str]:
+        return list(self.population)
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stop.stopped
 
 
 class DimMonoEvolution:
-    """ask() -> genomes to score; tell(genomes, scores); stop(); best(); state_dict() / load_state_dict()."""
+    """The release's GA as a `Searcher` (searcher.py): ask(count) -> candidates, tell(results), done(), best(),
+    threshold(), state() / load_state()."""
+
+    kind = "dim_mono"
+    state_model = EvolutionState
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
         self.settings = settings
@@ -56,6 +88,14 @@ class DimMonoEvolution:
         self._generation_keys: list[str] = []  # generation 0 / a generational round: what was asked
         self.seed_genomes = [grid.from_seed(seed) for seed in seeds]
         self.seed_names = {g.key: seed.name for g, seed in zip(self.seed_genomes, seeds, strict=True)}
+        self.early_stop = EarlyStop(settings.early_stop)
+        self.exhausted = False
+        self._threshold: str | None = None
+        self._arrived: dict[str, float] = {}  # scores of the generation out, until all of it is in
+
+    @classmethod
+    def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> DimMonoEvolution:
+        return cls(settings, grid, seeds)
 
     @property
     def total_generations(self) -> int:
@@ -64,8 +104,24 @@ class DimMonoEvolution:
 
     @property
     def budget(self) -> int:
-        """Evaluations the run asks for at most: the initial population and every generation's children."""
-        return self.settings.population + self.children_per_generation * self.settings.generations
+        return self.plan(self.settings, len(self.seed_genomes)).candidates
+
+    @staticmethod
+    def descent_steps(search) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return None
+
+    @staticmethod
+    def generations_range(search: SearchConfig) -> tuple[int, int]:
+        """How many generations a run makes, generation 0 included (fewest, most)."""
+        return 1 + search.generations, 1 + search.generations
+
+    @staticmethod
+    def plan(search: SearchConfig, seeds: int) -> SearchPlan:
+        """The initial population, then every generation's children; the steady schedule spends the same."""
+        children = search.mutations + search.crossovers
+        text = f"{search.population} + {search.generations} generations x {children}"
+        return SearchPlan(search.population + search.generations * children, 0, text)
 
     # ---- operators ----
 
@@ -116,32 +172,69 @@ class DimMonoEvolution:
                 return child
         return self.mutate(first, seen)
 
-    # ---- ask / tell ----
+    # ---- the searcher interface ----
 
-    def stop(self) -> bool:
+    def done(self) -> bool:
+        return self.early_stop.stopped or self.exhausted or self.budget_spent()
+
+    def budget_spent(self) -> bool:
         if self.steady and self.generation > 0:
             return self.children_told >= self.children_per_generation * self.settings.generations
         return self.generation >= self.total_generations
 
-    def ask(self, count: int | None = None) -> list[Genome]:
-        """New genomes to score (none scored or asked before).
+    def ask(self, count: int) -> list[Candidate]:
+        """New candidates to score (none scored or asked before).
 
-        Generation 0 (both schedules) and every generational round: the whole generation, `count` ignored.
-        Steady, after generation 0: up to `count` children (fewer near the budget; none while generation 0 is out).
-        """
+        Generation 0 (both schedules) and every generational round: the whole generation when none of it is out,
+        `count` ignored; nothing while it is out. Steady, after generation 0: up to `count` children (fewer near the
+        budget; none while generation 0 is out). A generation that breeds nothing new ends the search."""
+        if self.done():
+            return []
+        genomes = self.ask_genomes(count)
+        if not genomes and not self.pending:
+            self.exhausted = True
+        if genomes and not self.steady:
+            self._threshold = self.worst_parent()  # fixed for the generation: racing is deterministic
+        return [self.candidate(genome) for genome in genomes]
+
+    def ask_genomes(self, count: int) -> list[Genome]:
         if self.generation == 0 or not self.steady:
             if self.pending:
                 return []  # the generation is out; tell it first
             batch = self._initial_population() if self.generation == 0 else self._generation_children()
         else:
             room = self.children_per_generation * self.settings.generations - self.children_told - len(self.pending)
-            batch = self._children(min(count or 1, room))
+            batch = self._children(min(count, room))
         self.pending.update((g.key, g) for g in batch)
         return batch
 
-    def tell(self, genomes: list[Genome], scores: list[float]) -> None:
+    def candidate(self, genome: Genome) -> Candidate:
+        """A genome decoded: its factors and attention factor on the grid, its seed's name if it is a seed."""
+        return Candidate(
+            key=genome.key,
+            generation=self.generation,
+            factors=self.grid.factors(genome),
+            attention_factor=self.grid.attention_factor(genome),
+            n_hat=genome.n_hat,
+            seed=self.seed_names.get(genome.key),
+        )
+
+    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
         """Record scores; generational: once the generation is all told, keep the best `parents` of everything
-        alive (elitist); steady: each child joins the parents at once if it beats the worst of them."""
+        alive (elitist); steady: each child joins the parents at once if it beats the worst of them. Returns the
+        generation it completed, if any (its best recorded for the early stop)."""
+        before = self.generation
+        if self.steady and self.generation > 0:  # arrival order is the schedule itself
+            self.tell_genomes([self.pending[r.key] for r in results], [r.score for r in results])
+        else:  # a generation is told whole, in the order it was asked: the state is the same however results came
+            self._arrived.update((r.key, r.score) for r in results)
+            if self._arrived.keys() >= self.pending.keys():
+                keys = [key for key in self._generation_keys if key in self._arrived]
+                self.tell_genomes([self.pending[k] for k in keys], [self._arrived[k] for k in keys])
+                self._arrived = {}
+        return [self._generation_end(done) for done in range(before, self.generation)]
+
+    def tell_genomes(self, genomes: list[Genome], scores: list[float]) -> None:
         for genome, score in zip(genomes, scores, strict=True):
             self.scores[genome.key] = rank_score(float(score))
             self.genomes[genome.key] = genome
@@ -153,6 +246,28 @@ class DimMonoEvolution:
         elif not self.pending:
             self.population = self._best_of([*self.population, *self._generation_keys])
             self.generation += 1
+
+    def _generation_end(self, generation: int) -> GenerationEnd:
+        best = self.best()[1]
+        self.early_stop.record(best)
+        label = generation_label(generation, self.total_generations)
+        previous = self.early_stop.previous_best
+        return GenerationEnd(label, generation, best, previous, self.early_stop.countdown())
+
+    def threshold(self) -> str | None:
+        """The parent a racing child is compared with: the worst parent when its generation was asked
+        (generational), or of the moment (steady)."""
+        return self.worst_parent() if self.steady else self._threshold
+
+    def outstanding(self) -> list[Candidate]:
+        return [self.candidate(genome) for genome in self.pending.values()]
+
+    def position(self) -> str:
+        return generation_label(self.generation, self.total_generations)
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stop.stopped
 
     def adopt(self, genome: Genome, score: float) -> None:
         """A child made elsewhere (the hybrid's polished best, on the grid) and its score: it joins the parents
@@ -168,9 +283,9 @@ class DimMonoEvolution:
             return None
         return self.population[-1]
 
-    def best(self) -> tuple[Genome, float]:
+    def best(self) -> tuple[str, float]:
         key = min(self.scores, key=lambda k: (self.scores[k], k))
-        return self.genomes[key], self.scores[key]
+        return key, self.scores[key]
 
     # ---- breeding ----
 
@@ -228,30 +343,35 @@ class DimMonoEvolution:
         alive = set(keys)
         return sorted(alive, key=lambda key: (self.scores[key], key))[: self.settings.parents]
 
-    # ---- persistence ----
+    # ---- state ----
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "dim_mono",
-            "generation": self.generation,
-            "rng": self.rng.bit_generator.state,
-            "population": list(self.population),
-            "told": [[self.genomes[k].to_json(), _json_score(s)] for k, s in self.scores.items()],
-            "pending": [g.to_json() for g in self.pending.values()],
-            "children_told": self.children_told,
-            "generation_keys": list(self._generation_keys),
-        }
+    def state(self) -> EvolutionState:
+        return EvolutionState(
+            generation=self.generation,
+            rng=self.rng.bit_generator.state,
+            population=list(self.population),
+            told=[[self.genomes[k].to_json(), json_score(s)] for k, s in self.scores.items()],
+            pending=[g.to_json() for g in self.pending.values()],
+            children_told=self.children_told,
+            generation_keys=list(self._generation_keys),
+            threshold=self._threshold,
+            early_stop=self.early_stop.state(),
+            exhausted=self.exhausted,
+        )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind", "dim_mono") != "dim_mono":
-            raise ValueError(f"kind: state.json holds a {state.get('kind')!r} optimizer, the config says dim_mono")
-        self.generation = int(state["generation"])
-        self.rng.bit_generator.state = state["rng"]
-        self.genomes, self.scores = told_from_json(state["told"])
-        self.population = [str(key) for key in state["population"]]
-        self.pending = {g.key: g for g in (Genome.from_json(item) for item in state.get("pending", []))}
-        self.children_told = int(state.get("children_told", 0))
-        self._generation_keys = [str(key) for key in state.get("generation_keys", [])]
+    def load_state(self, state: dict[str, Any] | EvolutionState) -> None:
+        state = EvolutionState.model_validate(state)
+        self.generation = state.generation
+        self.rng.bit_generator.state = state.rng
+        self.genomes, self.scores = told_from_json(state.told)
+        self.population = list(state.population)
+        self.pending = {g.key: g for g in (Genome.from_json(item) for item in state.pending)}
+        self.children_told = state.children_told
+        self._generation_keys = list(state.generation_keys)
+        self._threshold = state.threshold
+        self._arrived = {}
+        self.early_stop.load_state(state.early_stop)
+        self.exhausted = state.exhausted
         unknown = [key for key in self.population if key not in self.genomes]
         if unknown:
             raise ValueError(f"population holds {unknown[0]}, which is not among the told genomes")
@@ -268,7 +388,3 @@ def told_from_json(told: list) -> tuple[dict[str, Genome], dict[str, float]]:
             key, genomes[genome.key] = genome.key, genome
         scores[key] = math.inf if score is None else float(score)
     return genomes, scores
-
-
-def _json_score(score: float) -> float | None:
-    return score if math.isfinite(score) else None

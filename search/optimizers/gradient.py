@@ -13,10 +13,10 @@ the LongRoPE paper's bound), whatever u is; the slack logit lets the last pair s
 arXiv 1412.6980, with its default betas 0.9 / 0.999 and eps 1e-8) steps u on the chain-ruled gradient
 (`Parametrization.pullback`).
 
-`GradientDescent` has the ask/tell shape of the other optimizers, and its generations are: 0, the seeds scored on
-every search window (forward only, as the GA's generation 0); 1..steps, one point each, its factors rounded to 6
-decimals (what history.jsonl records is exactly what was scored), with a backward pass on the step's gradient
-windows and a forward pass on the others; then one last generation, the best point rounded to the search grid,
+`GradientDescent` is a `Searcher` (searcher.py) like the other optimizers, and its generations are: 0, the seeds
+scored on every search window (forward only, as the GA's generation 0); 1..steps, one point each, its factors
+rounded to 6 decimals (what history.jsonl records is exactly what was scored), with a backward pass on the step's
+gradient windows and a forward pass on the others; then one last generation, the best point rounded to the search grid,
 scored forward, so the export is the grid's factors only when they do not lose (`best_of` picks). The search
 windows are split: the last `holdout_windows` are never in a gradient, and a step whose mean NLL on them has not
 improved by `min_improvement` for `patience` steps ends the descent. Its whole state (u, Adam's moments, the
@@ -28,15 +28,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.descent_state import DescentState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
-from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.optimizers.labels import generation_label
+from longrope.search.optimizers.objective import ObjectiveMix, subset_mix
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -143,18 +147,6 @@ class Adam:
         return cls(learning_rate, np.asarray(state["m"], float), np.asarray(state["v"], float), int(state["t"]))
 
 
-@dataclass(frozen=True)
-class Point:
-    """What the coordinator scores for descent: a candidate off the grid (or on it, the final rounding), with the
-    window range whose backward pass is asked for (None: forward only)."""
-
-    key: str
-    factors: np.ndarray
-    attention_factor: float | None
-    gradient_windows: tuple[int, int] | None = None
-    genome: Genome | None = None  # the grid's genome, for a point on the grid (a seed, the final rounding)
-
-
 def point_key(factors: np.ndarray, attention_factor: float | None) -> str:
     """A descent point's identity: its recorded values (a grid candidate's key hashes its grid steps instead)."""
     payload = json.dumps(["descent", [round(float(f), RECORDED_DECIMALS) for f in factors], attention_factor])
@@ -186,27 +178,28 @@ class WindowSplit:
         return self.gradient, self.total
 
 
-def subset_mix(mix: ObjectiveMix, windows: tuple[int, int]) -> ObjectiveMix:
-    """The objective over a range of the search windows: the same objectives and weights, those windows only."""
-    objectives = mix.objectives[windows[0] : windows[1]]
-    return ObjectiveMix(objectives, tuple((name, w) for name, w in mix.weights if name in objectives))
+class GradientState(BaseModel):
+    """`GradientDescent`'s state: the generation, every told point's score (by key), and the descent itself."""
 
+    model_config = ConfigDict(strict=True, extra="forbid")
 
-def objective_gradient(mix: ObjectiveMix, tokens, per_window_gradients) -> np.ndarray:
-    """d mix.mean_nll / d parameters from each window's d nll_j / d parameters: the mix is linear in the nll_j,
-    mean = sum_o w_o (sum_{j in o} nll_j / T_o) / sum_o w_o, so its gradient is sum_j w_o(j) / (W T_o(j)) grad_j."""
-    weights, total = dict(mix.weights), sum(w for _, w in mix.weights)
-    counts = {name: sum(t for t, kind in zip(tokens, mix.objectives, strict=True) if kind == name) for name in weights}
-    grads = np.asarray(per_window_gradients, dtype=np.float64)
-    coefficients = np.array([weights[kind] / (total * counts[kind]) for kind in mix.objectives])
-    return coefficients @ grads
+    generation: int = Field(ge=0)
+    told: list[list[Any]]  # [key, score or null]
+    descent: DescentState
+
+    def told_scores(self) -> dict[str, float]:
+        return {str(key): math.inf if score is None else float(score) for key, score in self.told}
+
+    def parent_keys(self) -> list[str]:
+        return []
 
 
 class GradientDescent:
-    """ask() -> points; tell(points, records); stop(); best(); state_dict() / load_state_dict(). See the module
-    docstring for its generations. `start` skips the seeds: descent from a given point (the hybrid's polish)."""
+    """Descent as a `Searcher` (searcher.py); see the module docstring for its generations. `start` skips the
+    seeds: descent from a given point (the hybrid's polish)."""
 
     kind = "gradient"
+    state_model = GradientState
 
     def __init__(
         self,
@@ -240,31 +233,61 @@ class GradientDescent:
         self.since_gain = 0
         self.rounded = False  # the last generation (the best point on the grid) is told
         self.final: Genome | None = None  # that point's genome
-        self.pending: dict[str, Point] = {}
+        self.pending: dict[str, Candidate] = {}
+        self._asked: list[Candidate] = []  # the generation out now, in the order asked
+        self._results: dict[str, Result] = {}  # its results told so far
+        self._genomes: dict[str, Genome] = {}  # the asked points that lie on the grid (seeds, the rounding)
 
-    # ---- the optimizer interface the coordinator uses ----
+    @classmethod
+    def from_config(cls, settings, grid: GenomeGrid, seeds: list[Seed], mix: ObjectiveMix | None) -> GradientDescent:
+        """The configured descent (`settings`: the search section); the search windows' objective mix is needed
+        to hold some windows out and to weigh the others' gradients."""
+        if mix is None:
+            raise ValueError("optimizer 'gradient': the search windows' objective mix is needed")
+        return cls(settings.gradient, grid, seeds, mix)
+
+    # ---- the searcher interface ----
 
     @property
     def total_generations(self) -> int:
         """Generation 0 (the seeds), `steps` steps, the rounding to the grid."""
         return 2 + self.steps
 
+    def threshold(self) -> str | None:
+        return None  # one point a generation: nothing to race
+
     @property
-    def population(self) -> list[str]:
-        return [self.best()[0]] if self.scores else []
+    def budget(self) -> int:
+        return len(self.seed_genomes) + self.steps + 1
 
-    def worst_parent(self) -> str | None:
-        return None
+    @staticmethod
+    def descent_steps(search) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return search.gradient.steps
 
-    def stop(self) -> bool:
+    @staticmethod
+    def generations_range(search) -> tuple[int, int]:
+        """The seeds, the steps, the best point rounded to the grid."""
+        return 2 + search.gradient.steps, 2 + search.gradient.steps
+
+    @staticmethod
+    def plan(search, seeds: int) -> SearchPlan:
+        """The seeds, one point per step (each with a backward pass on its gradient windows), then the best point
+        rounded to the grid."""
+        steps = search.gradient.steps
+        return SearchPlan(seeds + steps + 1, steps, f"{seeds} seeds + {steps} steps + 1 on the grid")
+
+    def done(self) -> bool:
         return self.rounded
 
     def best(self) -> tuple[str, float]:
         key = min(self.scores, key=lambda k: (self.scores[k], k))
         return key, self.scores[key]
 
-    def ask(self) -> list[Point]:
-        if self.pending:
+    def ask(self, count: int = 1) -> list[Candidate]:
+        """The next generation when none of it is out: the seeds, one step's point, or the best point on the grid
+        (`count` ignored: a generation is what it is)."""
+        if self.pending or self.done():
             return []
         if self.u is None:
             batch = [self._grid_point(genome) for genome in self.seed_genomes]
@@ -273,26 +296,50 @@ class GradientDescent:
         else:
             batch = [self._rounded_point()]
         self.pending = {point.key: point for point in batch}
+        self._asked = list(batch)
         return batch
 
-    def tell(self, points: list[Point], records: list[dict[str, Any]]) -> None:
-        """Take each point's history record (its mean NLL on every window, and for a step its objective's gradient
-        on the step's windows); a whole generation told moves descent on."""
-        for point, record in zip(points, records, strict=True):
-            score = record["mean_nll"]
-            self.scores[point.key] = math.inf if score is None else float(score)
-            self.points[point.key] = [record["factors"], record["attention_factor"]]
-            self.pending.pop(point.key, None)
-        if self.pending:
-            return
+    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+        """Take each point's result (its mean NLL on every window, and for a step its objective's gradient on the
+        step's windows); a whole generation told moves descent on."""
+        self._results.update((result.key, result) for result in results)
+        if self._results.keys() < self.pending.keys():
+            return []
+        told, self._asked, self.pending = self._asked, [], {}
+        for point in told:  # in the order asked: the state is the same however results came
+            result = self._results[point.key]
+            self.scores[point.key] = result.score
+            self.points[point.key] = [list(result.factors), result.attention_factor]
+        step_result, self._results = self._results[told[0].key], {}
+        before = self.generation
         if self.u is None:
-            best = min(points, key=lambda p: (self.scores[p.key], p.key))
+            best = min(told, key=lambda p: (self.scores[p.key], p.key))
             self.u = self.param.inverse(best.factors, best.attention_factor)
-        elif not self._descending() or points[0].genome is not None:
-            self.rounded, self.final = True, points[0].genome
+        elif not self._descending() or told[0].key in self._genomes:
+            self.rounded, self.final = True, self._genomes[told[0].key]
         else:
-            self._descend(points[0], records[0])
+            self._descend(told[0], step_result)
         self.generation += 1
+        return [self._generation_end(before, {point.key for point in told})]
+
+    def _generation_end(self, generation: int, told: set[str]) -> GenerationEnd:
+        previous = min((score for key, score in self.scores.items() if key not in told), default=math.inf)
+        label = generation_label(generation, self.total_generations, self.steps)
+        return GenerationEnd(label, generation, self.best()[1], previous, self.countdown())
+
+    def countdown(self) -> str:
+        """The held-out stop's countdown: steps since the held-out windows' NLL last gained `min_improvement`."""
+        if not self.patience or not self.since_gain:
+            return ""
+        stop = ": early stop" if self.stopped_early else ""
+        gain = f"no gain >= {self.settings.min_improvement:g}"
+        return f"  held-out: {gain} for {self.since_gain}/{self.patience} steps{stop}"
+
+    def outstanding(self) -> list[Candidate]:
+        return list(self.pending.values())
+
+    def position(self) -> str:
+        return generation_label(self.generation, self.total_generations, self.steps)
 
     # ---- descent ----
 
@@ -304,18 +351,19 @@ class GradientDescent:
     def stopped_early(self) -> bool:
         return self.patience is not None and self.since_gain >= self.patience and self.generation <= self.steps
 
-    def _step_point(self) -> Point:
+    def _step_point(self) -> Candidate:
         factors = np.round(self.param.factors(self.u), RECORDED_DECIMALS)
         attention = self.param.attention_factor(self.u)
         attention = None if attention is None else round(attention, RECORDED_DECIMALS)
-        return Point(point_key(factors, attention), factors, attention, self.split.block(self.generation))
+        key = point_key(factors, attention)
+        return Candidate(key, self.generation, factors, attention, gradient_windows=self.split.block(self.generation))
 
-    def _descend(self, point: Point, record: dict[str, Any]) -> None:
-        gradient = record.get("gradient")
+    def _descend(self, point: Candidate, result: Result) -> None:
+        gradient = result.gradient
         if gradient is None or not all(math.isfinite(v) for v in gradient):
             self.since_gain = self.patience or self.steps  # no finite gradient: nothing to descend on
             return
-        held_out = self._held_out_nll(record)
+        held_out = self._held_out_nll(result)
         if held_out < self.best_held_out - self.settings.min_improvement:
             self.best_held_out, self.since_gain = held_out, 0
         else:
@@ -323,12 +371,12 @@ class GradientDescent:
         grad_u = self.param.pullback(self.u, np.asarray(gradient[: self.grid.pairs]), float(gradient[self.grid.pairs]))
         self.u = self.adam.step(self.u, grad_u)
 
-    def _held_out_nll(self, record: dict[str, Any]) -> float:
+    def _held_out_nll(self, result: Result) -> float:
         start, stop = self.split.held_out
-        nll = record["nll"][start:stop]
+        nll = result.nll[start:stop]
         if any(v is None for v in nll):
             return math.inf
-        return subset_mix(self.mix, (start, stop)).mean_nll(nll, record["tokens"][start:stop])
+        return subset_mix(self.mix, (start, stop)).mean_nll(nll, result.tokens[start:stop])
 
     def rounded_genome(self) -> Genome:
         """The descent's result on the grid (told in its last generation)."""
@@ -336,55 +384,52 @@ class GradientDescent:
             raise ValueError("the descent has not rounded its best point to the grid yet")
         return self.final
 
-    def _grid_point(self, genome: Genome) -> Point:
-        return Point(genome.key, self.grid.factors(genome), self.grid.attention_factor(genome), None, genome)
+    def _grid_point(self, genome: Genome) -> Candidate:
+        self._genomes[genome.key] = genome
+        return Candidate(
+            genome.key,
+            self.generation,
+            self.grid.factors(genome),
+            self.grid.attention_factor(genome),
+            seed=self.seed_names.get(genome.key),
+        )
 
-    def _rounded_point(self) -> Point:
+    def _rounded_point(self) -> Candidate:
         key, _ = self.best()
         factors, attention = self.points[key]
         return self._grid_point(self.grid.genome(np.asarray(factors), attention))
 
     # ---- state ----
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "generation": self.generation,
-            "rng": None,
-            "population": self.population,
-            "told": [[key, _json_score(score)] for key, score in self.scores.items()],
-            "descent": {
-                "u": None if self.u is None else self.u.tolist(),
-                "adam": self.adam.state_dict(),
-                "best_held_out": _json_score(self.best_held_out),
-                "since_gain": self.since_gain,
-                "rounded": self.rounded,
-                "final": None if self.final is None else self.final.to_json(),
-                "points": self.points,
-            },
-        }
+    def state(self) -> GradientState:
+        descent = DescentState(
+            u=None if self.u is None else self.u.tolist(),
+            adam=self.adam.state_dict(),
+            best_held_out=json_score(self.best_held_out),
+            since_gain=self.since_gain,
+            rounded=self.rounded,
+            final=None if self.final is None else self.final.to_json(),
+            points=self.points,
+        )
+        told = [[key, json_score(score)] for key, score in self.scores.items()]
+        return GradientState(generation=self.generation, told=told, descent=descent)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind:
-            raise ValueError(f"kind: state.json holds a {state.get('kind')!r} optimizer, the config says {self.kind}")
-        descent = DescentState.model_validate(state["descent"]).model_dump()  # typed and finite, or ValueError
-        self.generation = int(state["generation"])
-        self.scores = {str(key): math.inf if score is None else float(score) for key, score in state["told"]}
-        self.points = {str(key): list(value) for key, value in descent["points"].items()}
-        self.u = None if descent["u"] is None else np.asarray(descent["u"], dtype=np.float64)
-        for name, values in (("u", descent["u"]), ("adam.m", descent["adam"]["m"])):
+    def load_state(self, state: dict[str, Any] | GradientState) -> None:
+        state = GradientState.model_validate(state)
+        descent = state.descent
+        self.generation = state.generation
+        self.scores = {str(key): math.inf if score is None else float(score) for key, score in state.told}
+        self.points = {str(key): list(value) for key, value in descent.points.items()}
+        self.u = None if descent.u is None else np.asarray(descent.u, dtype=np.float64)
+        for name, values in (("u", descent.u), ("adam.m", descent.adam.m)):
             if values is not None and len(values) != self.param.size:
                 raise ValueError(f"descent.{name}: {len(values)} values, the run's space has {self.param.size}")
-        self.adam = Adam.from_state(self.learning_rate, descent["adam"])
-        self.best_held_out = math.inf if descent["best_held_out"] is None else float(descent["best_held_out"])
-        self.since_gain = int(descent["since_gain"])
-        self.rounded = bool(descent["rounded"])
-        self.final = None if descent.get("final") is None else Genome.from_json(descent["final"])
-        self.pending = {}
-
-
-def _json_score(score: float) -> float | None:
-    return score if math.isfinite(score) else None
+        self.adam = Adam.from_state(self.learning_rate, descent.adam.model_dump())
+        self.best_held_out = math.inf if descent.best_held_out is None else float(descent.best_held_out)
+        self.since_gain = descent.since_gain
+        self.rounded = descent.rounded
+        self.final = None if descent.final is None else Genome.from_json(descent.final)
+        self.pending, self._asked, self._results = {}, [], {}
 
 
 def _unique_genomes(genomes: list[Genome]) -> list[Genome]:

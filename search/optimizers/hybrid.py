@@ -1,28 +1,61 @@
-"""The hybrid optimizer (issue 20): LongRoPE's evolution, with its best candidate polished by gradient steps every
-`search.gradient.polish_every` generations, the polished point rounded to the grid entering the population as a
-child (a memetic search: Moscato 1989; the GA explores, descent refines what it found).
+"""The hybrid optimizer: LongRoPE's evolution, with its best candidate polished by gradient steps every
+`search.gradient.polish_every` generations and after its last, the polished point rounded to the grid entering the
+population as a child (a memetic search: Moscato 1989; the GA explores, descent refines what it found).
 
-The evolution is the release's `DimMonoEvolution`, untouched; the polish is a `GradientDescent` started at the
-evolution's best (no seeds, no held-out stopping: `polish_steps` steps at `polish_learning_rate`, then its best
-point rounded to the grid), run by the coordinator between two generations. Both states are JSON in state.json
-(a polish in progress included), so a killed hybrid run resumes exactly where it stopped.
+A composition of two searchers (searcher.py): the release's `DimMonoEvolution`, untouched, and a `GradientDescent`
+started at the evolution's best (no seeds, no held-out stopping: `polish_steps` steps at `polish_learning_rate`,
+then its best point rounded to the grid). Asks and tells go to whichever is running; a polish runs between two
+generations, once the generation before it is all told. Both states are JSON in state.json (a polish in progress
+included), so a killed hybrid run resumes exactly where it stopped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from longrope.search.config.search_section import SearchConfig
-from longrope.search.optimizers.evolution import DimMonoEvolution
+from longrope.search.optimizers.evolution import DimMonoEvolution, EvolutionState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
-from longrope.search.optimizers.gradient import GradientDescent
+from longrope.search.optimizers.gradient import GradientDescent, GradientState
+from longrope.search.optimizers.labels import generation_label, polish_position
 from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan
+
+
+class HybridState(BaseModel):
+    """`HybridSearch`'s state: the evolution's, a polish in progress (or none), the last generation polished."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    evolution: EvolutionState
+    polish: GradientState | None = None
+    polished_through: int = Field(default=0, ge=0)
+
+    @property
+    def generation(self) -> int:
+        return self.evolution.generation
+
+    def told_scores(self) -> dict[str, float]:
+        polish = self.polish.told_scores() if self.polish is not None else {}
+        return {**self.evolution.told_scores(), **polish}
+
+    def parent_keys(self) -> list[str]:
+        return self.evolution.parent_keys()
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.evolution.stopped_early
 
 
 class HybridSearch:
-    """DimMonoEvolution's ask/tell interface, plus `polish_due()`, `polisher()` and `adopt_polish()`."""
+    """The evolution and its polishes as one `Searcher` (see the module docstring)."""
 
     kind = "hybrid"
+    state_model = HybridState
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix: ObjectiveMix):
         self.settings, self.grid, self.mix = settings, grid, mix
@@ -30,7 +63,11 @@ class HybridSearch:
         self.polish: GradientDescent | None = None
         self.polished_through = 0  # the last generation whose best was polished
 
-    # ---- the evolution's interface ----
+    @classmethod
+    def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix: ObjectiveMix | None):
+        if mix is None:
+            raise ValueError("optimizer 'hybrid': the search windows' objective mix is needed")
+        return cls(settings, grid, seeds, mix)
 
     @property
     def generation(self) -> int:
@@ -41,82 +78,110 @@ class HybridSearch:
         return self.evolution.total_generations
 
     @property
-    def seed_names(self) -> dict[str, str]:
-        return self.evolution.seed_names
+    def budget(self) -> int:
+        return self.plan(self.settings, len(self.evolution.seed_genomes)).candidates
 
-    @property
-    def scores(self) -> dict[str, float]:
-        return self.evolution.scores
+    @staticmethod
+    def descent_steps(search) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return None
 
-    @property
-    def pending(self) -> dict[str, Genome]:
-        return self.evolution.pending
+    @staticmethod
+    def generations_range(search: SearchConfig) -> tuple[int, int]:
+        return DimMonoEvolution.generations_range(search)  # the polishes run between the GA's generations
 
-    @property
-    def population(self) -> list[str]:
-        return self.evolution.population
+    @staticmethod
+    def plan(search: SearchConfig, seeds: int) -> SearchPlan:
+        """The GA's budget, plus each polish's steps (with a backward pass) and its best rounded to the grid."""
+        ga, gradient = DimMonoEvolution.plan(search, seeds), search.gradient
+        polishes = gradient.polishes(search.generations)
+        word = "polish" if polishes == 1 else "polishes"
+        text = f"{ga.text} + {polishes} {word} x ({gradient.polish_steps} steps + 1 on the grid)"
+        return SearchPlan(
+            ga.candidates + polishes * (gradient.polish_steps + 1), polishes * gradient.polish_steps, text
+        )
 
-    def ask(self, count: int | None = None) -> list[Genome]:
+    # ---- the searcher interface ----
+
+    def ask(self, count: int) -> list[Candidate]:
+        if self.polish is None and self.polish_due():
+            self.polish = polish_descent(self.settings, self.grid, self.mix, self._evolution_best())
+        if self.polish is not None:  # its steps carry the generation the evolution is at (after the one polished)
+            return [replace(c, generation=self.evolution.generation) for c in self.polish.ask(count)]
         return self.evolution.ask(count)
 
-    def tell(self, genomes: list[Genome], scores: list[float]) -> None:
-        self.evolution.tell(genomes, scores)
+    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+        if self.polish is None or any(r.key not in self.polish.pending for r in results):
+            return self.evolution.tell(results)
+        after = self.evolution.generation - 1
+        ends = [self._polish_end(end, after) for end in self.polish.tell(results)]
+        if self.polish.done():
+            rounded = self.polish.rounded_genome()
+            self.evolution.adopt(rounded, self.polish.scores[rounded.key])
+            self.polished_through, self.polish = after, None
+        return ends
 
-    def stop(self) -> bool:
-        return self.evolution.stop() and not self.polish_due()
+    def _polish_end(self, end: GenerationEnd, after: int) -> GenerationEnd:
+        """A polish step's line: which polish, which step (the one just told), the polish's own best."""
+        steps, done = self.polish.steps, end.generation - 1
+        label = f"polish after generation {after}, {polish_position(done, steps)}"
+        return GenerationEnd(label, after, end.best, end.previous_best, polish=True)
 
-    def best(self) -> tuple[Genome, float]:
-        return self.evolution.best()
+    def done(self) -> bool:
+        return self.evolution.done() and self.polish is None and not self.polish_due()
 
-    def worst_parent(self) -> str | None:
-        return self.evolution.worst_parent()
-
-    # ---- the polish ----
-
-    def polish_due(self, ending: bool = False) -> bool:
-        """A polish is under way, or the generation just done is not polished yet and is a multiple of
-        polish_every, or the evolution's last: its final generation, or `ending` (the coordinator's early stop,
-        or no new child could be made). The final best is always polished: the polish's gain is largest where the
-        GA has converged (the issue's probe: 3.69 -> 3.63 held-out from the demo's final factors)."""
+    def polish_due(self) -> bool:
+        """A polish is under way, or the generation just done is all told, not polished yet, and a multiple of
+        polish_every or the evolution's last (its final generation, its early stop, or no new child possible).
+        The final best is always polished: the polish's gain is largest where the GA has converged."""
         if self.polish is not None:
             return True
         done, last = self.evolution.generation - 1, self.evolution.total_generations - 1
-        if done <= self.polished_through:
+        if done <= self.polished_through or self.evolution.pending:
             return False
-        return self.settings.gradient.polishes_after(done, last, ending or self.evolution.stop())
+        return self.settings.gradient.polishes_after(done, last, self.evolution.done())
 
-    def polisher(self) -> GradientDescent:
-        """The polish under way, or a new one from the evolution's best."""
-        if self.polish is None:
-            self.polish = polish_descent(self.settings, self.grid, self.mix, self.evolution.best()[0])
-        return self.polish
+    def best(self) -> tuple[str, float]:
+        return self.evolution.best()
 
-    def adopt_polish(self) -> Genome:
-        """The finished polish's result (its best point on the grid) joins the evolution as a child."""
-        rounded = self.polish.rounded_genome()
-        self.evolution.adopt(rounded, self.polish.scores[rounded.key])
-        self.polished_through, self.polish = self.evolution.generation - 1, None
-        return rounded
+    def threshold(self) -> str | None:
+        return None if self.polish is not None else self.evolution.threshold()
+
+    def outstanding(self) -> list[Candidate]:
+        return self.polish.outstanding() if self.polish is not None else self.evolution.outstanding()
+
+    def position(self) -> str:
+        """Where the run goes on from: its next generation, or the polish between two generations, as "the polish
+        after generation g/last, step k/n" (its steps carry the generation after g, which printed as a generation
+        would read as past the run's end)."""
+        if not self.polish_due():
+            return self.evolution.position()
+        steps_done = 0 if self.polish is None else self.polish.generation - 1
+        done, last = self.evolution.generation - 1, self.total_generations - 1
+        where = polish_position(steps_done, self.settings.gradient.polish_steps)
+        return f"the polish after {generation_label(done, last + 1).removesuffix(' (initial population)')}, {where}"
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.evolution.stopped_early
+
+    def _evolution_best(self) -> Genome:
+        return self.evolution.genomes[self.evolution.best()[0]]
 
     # ---- state ----
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            **self.evolution.state_dict(),
-            "kind": self.kind,
-            "polish": None if self.polish is None else self.polish.state_dict(),
-            "polished_through": self.polished_through,
-        }
+    def state(self) -> HybridState:
+        polish = None if self.polish is None else self.polish.state()
+        return HybridState(evolution=self.evolution.state(), polish=polish, polished_through=self.polished_through)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind:
-            raise ValueError(f"kind: state.json holds a {state.get('kind')!r} optimizer, the config says hybrid")
-        self.evolution.load_state_dict({**state, "kind": "dim_mono"})
-        self.polished_through = int(state.get("polished_through", 0))
+    def load_state(self, state: dict[str, Any] | HybridState) -> None:
+        state = HybridState.model_validate(state)
+        self.evolution.load_state(state.evolution)
+        self.polished_through = state.polished_through
         self.polish = None
-        if state.get("polish") is not None:
-            self.polish = polish_descent(self.settings, self.grid, self.mix, self.evolution.best()[0])
-            self.polish.load_state_dict(state["polish"])
+        if state.polish is not None:
+            self.polish = polish_descent(self.settings, self.grid, self.mix, self._evolution_best())
+            self.polish.load_state(state.polish)
 
 
 def polish_descent(settings: SearchConfig, grid: GenomeGrid, mix: ObjectiveMix, start: Genome) -> GradientDescent:

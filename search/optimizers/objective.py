@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class ObjectiveMix:
@@ -57,3 +59,19 @@ class ObjectiveMix:
             return self.weights[0][0]
         total = sum(weight for _, weight in self.weights)
         return " + ".join(f"{weight / total:g} {name}" for name, weight in self.weights)
+
+
+def subset_mix(mix: ObjectiveMix, windows: tuple[int, int]) -> ObjectiveMix:
+    """The objective over a range of the search windows: the same objectives and weights, those windows only."""
+    objectives = mix.objectives[windows[0] : windows[1]]
+    return ObjectiveMix(objectives, tuple((name, w) for name, w in mix.weights if name in objectives))
+
+
+def objective_gradient(mix: ObjectiveMix, tokens, per_window_gradients) -> np.ndarray:
+    """d mix.mean_nll / d parameters from each window's d nll_j / d parameters: the mix is linear in the nll_j,
+    mean = sum_o w_o (sum_{j in o} nll_j / T_o) / sum_o w_o, so its gradient is sum_j w_o(j) / (W T_o(j)) grad_j."""
+    weights, total = dict(mix.weights), sum(w for _, w in mix.weights)
+    counts = {name: sum(t for t, kind in zip(tokens, mix.objectives, strict=True) if kind == name) for name in weights}
+    grads = np.asarray(per_window_gradients, dtype=np.float64)
+    coefficients = np.array([weights[kind] / (total * counts[kind]) for kind in mix.objectives])
+    return coefficients @ grads

@@ -1,54 +1,42 @@
-"""The coordinator: the only piece that knows both the optimizer and the evaluator (the Ray worker pool).
+"""The coordinator: the only piece that knows both the searcher (the optimizer) and the evaluator (the worker pool).
 
-Its loop reads like pycma's: `while not opt.stop(): genomes = opt.ask(); opt.tell(genomes, scores)`, with the
-optimizer passed in (`optimizers/factory.make_optimizer`). Each genome is decoded once into a `Candidate`; the candidate
-is scored window group by window group (`racing.window_groups`: all windows at once unless racing is on), every
-result is appended to history.jsonl the moment it arrives, and with racing a child that is clearly worse than the
-worst parent is stopped (`racing.clearly_worse`), recorded with status "stopped", and told to the optimizer as
-ranking last, so it is never a parent and never the best.
+One loop for every optimizer: keep the evaluator's capacity full by asking the searcher for as many candidates as
+there is room for (`searcher.ask(room)`), tell each result the moment its candidate is complete, and ask again. A
+generational search answers an ask with nothing until its generation is told, a steady one with children at once,
+descent with one point: the loop is the same (search/optimizers/searcher.py).
 
-Schedules (`search.schedule`):
-- generational: one generation out at a time; the racing threshold is fixed when the generation is asked, so the
-  run is deterministic and a resumed run reaches exactly the result of an uninterrupted one; state.json is written
-  after every generation;
-- steady: after generation 0 (scored as one batch), the evaluator's `capacity` candidates are kept out until the
-  budget runs low; each result is told as it arrives, new children are asked for at once, the threshold is the
-  worst parent of the moment, and state.json (with the asked, untold candidates) is written after every result,
-  once the children it asked for are out. A resumed steady run re-submits the untold candidates and takes every
-  score history.jsonl holds, so nothing is lost and nothing is scored twice.
+How a candidate is scored is decided here, where the workers are:
+- its windows go out in groups (`racing.window_groups`: all at once unless racing is on), and with racing a child
+  that is clearly worse than the searcher's threshold (its worst parent) is stopped (`racing.clearly_worse`),
+  recorded with status "stopped" and told as ranking last;
+- a candidate that asks for a gradient (`Candidate.gradient_windows`) sends those windows out with a backward pass,
+  one chunk per worker (data-parallel, each returning its windows' gradients), and the others forward only;
+- every result is appended to history.jsonl as it arrives (one record type, `history_record`), so a crash loses
+  nothing; a resumed run tells the searcher what history.jsonl holds instead of scoring it again, and continues a
+  partly raced candidate from its next window.
 
-On resume, the optimizer is restored from state.json (or, without one, started afresh from the same seed, which
-asks for the candidates already recorded), and a candidate with a "partial" record continues from its next window.
-
-Progress: generations are numbered from 0, the initial population (seeds and their mutations), to
-`total_generations - 1`; one plain line per generation (best search-split perplexity, "new best", the early-stop
-countdown, `generation_log.py`) goes to the reporter with the progress (`reporting.py`): the command line draws a
-live bar on a terminal, and piped output (nohup, `ray job logs`) gets the lines alone, as they happen. The descent
-loop (gradient steps, the hybrid's polish) is `descent_loop.py`. While it runs the coordinator keeps heartbeat.json
-(`heartbeat.py`) for `status`; nothing it writes there feeds back into the search. After every generation (and
-descent or polish step) it tells its `ProgressWatcher` where the run stands: with `search.tensorboard: true`,
-TensorBoard scalars in RUN/tensorboard/ (`tensorboard_scalars.py`), which feed nothing back either.
+state.json is written whenever a tell ended a generation or the searcher handed out new candidates, once they are
+out: `{"optimizer": {"kind", "state"}}` (the searcher's own model) and the run's timings. One plain line per
+generation (and per polish step) goes to the reporter (`generation_log.py`); heartbeat.json says the run is alive
+(`heartbeat.py`); a `ProgressWatcher` (TensorBoard scalars) hears where the run stands. None of them feeds back.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from longrope.encodings import RopeMethod
 from longrope.search.config.search_section import SearchConfig
-from longrope.search.optimizers.factory import Optimizer
-from longrope.search.optimizers.genome import Genome
-from longrope.search.optimizers.racing import clearly_worse, window_groups
-from longrope.search.run.descent_loop import DescentLoop
-from longrope.search.run.generation_log import (
-    countdown_text,
-    generation_line,
-    held_out_countdown_text,
-    resume_position,
-)
+from longrope.search.optimizers.factory import search_plan
+from longrope.search.optimizers.objective import objective_gradient, subset_mix
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, Searcher
+from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
+from longrope.search.run.racing import clearly_worse, window_groups
 from longrope.search.run.reporting import Progress, ProgressWatcher, SearchReporter, SilentReporter
 from longrope.search.run.run_check import check_history_holds
 from longrope.search.run.run_store import (
@@ -61,117 +49,83 @@ from longrope.search.run.run_store import (
     final_count,
     window_passes,
 )
-from longrope.search.run.search_problem import Candidate, Evaluator, SearchProblem
+from longrope.search.run.search_problem import Evaluator, SearchProblem
 from longrope.search.run.tensorboard_scalars import TENSORBOARD_DIR, TensorBoardScalars
 from longrope.workers.scorer import CandidateScore
 
 
 @dataclass
-class _Race:
-    """A candidate being scored: the per-window results so far (all of them, in window order)."""
+class _Task:
+    """A candidate being scored: its encoding, and its window ranges' results so far, by their first window."""
 
     candidate: Candidate
-    nll: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+    method: RopeMethod
+    parts: dict[int, CandidateScore] = field(default_factory=dict)
+
+    def scored_windows(self) -> int:
+        return sum(len(part.nll) for part in self.parts.values())
+
+    def assembled(self) -> tuple[list[float], list[int], list]:
+        """(nll, tokens, per-window gradients or None) of the windows scored so far, in window order."""
+        nll, tokens, gradients = [], [], []
+        for start in sorted(self.parts):
+            part = self.parts[start]
+            nll += [math.nan if v is None else float(v) for v in part.nll]
+            tokens += [int(t) for t in part.tokens]
+            gradients += list(part.gradient) if getattr(part, "gradient", None) else [None] * len(part.nll)
+        return nll, tokens, gradients
 
 
-class Coordinator(DescentLoop):
-    """Joins an optimizer (ask/tell) to an evaluator (the worker pool); records every result in the run directory,
-    reports progress to a reporter, and keeps heartbeat.json while it runs. `watcher`: told the run's progress
-    after every generation (default: TensorBoard scalars when `settings.tensorboard`, their window-equivalents
-    counting a backward pass as `backward_cost` forwards)."""
+class Coordinator:
+    """Joins a searcher to an evaluator; records every result in the run directory, reports progress, keeps
+    heartbeat.json while it runs. `watcher`: told the run's progress after every generation (default: TensorBoard
+    scalars when `settings.tensorboard`, a backward pass counting `backward_cost` forwards)."""
 
     def __init__(
         self,
         settings: SearchConfig,
         problem: SearchProblem,
         run_dir: RunDir,
-        evaluator: Evaluator | None,
-        optimizer: Optimizer,
+        evaluator: Evaluator,
+        searcher: Searcher,
         *,
         reporter: SearchReporter | None = None,
         heartbeat: HeartbeatWriter | None = None,
         watcher: ProgressWatcher | None = None,
         backward_cost: float | None = None,
+        history: dict[str, dict[str, Any]] | None = None,
+        state: RunState | None = None,
     ):
         self.settings, self.problem, self.run_dir, self.evaluator = settings, problem, run_dir, evaluator
-        self.optimizer = optimizer
+        self.searcher = searcher
         self.heartbeat = heartbeat or HeartbeatWriter(run_dir.file(HEARTBEAT))
         self.reporter = reporter or SilentReporter()
-        if watcher is None and settings.tensorboard:  # a forward-only optimizer's window-equivalents need no c
-            forward_only = settings.optimizer not in ("gradient", "hybrid")
-            watcher = TensorBoardScalars(run_dir.file(TENSORBOARD_DIR), 0.0 if forward_only else backward_cost)
+        if watcher is None and settings.tensorboard:  # a forward-only search's window-equivalents need no c
+            backward = search_plan(settings, 0).backward_steps > 0
+            watcher = TensorBoardScalars(run_dir.file(TENSORBOARD_DIR), backward_cost if backward else 0.0)
         self.watcher = watcher
         self.groups = window_groups(problem.windows, settings.racing)
-        self.history: dict[str, dict[str, Any]] = {}
-        self.races: dict[str, _Race] = {}
-        self.threshold_key: str | None = None  # generational: the worst parent when the generation was asked
-        self.generation_seconds: list[float] = []
-        self.polish_seconds: list[float] = []  # hybrid: each polish step's (and rounding's), for status's ETA
-        self.best_by_generation: list[float] = []
-        self.stopped_early = False
-        self.exhausted = False  # the optimizer could make no new candidate
-        self.window_evaluations = 0  # scored by this process (not counting what a resumed run found recorded)
-
-    @property
-    def total_generations(self) -> int:
-        return self.optimizer.total_generations
-
-    @property
-    def steady(self) -> bool:
-        return self.settings.schedule == "steady"
-
-    @property
-    def descent(self) -> bool:
-        return getattr(self.optimizer, "kind", None) == "gradient"
+        self.history: dict[str, dict[str, Any]] = dict(history or {})  # a resumed run's, as read and checked
+        self.tasks: dict[str, _Task] = {}
+        self.generation_seconds = list(state.generation_seconds) if state else []
+        self.polish_seconds = list(state.polish_seconds) if state else []  # a hybrid's polish steps: status's ETA
+        self.window_evaluations = 0  # scored by this process (not what a resumed run found recorded)
+        self.started = time.monotonic()
 
     @property
     def finished(self) -> bool:
-        """Descent's early stop is its own (held-out windows), and it still rounds its best to the grid after; a
-        hybrid run that stopped early still polishes its final best."""
-        if self.descent:
-            return self.optimizer.stop()
-        if self.polish_pending():
-            return False
-        return self.stopped_early or self.exhausted or self.optimizer.stop()
-
-    def resume(self) -> History:
-        """Load what the run directory holds; writes nothing, so a damaged directory is left as it was.
-
-        Returns the history as read, so the caller can cut a torn last line once every check has passed."""
-        history = self.run_dir.load_history()
-        state = self.run_dir.read_state()
-        if state is not None:
-            try:
-                self.optimizer.load_state_dict(state["evolution"])
-                self.generation_seconds = [float(v) for v in state["generation_seconds"]]
-                self.polish_seconds = [float(v) for v in state.get("polish_seconds", [])]
-                best = state.get("best_by_generation", [])
-                self.best_by_generation = [math.inf if v is None else float(v) for v in best]
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                raise RunStoreError(f"{self.run_dir.file('state.json')}: corrupted ({exc})") from None
-            self.stopped_early = bool(state.get("stopped_early", False))
-            self.exhausted = bool(state.get("exhausted", False))
-            check_history_holds(self.run_dir, RunState.model_validate(state), history.records)
-        self.history = dict(history.records)
-        return history
+        return self.searcher.done() and not self.tasks
 
     def run(self) -> dict[str, Any]:
-        """Run until the optimizer stops (or early stopping); returns the best candidate's history record.
-        heartbeat.json says the run is alive meanwhile, and records how it ended (an exception: which one)."""
+        """Run until the searcher is done; returns the best candidate's history record. heartbeat.json says the run
+        is alive meanwhile, and records how it ended (an exception: which one)."""
         done = final_count(self.history)
         try:
-            with self.heartbeat.held(), self.reporter.progress(self._expected_evaluations(), done) as bar:
+            with self.heartbeat.held(), self.reporter.progress(self.searcher.budget, done) as bar:
                 self.bar = bar
                 if not bar.live:  # no bar: say at once what is being scored, not only when generation 0 ends
-                    position = resume_position(self.optimizer, self.polish_pending())
-                    self._log(f"search: scoring {position}, {done} evaluations done")
-                if self.descent:
-                    self._run_descent(self.optimizer, self._end_descent_generation)
-                elif self.steady:
-                    self._run_steady()
-                else:
-                    self._run_generational()
+                    self.reporter.log(f"search: scoring {self.searcher.position()}, {done} evaluations done")
+                self._loop()
         finally:
             if self.watcher is not None:
                 self.watcher.close()
@@ -184,258 +138,207 @@ class Coordinator(DescentLoop):
             raise RunStoreError("search: no candidate got a finite score; check the model and the data")
         return best
 
-    # ---- the two schedules ----
+    # ---- the loop ----
 
-    def _run_generational(self) -> None:
-        self._polish_if_due()  # a resumed hybrid run may stop in the middle of a polish
-        while not self.finished:
-            started = time.monotonic()
-            genomes = self.optimizer.ask()
-            if not genomes:
-                self._exhausted()
-                break
-            self.threshold_key = self.optimizer.worst_parent()  # fixed for the generation: deterministic racing
-            scores = self._score_all(genomes)
-            self.optimizer.tell(genomes, [scores[g.key] for g in genomes])
-            self._end_generation(time.monotonic() - started)
-            self._write_state()
-            self._polish_if_due()
-        self._polish_if_due()  # the last one after an early stop or an exhausted population
-
-    def _exhausted(self) -> None:
-        """No new candidate can be made: the run is finished (recorded, so a resume does not try again)."""
-        self.exhausted = True
-        self._log("search: no new candidate can be made around the population; stopping")
+    def _loop(self) -> None:
+        for candidate in self.searcher.outstanding():  # asked before a crash, not told: out again
+            self._launch(candidate)
+        self._fill()
+        while self.tasks:
+            for key, score in self.evaluator.as_completed():
+                self._on_part(key, score)
+                if self.tasks:  # else a generation barrier: the call ends, the next generation goes with the next
+                    self._fill()
+            self._fill()
         self._write_state()
 
-    def _score_all(self, genomes: list[Genome]) -> dict[str, float]:
-        generation = self.optimizer.generation
-        scores: dict[str, float] = {}
-        for genome in {g.key: g for g in genomes}.values():
-            final = self._start(genome, generation)
-            if final is not None:
-                scores[genome.key] = final
-        for key, score in self.evaluator.as_completed():
-            final = self._on_result(key, score)
-            if final is not None:
-                scores[key] = final
-        return scores
-
-    def _run_steady(self) -> None:
+    def _fill(self) -> None:
+        """Ask for as many candidates as there is room for; state.json is written once what was asked is out."""
         capacity = max(1, int(getattr(self.evaluator, "capacity", 1)))
-        self.generation_started = time.monotonic()
-        in_flight: dict[str, Genome] = {}
-        for genome in list(self.optimizer.pending.values()):  # asked before a crash, not told: out again
-            self._launch(genome, in_flight)
-        self._fill(in_flight, capacity)
-        self._write_state()  # after the fill: the state lists every child that is out, and the generator after it
-        for key, score in self.evaluator.as_completed():
-            final = self._on_result(key, score)
-            if final is not None:
-                self._tell_one(in_flight.pop(key), final)
-                self._fill(in_flight, capacity)
-                self._write_state()
-        if not in_flight and not self.finished:
-            self._exhausted()
+        asked = False
+        while len(self.tasks) < capacity and not self.searcher.done():
+            batch = self.searcher.ask(capacity - len(self.tasks))
+            if not batch:
+                break
+            asked = True
+            for candidate in batch:
+                self._launch(candidate)
+        if asked:
+            self._write_state()
 
-    def _fill(self, in_flight: dict[str, Genome], capacity: int) -> None:
-        """Keep `capacity` candidates out: ask the optimizer for as many children as there is room for."""
-        while not self.optimizer.stop() and not self.stopped_early and len(in_flight) < capacity:
-            genomes = self.optimizer.ask(capacity - len(in_flight))
-            if not genomes:
-                return
-            for genome in genomes:
-                self._launch(genome, in_flight)
-
-    def _launch(self, genome: Genome, in_flight: dict[str, Genome]) -> None:
-        in_flight[genome.key] = genome
-        final = self._start(genome, self.optimizer.generation)
-        if final is not None:  # recorded before a crash: told at once, scored nowhere
-            self._tell_one(in_flight.pop(genome.key), final)
-
-    def _tell_one(self, genome: Genome, score: float) -> None:
-        """Tell one result (state.json is written by the caller, once the children it makes room for are out)."""
-        before = self.optimizer.generation
-        self.optimizer.tell([genome], [score])
-        if self.optimizer.generation != before:
-            now = time.monotonic()
-            self._end_generation(now - self.generation_started)
-            self.generation_started = now
-
-    # ---- one candidate, group by group ----
-
-    def _start(self, genome: Genome, generation: int) -> float | None:
-        """Send a candidate's next window group out; returns its score at once if history.jsonl has its final
-        record (a resumed run), so nothing is scored twice."""
-        record = self.history.get(genome.key)
+    def _launch(self, candidate: Candidate) -> None:
+        """Send a candidate out, or tell it at once when history.jsonl holds its final record (a resumed run):
+        nothing is scored twice. A partial record continues from its next window."""
+        record = self.history.get(candidate.key)
         if record is not None and record.get("status", "scored") in FINAL_STATUSES:
-            return _score_of(record)
-        if record is not None:  # partial: continue from the next window, in the generation it was asked in
-            generation = int(record["generation"])
-        race = _Race(self._decode(genome, generation))
-        if record is not None:
-            race.nll = [math.nan if v is None else float(v) for v in record["nll"]]
-            race.tokens = [int(v) for v in record["tokens"]]
-        self.races[genome.key] = race
-        self._submit(race)
-        return None
+            self._tell(Result.of_record(record))
+            return
+        method = self.problem.make_candidate(
+            candidate.factors, attention_factor=candidate.attention_factor, n_hat=candidate.n_hat
+        )
+        task = _Task(candidate, method)
+        if record is not None:  # partial: its windows so far count, in the generation it was asked in
+            task.parts[0] = CandidateScore(nll=tuple(record["nll"]), tokens=tuple(record["tokens"]))
+        self.tasks[candidate.key] = task
+        self._submit(task)
 
-    def _submit(self, race: _Race) -> None:
-        """Send the next window group; with no threshold to race against (generation 0, or parents not all
-        there) every remaining window at once, since nothing could stop the candidate early."""
-        start = len(race.nll)
-        stop = next(end for _, end in self.groups if end > start) if self._threshold_key() else self.problem.windows
-        self.evaluator.submit([(race.candidate.genome.key, race.candidate.method)], windows=(start, stop))
+    def _submit(self, task: _Task) -> None:
+        """The task's next window range(s): a gradient candidate's all at once (`_gradient_ranges`); else the next
+        racing group, or every remaining window when nothing can stop it early (no racing, or no threshold)."""
+        candidate, start = task.candidate, task.scored_windows()
+        if candidate.gradient_windows is not None:
+            ranges = self._gradient_ranges(candidate.gradient_windows)
+        elif self._threshold() is not None:
+            ranges = [((start, next(end for _, end in self.groups if end > start)), False)]
+        else:
+            ranges = [((start, self.problem.windows), False)]
+        for windows, gradient in ranges:
+            item = [((candidate.key, windows[0]), task.method)]
+            if gradient:
+                self.evaluator.submit(item, windows=windows, gradient=True)
+            else:
+                self.evaluator.submit(item, windows=windows)
 
-    def _threshold_key(self) -> str | None:
-        """The worst parent to race against: fixed when the generation was asked (generational), or the worst
-        parent of the moment (steady); None when racing is off or there is none yet."""
-        if not self.settings.racing.enabled:
-            return None
-        return self.optimizer.worst_parent() if self.steady else self.threshold_key
+    def _gradient_ranges(self, gradient_windows: tuple[int, int]) -> list[tuple[tuple[int, int], bool]]:
+        """[start, stop) ranges covering the search windows: the gradient windows cut into one chunk per worker
+        (backward), the windows before and after them whole (forward only)."""
+        total, (first, last) = self.problem.windows, gradient_windows
+        chunks = max(1, min(last - first, len(getattr(self.evaluator, "workers", ())) or 1))
+        edges = [first + (last - first) * k // chunks for k in range(chunks + 1)]
+        ranges = [((a, b), True) for a, b in itertools.pairwise(edges)]
+        return [((0, first), False)] * (first > 0) + ranges + [((last, total), False)] * (last < total)
 
-    def _on_result(self, key: str, score: CandidateScore) -> float | None:
-        """Record a group's result; returns the candidate's score once it is final (inf when stopped)."""
-        race = self.races[key]
-        race.nll += list(score.nll)
-        race.tokens += list(score.tokens)
+    def _threshold(self) -> str | None:
+        return self.searcher.threshold() if self.settings.racing.enabled else None
+
+    def _on_part(self, part_key: tuple[str, int], score: CandidateScore) -> None:
+        """A window range's result: recorded (a partial record while a raced candidate goes on), and the candidate
+        told once it is complete or stopped."""
+        key, start = part_key
+        task = self.tasks[key]
+        task.parts[start] = score
         self.window_evaluations += len(score.nll)
-        status = self._status(race)
-        record = self._record(race, status)
+        if task.candidate.gradient_windows is not None and task.scored_windows() < self.problem.windows:
+            return  # its ranges went out together: it is recorded whole
+        status = self._status(task)
+        record = history_record(task, status, self.problem)
         self.run_dir.append_history(record)  # durable before anything else uses it
         self.history[key] = record
         if status == "partial":
-            self._submit(race)
-            return None
-        del self.races[key]
+            self._submit(task)
+            return
+        del self.tasks[key]
+        if status == "scored" and record["mean_nll"] is None:
+            self.reporter.log(f"search: candidate {key} scored a non-finite NLL; ranked last")
         self.bar.advance(self._best_perplexity_text())
         self.heartbeat.result()
-        return _score_of(record)
+        self._tell(Result.of_record(record))
 
-    def _status(self, race: _Race) -> str:
-        if len(race.nll) >= self.problem.windows:
+    def _status(self, task: _Task) -> str:
+        nll, tokens, _ = task.assembled()
+        if len(nll) >= self.problem.windows:
             return "scored"
-        threshold_key = self._threshold_key()
+        threshold_key = self._threshold()
         threshold = self.history.get(threshold_key) if threshold_key else None
+        weights = self.problem.mix.racing_weights()
         if threshold and clearly_worse(
-            race.nll,
-            race.tokens,
-            threshold["nll"],
-            threshold["tokens"],
-            self.settings.racing,
-            self.problem.mix.racing_weights(),
+            nll, tokens, threshold["nll"], threshold["tokens"], self.settings.racing, weights
         ):
             return "stopped"
         return "partial"
 
-    def _decode(self, genome: Genome, generation: int) -> Candidate:
-        grid = self.optimizer.grid
-        factors, attention = grid.factors(genome), grid.attention_factor(genome)
-        method = self.problem.make_candidate(factors, attention_factor=attention, n_hat=genome.n_hat)
-        return Candidate(genome, generation, factors, attention, method)
-
-    def _record(self, race: _Race, status: str) -> dict[str, Any]:
-        candidate = race.candidate
-        mean_nll = self.problem.mix.mean_nll(race.nll, race.tokens) if status == "scored" else None
-        finite = mean_nll is not None and math.isfinite(mean_nll)
-        if status == "scored" and not finite:
-            self._log(f"search: candidate {candidate.genome.key} scored {mean_nll}; ranked last")
-        windows = {"windows": self.problem.windows_hash} if self.problem.windows_hash else {}
-        return {
-            "key": candidate.genome.key,
-            "status": status,
-            "generation": candidate.generation,
-            "seed": self.optimizer.seed_names.get(candidate.genome.key),
-            "factors": [round(float(f), 6) for f in candidate.factors],
-            "n_hat": candidate.genome.n_hat,
-            "attention_factor": candidate.method.attention_factor,
-            "mean_nll": mean_nll if finite else None,
-            "perplexity": math.exp(mean_nll) if finite else None,
-            "nll": [v if math.isfinite(v) else None for v in race.nll],
-            "tokens": list(race.tokens),
-            **windows,
-        }
+    def _tell(self, result: Result) -> None:
+        ends = self.searcher.tell([result])
+        for end in ends:
+            self._end_generation(end)
+        if ends:
+            self._write_state()
 
     # ---- progress and state ----
 
-    def _end_generation(self, seconds: float) -> None:
-        _, best_nll = self.optimizer.best()
-        self.generation_seconds.append(seconds)
-        self.best_by_generation.append(best_nll)
-        patience = None if self.descent else self.settings.early_stop.patience  # descent stops on held-out windows
-        if patience and len(self.best_by_generation) > patience:
-            gain = self.best_by_generation[-patience - 1] - best_nll
-            # sticky: in steady mode candidates still out are told after the stop and may cross a boundary
-            self.stopped_early = self.stopped_early or gain < self.settings.early_stop.min_improvement
-        self._log(self._generation_line(seconds))
+    def _end_generation(self, end: GenerationEnd) -> None:
+        now = time.monotonic()
+        seconds, self.started = now - self.started, now
+        if end.polish:
+            self.polish_seconds.append(seconds)
+            self.reporter.log(polish_line(end, self._best_perplexity_text(), seconds))
+        else:
+            self.generation_seconds.append(seconds)
+            racing = self.settings.racing.enabled
+            self.reporter.log(generation_line(end, self.history, racing=racing, seconds=seconds))
         self.heartbeat.beat()
-        self._tell_watcher()
+        self._tell_watcher(end.generation)
 
-    def _tell_watcher(self) -> None:
+    def _tell_watcher(self, generation: int) -> None:
         """The run's progress, counted from its history as `status` counts it, to the watcher (if any)."""
         if self.watcher is None:
             return
         best, (forward, backward) = best_of(self.history), window_passes(self.history)
-        done = final_count(self.history)
         nll = best["mean_nll"] if best else None
-        self.watcher.update(Progress(self.optimizer.generation - 1, done, forward, backward, nll))
-
-    def _generation_line(self, seconds: float) -> str:
-        """The line for the generation just ended (`generation_log.generation_line`), with the countdown of the
-        early stop in force: descent's on its held-out windows, the others' on the best by generation."""
-        if self.descent:
-            countdown = held_out_countdown_text(self.optimizer, self.settings.gradient)
-        else:
-            countdown = countdown_text(self.best_by_generation, self.settings.early_stop, self.stopped_early)
-        return generation_line(
-            self.optimizer.generation - 1,
-            self.total_generations,
-            self.best_by_generation,
-            self.history,
-            racing=self.settings.racing.enabled,
-            countdown=countdown,
-            seconds=seconds,
-            descent_steps=self.optimizer.steps if self.descent else None,
-        )
-
-    def _log(self, line: str) -> None:
-        """One whole plain line to the reporter (the core never prints)."""
-        self.reporter.log(line)
+        self.watcher.update(Progress(generation, final_count(self.history), forward, backward, nll))
 
     def _write_state(self) -> None:
         self.run_dir.write_state(
             {
-                "evolution": self.optimizer.state_dict(),
+                "optimizer": {"kind": self.searcher.kind, "state": self.searcher.state().model_dump(mode="json")},
                 "generation_seconds": self.generation_seconds,
                 **({"polish_seconds": self.polish_seconds} if self.polish_seconds else {}),
-                "best_by_generation": [v if math.isfinite(v) else None for v in self.best_by_generation],
-                "stopped_early": self.stopped_early,
                 "finished": self.finished,
-                "exhausted": self.exhausted,
-                "total_generations": self.total_generations,
+                "stopped_early": self.searcher.stopped_early,
+                "total_generations": self.searcher.total_generations,
             }
         )
-
-    def _fresh_in_generation(self, generation: int) -> int:
-        return sum(1 for record in self.history.values() if record["generation"] == generation)
 
     def _best_perplexity_text(self) -> str:
         best = best_of(self.history)
         return f"{best['perplexity']:.4f}" if best else "-"
 
-    def _expected_evaluations(self) -> int:
-        """Candidates the run scores at most: the GA's budget; descent's seeds, steps and rounding; the hybrid's
-        GA budget and each polish's steps and rounding."""
-        settings, gradient = self.settings, self.settings.gradient
-        if self.descent:
-            return len(self.problem.seeds) + gradient.steps + 1
-        per_generation = settings.mutations + settings.crossovers
-        budget = settings.population + per_generation * settings.generations
-        if settings.optimizer == "hybrid":
-            budget += gradient.polishes(settings.generations) * (gradient.polish_steps + 1)
-        return budget
+
+def history_record(task: _Task, status: str, problem: SearchProblem) -> dict[str, Any]:
+    """The one history.jsonl record of a candidate (a GA child, a seed, a descent step): what was scored, on which
+    windows, with what result; a descent step also its gradient windows and the objective's gradient on them."""
+    candidate = task.candidate
+    nll, tokens, gradients = task.assembled()
+    mean_nll = problem.mix.mean_nll(nll, tokens) if status == "scored" else None
+    finite = mean_nll is not None and math.isfinite(mean_nll)
+    record = {
+        "key": candidate.key,
+        "status": status,
+        "generation": candidate.generation,
+        "seed": candidate.seed,
+        "factors": [round(float(f), 6) for f in candidate.factors],
+        "n_hat": candidate.n_hat,
+        "attention_factor": task.method.attention_factor,
+        "mean_nll": mean_nll if finite else None,
+        "perplexity": math.exp(mean_nll) if finite else None,
+        "nll": [v if math.isfinite(v) else None for v in nll],
+        "tokens": tokens,
+        **({"windows": problem.windows_hash} if problem.windows_hash else {}),
+    }
+    if candidate.gradient_windows is not None and status == "scored":
+        first, last = candidate.gradient_windows
+        step_gradient = objective_gradient(
+            subset_mix(problem.mix, (first, last)), tokens[first:last], gradients[first:last]
+        )
+        record |= {
+            "gradient_windows": [first, last],
+            "backward_windows": last - first,
+            "gradient": [float(v) if math.isfinite(v) else None for v in step_gradient],
+        }
+    return record
 
 
-def _score_of(record: dict[str, Any]) -> float:
-    """A record's score for the optimizer: its mean NLL, or inf (ranked last) when it has none."""
-    return math.inf if record["mean_nll"] is None else float(record["mean_nll"])
+def restore(run_dir: RunDir, searcher: Searcher) -> tuple[History, RunState | None]:
+    """What a resumed run starts from: history.jsonl as read, and state.json loaded into `searcher` (after checking
+    that history.jsonl holds every candidate the state counts as told). Writes nothing."""
+    history = run_dir.load_history()
+    state = run_dir.read_state()
+    if state is None:
+        return history, None
+    run_state = RunState.model_validate(state)
+    try:
+        searcher.load_state(run_state.searcher)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from None
+    check_history_holds(run_dir, run_state, history.records)
+    return history, run_state

@@ -20,11 +20,11 @@ from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.descent_replay import replay
 from longrope.search.optimizers.evolution import told_from_json
 from longrope.search.optimizers.genome import GenomeGrid, Seed
-from longrope.search.optimizers.gradient import GradientDescent
-from longrope.search.optimizers.hybrid import polish_descent
+from longrope.search.optimizers.gradient import GradientDescent, GradientState
+from longrope.search.optimizers.hybrid import HybridState, polish_descent
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.run.job_record import JobRecord
-from longrope.search.run.run_store import HISTORY, STATE, EvolutionState, History, RunDir, RunState, RunStoreError
+from longrope.search.run.run_store import HISTORY, STATE, History, RunDir, RunState, RunStoreError
 
 # ---- a descent's state against history.jsonl ----
 
@@ -37,37 +37,38 @@ def check_descents(
     """A gradient run's descent, or a hybrid's polish in progress, is what its lines in history.jsonl give
     (`gradient.replay`), and history.jsonl holds no step it did not ask for. Needs the run's grid, which needs the
     model's lengths: without job.json (lost, or not written yet) the state is only typed-checked (`RunState`)."""
-    optimizer, records = config.search.optimizer, history.records
-    if state is None or job is None or optimizer not in ("gradient", "hybrid"):
+    records = history.records
+    if state is None or job is None or not isinstance(state.searcher, GradientState | HybridState):
         return
     grid = GenomeGrid(config.search, pairs=job.pairs, scale=job.target_length / job.original_length)
     mix = ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows)
-    if optimizer == "gradient":
+    if isinstance(state.searcher, GradientState):
         seeds = [
             Seed(r["seed"] or key, np.asarray(r["factors"]), r["attention_factor"])
             for key, r in records.items()
             if r["generation"] == 0 and r.get("status", "scored") == "scored"
         ]
         descent = GradientDescent(config.search.gradient, grid, seeds, mix)
-        _check_replay(run_dir, "evolution", descent, state.evolution, history, list(records))
+        _check_replay(run_dir, "optimizer.state", descent, state.searcher, history, list(records))
     else:
-        _check_polish(run_dir, config, grid, mix, state.evolution, history)
+        _check_polish(run_dir, config, grid, mix, state.searcher, history)
 
 
 def _check_polish(
-    run_dir: RunDir, config: JobConfig, grid: GenomeGrid, mix: ObjectiveMix, evolution: EvolutionState, history: History
+    run_dir: RunDir, config: JobConfig, grid: GenomeGrid, mix: ObjectiveMix, hybrid: HybridState, history: History
 ) -> None:
     """The hybrid's polishes: the steps of a polish carry the generation the evolution was at (the one after the
     generation polished). A finished polish (after a generation up to polished_through) has all its steps; the
     polish after the last generation done, when that is past polished_through, is replayed from the evolution's
     best; `polish` is there only while one is under way."""
-    where, current, records = run_dir.file(STATE), evolution.generation, history.records
-    done, through, steps = current - 1, evolution.polished_through, config.search.gradient.polish_steps
+    where, current, records = run_dir.file(STATE), hybrid.generation, history.records
+    done, through, steps = current - 1, hybrid.polished_through, config.search.gradient.polish_steps
+    field = "optimizer.state"
     if through > max(done, 0):
-        raise RunStoreError(f"{where}: evolution.polished_through is {through}, past generation {done}, the last done")
-    if evolution.polish is not None and through >= done:
+        raise RunStoreError(f"{where}: {field}.polished_through is {through}, past generation {done}, the last done")
+    if hybrid.polish is not None and through >= done:
         raise RunStoreError(
-            f"{where}: evolution.polish holds a polish under way, but polished_through {through} says generation "
+            f"{where}: {field}.polish holds a polish under way, but polished_through {through} says generation "
             f"{done}'s best is polished already"
         )
     counts = Counter(r["generation"] for r in records.values() if r.get("gradient_windows") is not None)
@@ -76,28 +77,28 @@ def _check_polish(
             continue  # the polish under way (or about to be), replayed below
         if generation - 1 > through:
             raise RunStoreError(
-                f"{where}: evolution.polished_through is {through}, but history.jsonl holds polish steps after "
+                f"{where}: {field}.polished_through is {through}, but history.jsonl holds polish steps after "
                 f"generation {generation - 1}"
-                + (" (a polish under way, and evolution.polish is null)" if generation == current else "")
+                + (f" (a polish under way, and {field}.polish is null)" if generation == current else "")
             )
         if count != steps:
             raise RunStoreError(
-                f"{where}: evolution.polished_through is {through}, but history.jsonl holds {count} of the "
+                f"{where}: {field}.polished_through is {through}, but history.jsonl holds {count} of the "
                 f"{steps} steps of the polish after generation {generation - 1} (a polish not finished?)"
             )
     if through < done:
-        genomes, scores = told_from_json(evolution.told)
+        genomes, scores = told_from_json(hybrid.evolution.told)
         best = min((key for key in scores if key in genomes), key=lambda key: (scores[key], key))
         polish = polish_descent(config.search, grid, mix, genomes[best])
         steps_now = [key for key, r in records.items() if r["generation"] == current and r.get("gradient_windows")]
-        _check_replay(run_dir, "evolution.polish", polish, evolution.polish, history, steps_now)
+        _check_replay(run_dir, f"{field}.polish", polish, hybrid.polish, history, steps_now)
 
 
 def _check_replay(
     run_dir: RunDir,
     field: str,
     descent: GradientDescent,
-    stored: EvolutionState | None,
+    stored: GradientState | None,
     history: History,
     lines: list[str],
 ) -> None:
@@ -139,11 +140,9 @@ def _check_replay(
         )
 
 
-def _check_lengths(where, field: str, stored: EvolutionState, size: int) -> None:
+def _check_lengths(where, field: str, stored: GradientState, size: int) -> None:
     """u and Adam's moments hold one value per parameter: pairs + 1 slack logit (+ 1 for a searched attention)."""
     descent = stored.descent
-    if descent is None:
-        raise RunStoreError(f"{where}: {field}.descent: missing (a descent's state holds one)")
     for name, values in (("u", descent.u), ("adam.m", descent.adam.m), ("adam.v", descent.adam.v)):
         if values is not None and len(values) != size:
             raise RunStoreError(
@@ -152,9 +151,9 @@ def _check_lengths(where, field: str, stored: EvolutionState, size: int) -> None
 
 
 def _comparable(state: dict[str, Any]) -> dict[str, Any]:
-    """A descent's state_dict as compared: `told` as a mapping (its order is the order results arrived in), and
+    """A descent's state as compared: `told` as a mapping (its order is the order results arrived in), and
     only the fields a descent writes."""
-    fields = ("kind", "generation", "population", "descent")
+    fields = ("generation", "descent")
     return {**{name: state.get(name) for name in fields}, "told": {key: score for key, score in state["told"]}}
 
 

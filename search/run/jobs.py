@@ -11,29 +11,29 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.strict import JobConfigError
 from longrope.search.downloads.debian_docs import read_corpus_record
-from longrope.search.optimizers.factory import make_optimizer
+from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.objective import ObjectiveMix
+from longrope.search.optimizers.searcher import Searcher
 from longrope.search.run.coordinator import Coordinator, SearchProblem
-from longrope.search.run.generation_log import resume_position
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.job_context import JobContext, check_source
 from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.run.reporting import SearchReporter, SilentReporter
-from longrope.search.run.run_check import read_run
-from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_json_atomic
-from longrope.search.run.stages import is_staged, stage_configs, stage_run_dirs
+from longrope.search.run.run_check import CheckedRun, read_run
+from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError, final_count, write_json_atomic
+from longrope.search.run.stages import is_staged, stage_configs
 from longrope.search.run.tensorboard_scalars import check_tensorboard, check_tensorboard_folder
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.documents import CORPUS_PREFIX
-from longrope.workers.errors import DataError, ModelLoadError
+from longrope.workers.errors import DataError
 from longrope.workers.windows import Windows
 
 
@@ -43,27 +43,34 @@ def run_search(
     resume_dir: str | Path | None = None,
     reporter: SearchReporter | None = None,
     sigterm_seen: Callable[[], bool] = lambda: False,
-    backward_cost: Callable[[JobConfig], float] | None = None,
+    backward_cost: float | None = None,
 ) -> dict[str, Any]:
     """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record.
-    `reporter`: where its lines and progress go (the command line's draws on a terminal; none: nothing is shown).
-    `sigterm_seen`: whether the process got SIGTERM (the CLI knows; Ray may report one as Ctrl-C), so that
-    heartbeat.json records the true cause of a stop. `backward_cost`: what a job's backward window pass costs in
-    forwards (the CLI's: `longrope estimate`'s c), for the window-equivalents of `search.tensorboard`'s scalars;
-    asked only for a run that takes backward passes."""
-    reporter = reporter or SilentReporter()
-    options = _Options(reporter, sigterm_seen, backward_cost)
+    `reporter`: where its lines and progress go (none: nothing is shown). `sigterm_seen`: whether the process got
+    SIGTERM (the CLI knows; Ray may report one as Ctrl-C), so heartbeat.json records the true cause of a stop.
+    `backward_cost`: what a backward window pass costs in forwards (estimate's c), for the window-equivalents of
+    `search.tensorboard`'s scalars; None: they are left out, and a watched run with backward passes says so."""
+    options = _Options(reporter or SilentReporter(), sigterm_seen, backward_cost)
+    job_dir = RunDir(resume_dir or config.output_dir)
     if resume_dir:
-        RunDir(resume_dir).check_directory()  # a missing folder, a file, a link loop, a path too long: one line
-    if resume_dir and (finished := _finished_already(RunDir(resume_dir), config, reporter)):
-        return finished
-    if (resume_dir and is_staged(RunDir(resume_dir))) or (not resume_dir and config.search.stages):
-        return _run_stages(config, resume_dir, options)
-    if resume_dir:
-        run_dir = RunDir(resume_dir)
-        stored = run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
-        with run_dir.lock():
-            return _resume(run_dir, stored, config, options)
+        job_dir.check_directory()  # a missing folder, a file, a link loop, a path too long: one line
+    if is_staged(job_dir) if resume_dir else bool(config.search.stages):
+        return _run_stages(config, job_dir, bool(resume_dir), options)
+    return _resume(job_dir, config, options) if resume_dir else _start(config, options)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """How a search reports (lines and progress), the CLI's SIGTERM flag and the price of a backward pass: handed
+    on to every stage."""
+
+    reporter: SearchReporter
+    sigterm_seen: Callable[[], bool]
+    backward_cost: float | None = None
+
+
+def _start(config: JobConfig, options: _Options) -> dict[str, Any]:
+    """A new run: every check first, then config.json and job.json, then the search."""
     run_dir = RunDir(config.output_dir)
     run_dir.check_new(config)
     context = _checked_context(config)
@@ -72,104 +79,105 @@ def run_search(
         run_dir.check_new(config)  # again under the lock: another start may have won the race
         run_dir.create(config)
         write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows).sealed())
-        coordinator = _coordinator(config, context, run_dir, options)
-        return _run(coordinator, context, windows, options.reporter)
+        return _score(context, run_dir, windows, _searcher(context), None, options)
 
 
-@dataclass(frozen=True)
-class _Options:
-    """How a search reports (lines and progress), the CLI's SIGTERM flag and its price of a backward pass: handed
-    on to every stage."""
+def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> dict[str, Any]:
+    """A run to continue: its directory read and checked once, under its lock (`read_run`, the verdict every
+    command gives); a finished one ends there, before any model, window or worker is touched. From then on the
+    config is complete: the stored one, or the given one where it matches (it may move the run to other workers)."""
+    run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
+    with run_dir.lock():
+        checked = read_run(run_dir)
+        if config is not None and config.hash() != checked.config.hash():
+            raise RunStoreError(
+                f"output_dir {str(run_dir.path)!r} holds a run of another config (hash {checked.config.hash()}, "
+                f"given {config.hash()})"
+            )
+        if checked.finished:
+            return _finished_already(checked, options.reporter)
+        # the given workers section may move the run to another cluster; the windows cache follows the directory
+        config = (config or checked.config).model_copy(update={"output_dir": str(run_dir.path)})
+        context = _checked_context(config)
+        searcher = _searcher(context)
+        if checked.state is not None:
+            _load_searcher(run_dir, searcher, checked)
+        windows = _search_windows(context)
+        record = job_record(context, windows)
+        if check_job_record(run_dir, record):  # every check has passed: now the directory may be written
+            write_json_atomic(run_dir.file(JOB_FILE), record.sealed())
+        _cut_torn_tail(run_dir, checked, options.reporter)
+        options.reporter.log(
+            f"search: resuming at {searcher.position()} with {final_count(checked.records)} candidates already scored"
+        )
+        return _score(context, run_dir, windows, searcher, checked, options)
 
-    reporter: SearchReporter
-    sigterm_seen: Callable[[], bool]
-    backward_cost: Callable[[JobConfig], float] | None = None
+
+def _load_searcher(run_dir: RunDir, searcher: Searcher, checked: CheckedRun) -> None:
+    try:
+        searcher.load_state(checked.state.searcher)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from None
 
 
-def _finished_already(run_dir: RunDir, config: JobConfig | None, reporter: SearchReporter) -> dict[str, Any] | None:
-    """A finished run (every stage of a staged job): its best, said in one line, before any model, window or
-    worker is touched; None when there is something left to do (or the folder is no run: the caller says so)."""
-    if not run_dir.file(CONFIG).is_file():
+def _cut_torn_tail(run_dir: RunDir, checked: CheckedRun, reporter: SearchReporter) -> None:
+    if checked.history.torn_tail:
+        run_dir.cut_torn_history(checked.history)
+        reporter.log(
+            f"search: warning: {run_dir.file('history.jsonl')} ended in a torn line "
+            f"({len(checked.history.torn_tail)} bytes of a write cut short); cut it, and that candidate is scored again"
+        )
+
+
+def _finished_job(job_dir: RunDir, config: JobConfig, reporter: SearchReporter) -> dict[str, Any] | None:
+    """A staged job whose every stage is finished: its last stage's best, said in one line for the job, before
+    any model, window or worker is touched; None while a stage is left to run."""
+    folders = [RunDir(stage.output_dir) for stage in stage_configs(config, job_dir.path)]
+    if not all(folder.file(CONFIG).is_file() and read_run(folder).finished for folder in folders):
         return None
-    stored = run_dir.read_config()
-    if config is not None:
-        run_dir.check_matches(config)
-    folders = stage_run_dirs(run_dir) if stored.search.stages else [run_dir]
-    if not all(_is_finished(folder) for folder in folders):
-        return None
-    best = folders[-1].best_record()
+    return _finished_already(read_run(folders[-1]), reporter, job_dir)
+
+
+def _finished_already(checked: CheckedRun, reporter: SearchReporter, job_dir: RunDir | None = None) -> dict[str, Any]:
+    best, path = checked.best, (job_dir or checked.run_dir).path
     reporter.log(
-        f"search {stored.name}: finished already, run dir {run_dir.path} (best search ppl {best['perplexity']:.4f}); "
-        f"see `longrope status {run_dir.path}`"
+        f"search {checked.config.name}: finished already, run dir {path} "
+        f"(best search ppl {best['perplexity']:.4f}); see `longrope status {path}`"
     )
     return best
 
 
-def _is_finished(folder: RunDir) -> bool:
-    """Whether a run directory holds a finished run, read as every command reads it (`read_run`: a damaged one
-    is an error, not "finished")."""
-    return folder.file(CONFIG).is_file() and read_run(folder).finished
-
-
-def _resume(run_dir: RunDir, stored: JobConfig, config: JobConfig | None, options: _Options) -> dict[str, Any]:
-    reporter = options.reporter
-    if config is not None:
-        run_dir.check_matches(config)  # equal but for where it is written and who scores it
-    # the given workers section may move the run to another cluster; the windows cache follows the directory
-    config = (config or stored).model_copy(update={"output_dir": str(run_dir.path)})
-    read_run(run_dir)  # its files agree with each other, as status and export check them, before anything else
-    context = _checked_context(config)
-    coordinator = _coordinator(config, context, run_dir, options)
-    history = coordinator.resume()  # a damaged run directory stops here, before the windows cache is written
-    windows = _search_windows(context)
-    record = job_record(context, windows)
-    write_job = check_job_record(run_dir, record)
-    # every check has passed: now the directory may be written
-    if write_job:
-        write_json_atomic(run_dir.file(JOB_FILE), record.sealed())
-    if history.torn_tail:
-        run_dir.cut_torn_history(history)
-        reporter.log(
-            f"search: warning: {run_dir.file('history.jsonl')} ended in a torn line ({len(history.torn_tail)} bytes "
-            "of a write cut short); cut it, and that candidate is scored again"
-        )
-    position = resume_position(coordinator.optimizer, coordinator.polish_pending())
-    reporter.log(f"search: resuming at {position} with {final_count(coordinator.history)} candidates already scored")
-    return _run(coordinator, context, windows, reporter)
-
-
-def _run_stages(config: JobConfig | None, resume_dir: str | Path | None, options: _Options) -> dict[str, Any]:
-    """A progressive job (`stages.py`): every stage is checked before anything is written, then the stages run
-    in order, each started in its own directory or resumed there from its stored config (on the workers given
-    now: `--resume JOB --set workers.X=...` moves every stage)."""
-    job_dir, reporter = RunDir(resume_dir or config.output_dir), options.reporter
-    if resume_dir:
+def _run_stages(config: JobConfig | None, job_dir: RunDir, resume: bool, options: _Options) -> dict[str, Any]:
+    """A progressive job (`stages.py`): every stage is checked before anything is written, then the stages run in
+    order, each started in its own directory or resumed there from its stored config (on the workers given now:
+    `--resume JOB --set workers.X=...` moves every stage, and TensorBoard watches as asked now)."""
+    if resume:
         stored = job_dir.read_config()
         if config is not None:
             job_dir.check_matches(config)
         config = config or stored
     else:
         job_dir.check_new(config)
+    if resume and (finished := _finished_job(job_dir, config, options.reporter)):
+        return finished
     stages = _checked_stages(config, job_dir)
     with job_dir.lock():
-        if not resume_dir:
+        if not resume:
             job_dir.check_new(config)
             job_dir.create(config)
         best: dict[str, Any] = {}
         for index, stage in enumerate(stages):
             folder = RunDir(stage.output_dir)
-            reporter.log(f"search {config.name}: stage {index + 1}/{len(stages)} at {stage.target_length} tokens")
-            started = folder.file(CONFIG).is_file()
-            if started:  # on the workers given now, watched as asked now (neither is part of a run's identity)
-                stored_stage = folder.read_config()
-                watched = stored_stage.search.model_copy(update={"tensorboard": config.search.tensorboard})
-                stage = stored_stage.model_copy(update={"workers": config.workers, "search": watched})
-            best = run_search(
-                stage,
-                resume_dir=folder.path if started else None,
-                reporter=reporter,
-                sigterm_seen=options.sigterm_seen,
-                backward_cost=options.backward_cost,
+            options.reporter.log(
+                f"search {config.name}: stage {index + 1}/{len(stages)} at {stage.target_length} tokens"
+            )
+            if not folder.file(CONFIG).is_file():
+                best = _start(stage, options)
+                continue
+            stored_stage = folder.read_config()
+            watched = stored_stage.search.model_copy(update={"tensorboard": config.search.tensorboard})
+            best = _resume(
+                folder, stored_stage.model_copy(update={"workers": config.workers, "search": watched}), options
             )
         return best
 
@@ -216,75 +224,76 @@ def _search_windows(context: JobContext) -> Windows:
     return context.objective_windows(data.search_source, context.search_length, data.search_windows)
 
 
-def _coordinator(config: JobConfig, context: JobContext, run_dir: RunDir, options: _Options) -> Coordinator:
-    seeds = context.seeds()
+def _searcher(context: JobContext) -> Searcher:
+    config = context.config
+    return make_searcher(
+        config.search,
+        pairs=context.pairs,
+        scale=context.scale,
+        seeds=context.seeds(),
+        critical_dim=context.space().critical_dim,
+        mix=ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows),
+    )
+
+
+def _score(
+    context: JobContext,
+    run_dir: RunDir,
+    windows: Windows,
+    searcher: Searcher,
+    checked: CheckedRun | None,
+    options: _Options,
+) -> dict[str, Any]:
+    """Start the workers and search. heartbeat.json covers the workers' start too (Ray, model loads: minutes on a
+    large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
+    config, reporter = context.config, options.reporter
+    reporter.log(
+        f"search {config.name}: {context.original_length} -> {context.target_length} tokens "
+        f"(scale {context.scale:g}), {context.pairs} pairs, run dir {run_dir.path}"
+    )
+    from longrope.workers.pool import WorkerPool  # Ray: only for a run that scores
+
     mix = ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows)
     problem = SearchProblem(
         pairs=context.pairs,
         scale=context.scale,
-        seeds=seeds,
+        seeds=context.seeds(),
         make_candidate=context.candidate,
         windows=len(mix.objectives),
         objective=mix,
-    )
-    optimizer = make_optimizer(
-        config.search,
-        pairs=context.pairs,
-        scale=context.scale,
-        seeds=seeds,
-        critical_dim=context.space().critical_dim,
-        mix=mix,
+        windows_hash=windows.content_hash,  # every history line names the windows it was scored on
     )
     heartbeat = HeartbeatWriter(run_dir.file(HEARTBEAT), sigterm_seen=options.sigterm_seen)
-    return Coordinator(
-        config.search,
-        problem,
-        run_dir,
-        None,
-        optimizer,
-        reporter=options.reporter,
-        heartbeat=heartbeat,
-        backward_cost=_backward_cost(config, options),
-    )
+    with heartbeat.held():
+        pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
+        try:
+            coordinator = Coordinator(
+                config.search,
+                problem,
+                run_dir,
+                pool,
+                searcher,
+                reporter=reporter,
+                heartbeat=heartbeat,
+                backward_cost=_backward_cost(config, options),
+                history=checked.records if checked else None,
+                state=checked.state if checked else None,
+            )
+            return coordinator.run()
+        finally:
+            pool.shutdown()
 
 
 def _backward_cost(config: JobConfig, options: _Options) -> float | None:
     """c for the TensorBoard scalars' window-equivalents: only a watched run with backward passes needs one; one
-    that cannot be priced (its model's shape unknown here) writes no window-equivalents, and says so."""
-    if not config.search.tensorboard or config.search.optimizer not in ("gradient", "hybrid"):
+    with no price given writes no window-equivalents, and says so."""
+    if not config.search.tensorboard or not search_plan(config.search, 0).backward_steps:
         return None
-    why = "no price for a backward pass was given"
-    if options.backward_cost is not None:
-        try:
-            return options.backward_cost(config)
-        except (JobConfigError, ModelLoadError) as exc:
-            why = str(exc)
-    options.reporter.log(f"search: warning: search.tensorboard: no search/window_equivalents scalar ({why})")
-    return None
-
-
-def _run(coordinator: Coordinator, context: JobContext, windows: Windows, reporter: SearchReporter) -> dict[str, Any]:
-    """Start the workers and search. heartbeat.json covers the workers' start too (Ray, model loads: minutes on
-    a large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
-    config = context.config
-    if coordinator.finished:  # a resumed finished run: no worker needs to start
-        reporter.log(f"search {config.name}: finished already, run dir {coordinator.run_dir.path}")
-        return coordinator.best_record()
-    reporter.log(
-        f"search {config.name}: {context.original_length} -> {context.target_length} tokens "
-        f"(scale {context.scale:g}), {context.pairs} pairs, run dir {coordinator.run_dir.path}"
-    )
-    from longrope.workers.pool import WorkerPool  # Ray: only for a run that scores
-
-    # every history line names the windows it was scored on (known only now: they are cut once every check passed)
-    coordinator.problem = replace(coordinator.problem, windows_hash=windows.content_hash)
-    with coordinator.heartbeat.held():
-        pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
-        coordinator.evaluator = pool
-        try:
-            return coordinator.run()
-        finally:
-            pool.shutdown()
+    if options.backward_cost is None:
+        options.reporter.log(
+            "search: warning: search.tensorboard: no search/window_equivalents scalar (no price for a backward pass)"
+        )
+    return options.backward_cost
 
 
 def seeds_hash(seeds: list[Seed]) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.evolution import told_from_json
+from longrope.search.optimizers.factory import search_plan, searcher_class
 from longrope.search.optimizers.gradient import WindowSplit
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.run.descent_check import check_descents
@@ -81,7 +81,7 @@ class CheckedRun:
     @property
     def generation_done(self) -> int | None:
         """The last generation whose every candidate is scored (0: the initial population); None before that."""
-        done = self.state.evolution.generation if self.state else 0
+        done = self.state.searcher.generation if self.state else 0
         return done - 1 if done else None
 
 
@@ -202,13 +202,14 @@ def _step_problem(record: dict[str, Any], config: JobConfig, count: int) -> str 
     backward pass reads one block of the gradient windows (`WindowSplit`: never a held-out one), the gradient
     optimizer's step k the k-th block."""
     optimizer, windows = config.search.optimizer, record["gradient_windows"]
-    if optimizer not in ("gradient", "hybrid"):
+    if not search_plan(config.search, 0).backward_steps:
         return f"a descent step (gradient_windows {windows}) in a {optimizer!r} run, which takes none"
     split = WindowSplit.of(config.search.gradient, count)
     blocks = [list(split.block(step)) for step in range(1, math.ceil(split.gradient / split.per_step) + 1)]
     step = record["generation"]
     expected = list(split.block(max(step, 1)))  # the gradient optimizer's step k reads block k
-    if optimizer == "gradient" and windows != expected:
+    steps_are_generations = searcher_class(optimizer).descent_steps(config.search) is not None
+    if steps_are_generations and windows != expected:
         return f"gradient_windows {windows}, but step {step} reads {expected}"
     if windows not in blocks:
         held_out = list(split.held_out)
@@ -239,39 +240,24 @@ def _check_state(
 
 def _state_problem(config: JobConfig, state: RunState) -> str | None:
     """What makes state.json disagree with config.json; None if nothing does."""
-    evolution = state.evolution
+    kind, generation = state.optimizer.kind, state.searcher.generation
     if state.config_hash is not None and state.config_hash != config.hash():
         return (
             f"belongs to another run (config hash {state.config_hash}, config.json's {config.hash()}); was it "
             "copied from another run directory?"
         )
-    if evolution.kind != config.search.optimizer:
-        return f"holds a {evolution.kind!r} optimizer, but config.json says {config.search.optimizer!r}"
-    low, high = _total_generations_range(config)
+    if kind != config.search.optimizer:
+        return f"holds a {kind!r} optimizer, but config.json says {config.search.optimizer!r}"
+    low, high = searcher_class(kind).generations_range(config.search)
     total = state.total_generations
     if total is not None and not low <= total <= high:
         expected = str(low) if low == high else f"{low} to {high}"
         return f"total_generations is {total}, but config.json gives {expected} (generation 0 included)"
-    if evolution.generation > (total or high):
-        return f"generation {evolution.generation} is past the run's {total or high} generations"
-    if len(state.generation_seconds) != evolution.generation:
-        return f"{len(state.generation_seconds)} generation times for {evolution.generation} generations done"
+    if generation > (total or high):
+        return f"generation {generation} is past the run's {total or high} generations"
+    if len(state.generation_seconds) != generation:
+        return f"{len(state.generation_seconds)} generation times for {generation} generations done"
     return None
-
-
-def _total_generations_range(config: JobConfig) -> tuple[int, int]:
-    """How many generations the run's optimizer makes, generation 0 included: the GA's 1 + search.generations;
-    CMA-ES's 1 + ceil((budget - seeds) / samples per generation), with the number of distinct seeds between 1 and
-    the seeds the config can give (a seed file from a run gives two: `JobContext.seeds_from_file`)."""
-    search = config.search
-    if search.optimizer == "gradient":  # the seeds, the steps, the best point rounded to the grid
-        return 2 + search.gradient.steps, 2 + search.gradient.steps
-    if search.optimizer != "cmaes":
-        return 1 + search.generations, 1 + search.generations
-    budget = search.population + (search.mutations + search.crossovers) * search.generations
-    samples = search.cmaes.population or search.mutations + search.crossovers
-    most_seeds = len(search.seeds) + 2 * len(search.seed_files) + 1
-    return 1 + max(0, math.ceil((budget - most_seeds) / samples)), 1 + max(0, math.ceil((budget - 1) / samples))
 
 
 def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dict[str, Any]]) -> None:
@@ -279,7 +265,7 @@ def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dic
     scores and the best) with the score state.json holds for it, and the records are of generations the state
     has reached; otherwise the run directory is damaged, and every reader says so rather than go on."""
     try:
-        _, scores = told_from_json(state.evolution.told)
+        scores = state.searcher.told_scores()
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise RunStoreError(f"{run_dir.file(STATE)}: corrupted (told: {exc})") from None
     lost = [key for key in scores if records.get(key, {}).get("status", "scored") not in FINAL_STATUSES]
@@ -296,10 +282,10 @@ def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dic
                 f"{run_dir.file(STATE)}: candidate {key} told with score {score!r}, but history.jsonl holds "
                 f"{recorded!r} (copied from another run?); the run directory is damaged"
             )
-    unknown = [key for key in state.evolution.population if key not in scores]
+    unknown = [key for key in state.searcher.parent_keys() if key not in scores]
     if unknown:
         raise RunStoreError(f"{run_dir.file(STATE)}: population holds {unknown[0]}, which was never told")
-    generation = state.evolution.generation
+    generation = state.searcher.generation
     ahead = [r["generation"] for r in records.values() if r["generation"] > generation]
     if ahead:
         raise RunStoreError(

@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.descent_state import DescentState
+from longrope.search.optimizers.saved_state import OptimizerState, SearcherState, legacy_state
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.path_limits import os_error_text, shown_path
 
@@ -119,43 +119,33 @@ class HistoryRecord(BaseModel):
 FINAL_STATUSES = ("scored", "stopped")
 
 
-class EvolutionState(BaseModel):
-    """The optimizer's state (`DimMonoEvolution` or `CmaesOptimizer`.state_dict())."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    kind: Literal["dim_mono", "cmaes", "gradient", "hybrid"] = "dim_mono"
-    generation: int = Field(ge=0)
-    rng: dict[str, Any] | None  # dim_mono: the PCG64 generator's state; cmaes: None (rebuilt by replay)
-    population: list[str]
-    told: list[list[Any]]
-    pending: list[list[Any]] = []  # steady: asked, not yet told (re-submitted on resume)
-    children_told: int = Field(default=0, ge=0)
-    generation_keys: list[str] = []  # what generation 0 / the current round asked
-    asked_keys: list[list[str]] = []  # cmaes: the keys each generation asked, for the replay
-    descent: DescentState | None = None  # gradient: the descent's own state (search/optimizers/descent_state.py)
-    polish: EvolutionState | None = None  # hybrid: a polish in progress (a GradientDescent's state), or none
-    polished_through: int = Field(default=0, ge=0)  # hybrid: the last generation whose best was polished
-
-
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
 
 
 class RunState(BaseModel):
-    """state.json: the optimizer's state (after the last generation, or in steady mode the last result) and the
-    run's progress."""
+    """state.json: the searcher's state (written when a generation ends, or new candidates went out) and the run's
+    timings. A state.json written before the searchers had states of their own (`{"evolution": ...}`) is read
+    as the same state in the new shape (`legacy_state`), so a run in progress resumes across the upgrade."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
-    evolution: EvolutionState
+    optimizer: OptimizerState
     generation_seconds: list[Seconds]
     polish_seconds: list[Seconds] = []  # hybrid: each polish step's (and its rounding's), for status's ETA
-    best_by_generation: list[float | None] = []
-    stopped_early: bool = False
     finished: bool = False
-    exhausted: bool = False  # the optimizer could make no new candidate (the grid is used up around the parents)
-    total_generations: int | None = Field(default=None, ge=1)  # the optimizer's (CMA-ES: by its budget)
+    stopped_early: bool = False  # the searcher's own stop rule ended it before its budget
+    total_generations: int | None = Field(default=None, ge=1)  # the searcher's (CMA-ES: by its budget)
     config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return legacy_state(data) if isinstance(data, dict) and "evolution" in data else data
+
+    @property
+    def searcher(self) -> SearcherState:
+        """The searcher's own state, typed."""
+        return self.optimizer.state
 
 
 def first_error(exc: ValidationError) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 from longrope.encodings import RopeMethod
 from longrope.search.optimizers.genome import Genome, Seed
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.optimizers.racing import WindowRange
+from longrope.search.optimizers.searcher import WindowRange
 from longrope.workers.scorer import CandidateScore
 
 

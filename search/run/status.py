@@ -15,8 +15,10 @@ from datetime import datetime
 from typing import Any
 
 from longrope.search.config.job_config import JobConfig
+from longrope.search.optimizers.factory import searcher_class
+from longrope.search.optimizers.hybrid import HybridState
+from longrope.search.optimizers.labels import polish_position
 from longrope.search.run import heartbeat as heartbeats
-from longrope.search.run.generation_log import polish_position
 from longrope.search.run.job_record import JobRecord
 from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import (
@@ -61,7 +63,7 @@ def run_status(
         "resume_dir": str(run_dir.path),
         "name": config.name,
         "optimizer": config.search.optimizer,
-        "descent_steps": config.search.gradient.steps if config.search.optimizer == "gradient" else None,
+        "descent_steps": _descent_steps(run),
         "generation": run.generation_done,
         "generations": run.last_generation,
         "polish": polish,
@@ -79,26 +81,32 @@ def run_status(
     }
 
 
+def _descent_steps(run: CheckedRun) -> int | None:
+    """A gradient run's steps (its generations are the seeds, the steps and the rounding); None for the others."""
+    return searcher_class(run.config.search.optimizer).descent_steps(run.config.search)
+
+
 def polish_status(run: CheckedRun) -> dict[str, Any] | None:
     """A hybrid's polish under way or due now (between generation `after_generation` and the next): its steps
     done of `steps`, and whether its best is rounded to the grid; None for other optimizers, or no polish now."""
     state = run.state
-    if run.config.search.optimizer != "hybrid" or state is None or run.finished:
+    if state is None or run.finished or not isinstance(state.searcher, HybridState):
         return None
-    evolution, steps = state.evolution, run.config.search.gradient.polish_steps
-    if evolution.polish is not None:
-        rounded = bool(evolution.polish.descent and evolution.polish.descent.rounded)
-        done = min(evolution.polish.generation - 1, steps)
-        return {"after_generation": evolution.generation - 1, "steps_done": done, "steps": steps, "rounded": rounded}
-    done = evolution.generation - 1
-    if done > evolution.polished_through and _polish_due_after(run, done):
+    hybrid, steps = state.searcher, run.config.search.gradient.polish_steps
+    if hybrid.polish is not None:
+        rounded = bool(hybrid.polish.descent.rounded)
+        done = min(hybrid.polish.generation - 1, steps)
+        return {"after_generation": hybrid.generation - 1, "steps_done": done, "steps": steps, "rounded": rounded}
+    done = hybrid.generation - 1
+    if done > hybrid.polished_through and _polish_due_after(run, done):
         return {"after_generation": done, "steps_done": 0, "steps": steps, "rounded": False}
     return None
 
 
 def _polish_due_after(run: CheckedRun, generation: int) -> bool:
     """Whether the hybrid polishes after `generation` (`GradientConfig.polishes_after`, the rule it runs by)."""
-    ending = run.state.stopped_early or run.state.exhausted
+    evolution = run.state.searcher.evolution
+    ending = evolution.stopped_early or evolution.exhausted
     return run.config.search.gradient.polishes_after(generation, run.last_generation, ending)
 
 
@@ -113,7 +121,7 @@ def _eta_seconds(run: CheckedRun, polish: dict[str, Any] | None) -> float | None
     per_generation = statistics.median(seconds[1:] or seconds)
     done = -1 if run.generation_done is None else run.generation_done
     eta = per_generation * (run.last_generation - done)
-    if run.config.search.optimizer == "hybrid":
+    if isinstance(run.state.searcher, HybridState):
         search = run.config.search
         per_step = statistics.median(run.state.polish_seconds) if run.state.polish_seconds else None
         if per_step is None:

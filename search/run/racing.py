@@ -18,8 +18,7 @@ import math
 from collections.abc import Sequence
 
 from longrope.search.config.search_section import RacingConfig
-
-WindowRange = tuple[int, int]  # [start, stop) of the search windows, in their fixed order
+from longrope.search.optimizers.searcher import WindowRange
 
 
 def window_groups(count: int, racing: RacingConfig) -> list[WindowRange]:
