@@ -30,7 +30,7 @@ from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
 from longrope.search.optimizers.evolution import DimMonoEvolution, told_from_json
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, best_score, json_score
 
 if TYPE_CHECKING:
     import cma
@@ -155,14 +155,7 @@ class CmaesOptimizer:
         return batch
 
     def candidate(self, genome: Genome) -> Candidate:
-        return Candidate(
-            key=genome.key,
-            generation=self.generation,
-            factors=self.grid.factors(genome),
-            attention_factor=self.grid.attention_factor(genome),
-            n_hat=genome.n_hat,
-            seed=self.seed_names.get(genome.key),
-        )
+        return self.grid.candidate(genome, self.generation, self.seed_names.get(genome.key))
 
     def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
         before = self.generation
@@ -188,8 +181,7 @@ class CmaesOptimizer:
         self.generation += 1
 
     def best(self) -> tuple[str, float]:
-        key = min(self.scores, key=lambda k: (self.scores[k], k))
-        return key, self.scores[key]
+        return best_score(self.scores)
 
     def outstanding(self) -> list[Candidate]:
         return [self.candidate(genome) for genome in self.pending.values()]

@@ -1,4 +1,4 @@
-"""state.json's record of a descent (`GradientDescent.state_dict()["descent"]`): typed and finite, so that a resumed
+"""state.json's record of a descent (`GradientDescent.state().descent`): typed and finite, so that a resumed
 run never believes a value nobody wrote. Its lengths and its agreement with history.jsonl are checked where the
 run's parameter space is known (search/run/descent_check.py)."""
 

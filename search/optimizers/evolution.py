@@ -32,7 +32,15 @@ from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score, rank_score
+from longrope.search.optimizers.searcher import (
+    Candidate,
+    GenerationEnd,
+    Result,
+    SearchPlan,
+    best_score,
+    json_score,
+    rank_score,
+)
 
 MAX_TRIES = 200  # redraws before giving up on one new candidate
 CROSSOVER_PASSES = 20  # the official max_crossover_try
@@ -209,15 +217,7 @@ class DimMonoEvolution:
         return batch
 
     def candidate(self, genome: Genome) -> Candidate:
-        """A genome decoded: its factors and attention factor on the grid, its seed's name if it is a seed."""
-        return Candidate(
-            key=genome.key,
-            generation=self.generation,
-            factors=self.grid.factors(genome),
-            attention_factor=self.grid.attention_factor(genome),
-            n_hat=genome.n_hat,
-            seed=self.seed_names.get(genome.key),
-        )
+        return self.grid.candidate(genome, self.generation, self.seed_names.get(genome.key))
 
     def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
         """Record scores; generational: once the generation is all told, keep the best `parents` of everything
@@ -284,8 +284,7 @@ class DimMonoEvolution:
         return self.population[-1]
 
     def best(self) -> tuple[str, float]:
-        key = min(self.scores, key=lambda k: (self.scores[k], k))
-        return key, self.scores[key]
+        return best_score(self.scores)
 
     # ---- breeding ----
 

@@ -34,6 +34,7 @@ import numpy as np
 from longrope.encodings.critical_dim import critical_dim as critical_dim_formula
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.config.strict import JobConfigError
+from longrope.search.optimizers.searcher import Candidate
 
 LAST_PAIR_CAP = 4.0  # longrope2: last pair <= previous pair + 4, in factor units (official dim_mono.py)
 GRID_TOLERANCE = 1e-9  # in steps: S = 4.0 at step 0.01 is 400.00000000000006 steps, still on the grid
@@ -170,6 +171,17 @@ class GenomeGrid:
         if self.strict:
             factors[: self.critical_dim] = self.low_pair_factors(genome.factor_steps[self.critical_dim])
         return factors
+
+    def candidate(self, genome: Genome, generation: int, seed: str | None = None) -> Candidate:
+        """A genome decoded for scoring: its key, factors and attention factor on this grid, its n_hat."""
+        return Candidate(
+            key=genome.key,
+            generation=generation,
+            factors=self.factors(genome),
+            attention_factor=self.attention_factor(genome),
+            n_hat=genome.n_hat,
+            seed=seed,
+        )
 
     def attention_factor(self, genome: Genome) -> float | None:
         if genome.attention_steps is None:

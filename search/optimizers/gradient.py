@@ -40,7 +40,7 @@ from longrope.search.optimizers.descent_state import DescentState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
 from longrope.search.optimizers.objective import ObjectiveMix, subset_mix
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, json_score
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, best_score, json_score
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -281,8 +281,7 @@ class GradientDescent:
         return self.rounded
 
     def best(self) -> tuple[str, float]:
-        key = min(self.scores, key=lambda k: (self.scores[k], k))
-        return key, self.scores[key]
+        return best_score(self.scores)
 
     def ask(self, count: int = 1) -> list[Candidate]:
         """The next generation when none of it is out: the seeds, one step's point, or the best point on the grid
@@ -386,13 +385,7 @@ class GradientDescent:
 
     def _grid_point(self, genome: Genome) -> Candidate:
         self._genomes[genome.key] = genome
-        return Candidate(
-            genome.key,
-            self.generation,
-            self.grid.factors(genome),
-            self.grid.attention_factor(genome),
-            seed=self.seed_names.get(genome.key),
-        )
+        return self.grid.candidate(genome, self.generation, self.seed_names.get(genome.key))
 
     def _rounded_point(self) -> Candidate:
         key, _ = self.best()

@@ -127,6 +127,12 @@ class Searcher(Protocol):
     def load_state(self, state: dict[str, Any]) -> None: ...
 
 
+def best_score(scores: dict[str, float]) -> tuple[str, float]:
+    """(key, score) of the lowest score, ties broken by key: the one rule every searcher picks its best by."""
+    key = min(scores, key=lambda k: (scores[k], k))
+    return key, scores[key]
+
+
 def json_score(score: float) -> float | None:
     """A score as state.json holds it: null for inf / NaN (ranked last)."""
     return score if math.isfinite(score) else None

@@ -336,9 +336,14 @@ def restore(run_dir: RunDir, searcher: Searcher) -> tuple[History, RunState | No
     if state is None:
         return history, None
     run_state = RunState.model_validate(state)
-    try:
-        searcher.load_state(run_state.searcher)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from None
+    load_searcher(run_dir, searcher, run_state)
     check_history_holds(run_dir, run_state, history.records)
     return history, run_state
+
+
+def load_searcher(run_dir: RunDir, searcher: Searcher, state: RunState) -> None:
+    """state.json's searcher state into `searcher`; one RunStoreError when it does not load (the run is damaged)."""
+    try:
+        searcher.load_state(state.searcher)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from None

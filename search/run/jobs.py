@@ -22,7 +22,7 @@ from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.optimizers.searcher import Searcher
-from longrope.search.run.coordinator import Coordinator, SearchProblem
+from longrope.search.run.coordinator import Coordinator, SearchProblem, load_searcher
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.job_context import JobContext, check_source
 from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
@@ -101,7 +101,7 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> dic
         context = _checked_context(config)
         searcher = _searcher(context)
         if checked.state is not None:
-            _load_searcher(run_dir, searcher, checked)
+            load_searcher(run_dir, searcher, checked.state)
         windows = _search_windows(context)
         record = job_record(context, windows)
         if check_job_record(run_dir, record):  # every check has passed: now the directory may be written
@@ -111,13 +111,6 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> dic
             f"search: resuming at {searcher.position()} with {final_count(checked.records)} candidates already scored"
         )
         return _score(context, run_dir, windows, searcher, checked, options)
-
-
-def _load_searcher(run_dir: RunDir, searcher: Searcher, checked: CheckedRun) -> None:
-    try:
-        searcher.load_state(checked.state.searcher)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from None
 
 
 def _cut_torn_tail(run_dir: RunDir, checked: CheckedRun, reporter: SearchReporter) -> None:

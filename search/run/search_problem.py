@@ -1,5 +1,5 @@
 """What the coordinator is given: the search problem (pairs, scale, seeds, how a genome becomes a scored method),
-the evaluator's shape (the Ray worker pool, or an in-process stand-in), and a genome decoded into a candidate."""
+the evaluator's shape (the Ray worker pool, or an in-process stand-in)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 from longrope.encodings import RopeMethod
-from longrope.search.optimizers.genome import Genome, Seed
+from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.optimizers.searcher import WindowRange
 from longrope.workers.scorer import CandidateScore
@@ -41,14 +39,3 @@ class SearchProblem:
     @property
     def mix(self) -> ObjectiveMix:
         return self.objective or ObjectiveMix.single(self.windows)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A genome decoded once: what is scored (method) and what is recorded (factors, attention factor)."""
-
-    genome: Genome
-    generation: int
-    factors: np.ndarray
-    attention_factor: float | None
-    method: RopeMethod
