@@ -3,7 +3,7 @@
 The search keeps the candidate with the lowest mean NLL, so what bfloat16 must keep is the order, not the value.
 Each part scores one candidate set (benchlib.ranking_candidates: PI, NTK-aware and YaRN at the scale, power curves,
 and near ties, children of YaRN's factors as close as a converging GA's) with the project's Scorer in float32 and
-in bfloat16, and compares them (longrope.workers.rank_agreement: Kendall's tau, the best and best 5 the same, the
+in bfloat16, and compares them (bench/rank_agreement.py: Kendall's tau, the best and best 5 the same, the
 largest NLL difference and the spread of the differences about their median, which is what can reorder).
 
 To find where a disagreement comes from, bfloat16 is also scored with one suspected cause removed at a time:
@@ -39,13 +39,13 @@ import torch
 import torch.nn.functional as F
 import transformers.models.llama.modeling_llama as modeling_llama
 from benchlib import RESULTS, ROOT, provenance, ranking_candidates, save_json
+from rank_agreement import rank_agreement
 
 import longrope.workers.scorer as scorer_module
 from longrope.search.config.loading import load_job_config
 from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model, model_rope, read_model_config
 from longrope.workers.random_llama import llama_config, save_random_llama
-from longrope.workers.rank_agreement import rank_agreement
 from longrope.workers.scorer import Scorer
 
 OUT = RESULTS / "bf16_ranking.json"

@@ -10,7 +10,7 @@ in bfloat16 with SDPA and scored by the project's own Scorer (no Ray, no files),
    `worker_memory`);
 3. `ranking`: a few candidates (bench/benchlib.py `ranking_candidates`) at 32k (scale 4: at 8k, the model's own
    length, every candidate is nearly the plain RoPE) in bfloat16 and in float32, ranked alike or not
-   (longrope.workers.rank_agreement);
+   (bench/rank_agreement.py);
 4. `overhead`: a 16-token forward, all launch overhead, against what estimate assumes for one (search/cost/
    hardware.py `gpu_forward_overhead`: ~10 us an eager op, where it withholds GPU times of tiny models);
 5. `gradient`: the gradient optimizer's forward + backward (`Scorer.score_with_gradient`, layers checkpointed) at
@@ -63,6 +63,7 @@ importable_package()
 
 import torch  # noqa: E402 (after the package is made importable)
 from benchlib import provenance, ranking_candidates, save_json  # noqa: E402
+from rank_agreement import rank_agreement  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 from longrope.search.cost.architecture import Architecture  # noqa: E402
@@ -71,7 +72,6 @@ from longrope.search.cost.hardware import gpu_forward_overhead  # noqa: E402
 from longrope.search.cost.memory import ForwardShape, gradient_memory, worker_memory  # noqa: E402
 from longrope.workers.models import model_rope  # noqa: E402
 from longrope.workers.random_llama import llama_config  # noqa: E402
-from longrope.workers.rank_agreement import rank_agreement  # noqa: E402
 from longrope.workers.scorer import Scorer  # noqa: E402
 
 FULL = {

@@ -15,7 +15,7 @@ Parts:
   and smollm2_16k.json (the table with provenance and the search's cost, read from the run directory);
 - `ranking`: does bfloat16 rank the table's methods as float32 does (the search keeps the lowest score, so the
   order is what must hold)? The methods again on the first `--windows` test windows at the target in float32,
-  against their bfloat16 scores from the log (`longrope.workers.rank_agreement`: Kendall's tau, the best the same,
+  against their bfloat16 scores from the log (`bench/rank_agreement.py`: Kendall's tau, the best the same,
   the largest NLL difference);
 - `speed`: tokens per second of a forward and of a gradient pass (Scorer.score_with_gradient: the forward again
   under checkpointing, then the backward) on one 16k window, in float32 and in bfloat16.
@@ -255,7 +255,7 @@ def run_table(args: argparse.Namespace) -> None:
 
 def run_ranking(args: argparse.Namespace) -> None:
     """The table's methods at the target on its first test windows, float32 against the log's bfloat16."""
-    from longrope.workers.rank_agreement import rank_agreement
+    from rank_agreement import rank_agreement
 
     config = load_job_config(CONFIG, [f"data.test_windows={args.table_windows}", *args.set])
     context = JobContext.resolve(config)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from rank_agreement import kendall_tau, rank_agreement
 
 from longrope.search.config.loading import load_job_config
 from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model
-from longrope.workers.rank_agreement import kendall_tau, rank_agreement
 from longrope.workers.scorer import Scorer
 
 

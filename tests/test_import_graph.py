@@ -4,6 +4,7 @@ no cycle, and the layering the README's Layout section states.
 - encodings/ imports nothing of ours; workers/ imports encodings/ only; search/ may import both.
 - Within search/: cli -> reports -> export, cost -> run -> optimizers -> config (an arrow: "may import"; a
   package may also import every package further along the chain, never one before it).
+- No optimizer's name is compared outside search/optimizers/ and the config field that lists them.
 - An import inside a function is read as an import: one that dodges a cycle is a cycle here. What may stay inside
   a function (torch, Ray, transformers or matplotlib kept out of the light commands) says why in a comment.
 
@@ -189,6 +190,50 @@ def name_in_search(name: str) -> bool:
 def search_rank(name: str) -> int | None:
     """The rank of the search/ sub-package a module is in (None: not in one)."""
     return SEARCH_RANKS.get(name.split(".")[2]) if name_in_search(name) and name.count(".") >= 3 else None
+
+
+# the optimizers' names (search.optimizer's choices); only search/optimizers/ and the field's own module compare them
+OPTIMIZER_NAMES = {"dim_mono", "cmaes", "gradient", "hybrid"}
+NAME_OWNERS = ("search/optimizers/", "search/config/search_section.py")
+
+
+def string_constants(node: ast.AST) -> set[str]:
+    """The strings a comparison operand spells out: a literal, or a tuple, list or set of literals."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(string_constants(item) for item in node.elts))
+    return set()
+
+
+def optimizer_name_comparisons(root: Path = ROOT) -> list[str]:
+    """`path:line` of every comparison (==, !=, in, match case) with an optimizer's name, outside its owners."""
+    found = []
+    for folder in FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            where = path.relative_to(root).as_posix()
+            if where.startswith(NAME_OWNERS):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+                operands += [node.value] if isinstance(node, ast.MatchValue) else []
+                if set().union(*map(string_constants, operands)) & OPTIMIZER_NAMES:
+                    found.append(f"{where}:{node.lineno}")
+    return found
+
+
+def test_no_optimizer_name_is_compared_outside_the_optimizers_and_its_field(tmp_path):
+    """What differs between optimizers is asked of the optimizer (or of the config's field, e.g. `descends`), never
+    decided again by comparing its name; a planted comparison and a `match` case are found."""
+    assert not optimizer_name_comparisons(), optimizer_name_comparisons()
+    planted = tmp_path / "search" / "run"
+    planted.mkdir(parents=True)
+    (planted / "a.py").write_text('x = kind in ("gradient", "hybrid")\nmatch kind:\n    case "cmaes":\n        pass\n')
+    (tmp_path / "search" / "optimizers").mkdir()
+    (tmp_path / "search" / "optimizers" / "b.py").write_text('y = kind == "cmaes"\n')
+    for folder in ("encodings", "workers"):
+        (tmp_path / folder).mkdir()
+    assert optimizer_name_comparisons(tmp_path) == ["search/run/a.py:1", "search/run/a.py:3"]
 
 
 MAX_LINES = 450

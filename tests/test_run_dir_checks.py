@@ -121,6 +121,32 @@ def four_factors(t: Path) -> Path:
     return run
 
 
+def edit_recorded_bests(run: Path, edit) -> None:
+    """state.json's early_stop.best_by_generation replaced by edit(list, the told scores sorted)."""
+    told = sorted(r["mean_nll"] for r in lines(run / "history.jsonl") if r.get("mean_nll") is not None)
+
+    def replaced(state: dict) -> dict:
+        early_stop = state["optimizer"]["state"]["early_stop"]
+        early_stop["best_by_generation"] = edit(early_stop["best_by_generation"], told)
+        return state
+
+    edit_json(run / "state.json", replaced)
+
+
+def best_by_generation_lowered(t: Path) -> Path:
+    """A best no candidate scored: the early stop would measure its gains from it."""
+    run = known_problem_run(t / "run")
+    edit_recorded_bests(run, lambda bests, told: [*bests[:-1], bests[-1] / 2])
+    return run
+
+
+def best_by_generation_rising(t: Path) -> Path:
+    """Told scores, but the best rising from generation 0 to 1: no search's best does that."""
+    run = known_problem_run(t / "run")
+    edit_recorded_bests(run, lambda bests, told: [told[0], told[-1]])
+    return run
+
+
 def foreign_state(t: Path) -> Path:
     other = t / "other"
     config = cheap_config(other, "search.generations=3")
@@ -194,6 +220,16 @@ CORRUPTIONS = [
     pytest.param(mean_nll_not_its_windows, "but its per-window NLLs give", id="mean-nll-not-its-windows"),
     pytest.param(copied_better_line, "state.json: candidate", id="score-not-the-told-one"),
     pytest.param(four_factors, "history.jsonl:2: 4 factors, but the model has 16 rotary pairs", id="four-factors"),
+    pytest.param(
+        best_by_generation_lowered,
+        "state.json: early_stop.best_by_generation holds",
+        id="best-by-generation-not-a-score",
+    ),
+    pytest.param(
+        best_by_generation_rising,
+        "state.json: early_stop.best_by_generation rises from",
+        id="best-by-generation-rising",
+    ),
     pytest.param(foreign_state, "state.json: belongs to another run", id="state-of-another-run"),
     pytest.param(
         foreign_legacy_state,

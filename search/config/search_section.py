@@ -249,11 +249,17 @@ class SearchConfig(Strict):
             )
         return self
 
+    @property
+    def descends(self) -> bool:
+        """Whether the optimizer takes gradient steps (gradient descent, or the hybrid's polish): the one place outside
+        search/optimizers/ that reads the optimizer's name, for the rules on the gradient section."""
+        return self.optimizer in ("gradient", "hybrid")
+
     def _gradient_rules(self) -> None:
         """What descent cannot do: n_hat moves positions between regimes (not differentiable; a GA-only gene),
         longrope2's derived pairs and a short-factor search's regime are not parametrized, racing and the steady
         schedule are the evolution's."""
-        if self.optimizer not in ("gradient", "hybrid"):
+        if not self.descends:
             return
         rules = (
             (self.n_hat.enabled, "n_hat.enabled: n_hat is not differentiable, a gene of dim_mono only"),

@@ -55,6 +55,10 @@ class CmaesState(BaseModel):
     def parent_keys(self) -> list[str]:
         return []  # a distribution, not parents
 
+    def recorded_bests(self) -> list[float | None]:
+        """The best score after each generation the early stop recorded (null: none finite)."""
+        return self.early_stop.best_by_generation
+
     @property
     def stopped_early(self) -> bool:
         return self.early_stop.stopped

@@ -68,6 +68,10 @@ class EvolutionState(BaseModel):
     def parent_keys(self) -> list[str]:
         return list(self.population)
 
+    def recorded_bests(self) -> list[float | None]:
+        """The best score after each generation the early stop recorded (null: none finite)."""
+        return self.early_stop.best_by_generation
+
     @property
     def stopped_early(self) -> bool:
         return self.early_stop.stopped

@@ -193,6 +193,9 @@ class GradientState(BaseModel):
     def parent_keys(self) -> list[str]:
         return []
 
+    def recorded_bests(self) -> list[float | None]:
+        return []  # descent stops on held-out windows, not on a best per generation
+
 
 class GradientDescent:
     """Descent as a `Searcher` (searcher.py); see the module docstring for its generations. `start` skips the

@@ -46,6 +46,9 @@ class HybridState(BaseModel):
     def parent_keys(self) -> list[str]:
         return self.evolution.parent_keys()
 
+    def recorded_bests(self) -> list[float | None]:
+        return self.evolution.recorded_bests()
+
     @property
     def stopped_early(self) -> bool:
         return self.evolution.stopped_early

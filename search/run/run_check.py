@@ -282,6 +282,7 @@ def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dic
                 f"{run_dir.file(STATE)}: candidate {key} told with score {score!r}, but history.jsonl holds "
                 f"{recorded!r} (copied from another run?); the run directory is damaged"
             )
+    check_recorded_bests(run_dir, state.searcher.recorded_bests(), scores)
     unknown = [key for key in state.searcher.parent_keys() if key not in scores]
     if unknown:
         raise RunStoreError(f"{run_dir.file(STATE)}: population holds {unknown[0]}, which was never told")
@@ -292,3 +293,18 @@ def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dic
             f"{run_dir.file(HISTORY)}: holds candidates of generation {max(ahead)}, but state.json has reached "
             f"generation {generation} (a state.json from earlier in the run, or another run's?)"
         )
+
+
+def check_recorded_bests(run_dir: RunDir, bests: list[float | None], scores: dict[str, float]) -> None:
+    """The early stop's best after each generation (`early_stop.best_by_generation`) decides when the search stops,
+    so it must be what history.jsonl says: each entry the score of a candidate told (null: none finite yet), and
+    never rising (the best of a search only improves). An edited list would stop a run early or keep it going."""
+    where = f"{run_dir.file(STATE)}: early_stop.best_by_generation"
+    told = set(scores.values())
+    foreign = [best for best in bests if best is not None and best not in told]
+    if foreign:
+        raise RunStoreError(f"{where} holds {foreign[0]!r}, the score of no candidate in history.jsonl (edited?)")
+    values = [math.inf if best is None else best for best in bests]
+    rises = [(a, b) for a, b in itertools.pairwise(values) if b > a]
+    if rises:
+        raise RunStoreError(f"{where} rises from {rises[0][0]!r} to {rises[0][1]!r}; a best only improves (edited?)")
