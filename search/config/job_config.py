@@ -83,7 +83,7 @@ class JobConfig(Strict):
                 f"search.gradient.holdout_windows: must leave the gradient at least one of the {windows} search "
                 f"windows, got {gradient.holdout_windows}"
             )
-        if self.search.descends and (gradient.windows_per_step or 0) > windows - (gradient.holdout_windows):
+        if self.search.descends and (gradient.windows_per_step or 0) > windows - gradient.holdout_windows:
             raise ValueError(
                 f"search.gradient.windows_per_step: at most the {windows - gradient.holdout_windows} gradient windows "
                 f"(search windows less holdout_windows), got {gradient.windows_per_step}"
