@@ -29,7 +29,7 @@
    hybrid's bests per seed. Test perplexity at 2048 (24 windows), paired interval and ratio to the best baseline
    (tuned included); target: <= 0.6x. Writes search_cost_16x.json and search_cost_16x.png.
 3. cluster (only with --parts cluster): 8 Ray workers with fake GPUs score the tests' known problem on 8 windows
-   (longrope.search.run.known_problem: no model) with a latency of 20 ms per window, jittered uniformly by +-30%;
+   (bench/known_problem.py: no model) with a latency of 20 ms per window, jittered uniformly by +-30%;
    worker utilisation = busy time / (workers x wall), generational vs steady (each with and without racing), at
    the demo's search sizes.
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from known_problem import TARGET, problem
 from search_helpers import FunctionEvaluator, make_coordinator, write_job_record
 
 from longrope.search.config.loading import load_job_config
-from longrope.search.run.known_problem import TARGET, problem
 from longrope.search.run.run_store import RunDir
 
 # ---- run directories ----

@@ -1,4 +1,4 @@
-"""What the search tests share beyond the known problem itself (longrope.search.run.known_problem: a cheap
+"""What the search tests share beyond the known problem itself (bench/known_problem.py: a cheap
 objective, no model, the optimum a known factor vector): an in-process evaluator of it, a coordinator built as
 `longrope search` builds one, a finished run directory, and job.json as a model run of the problem's shape writes it."""
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from known_problem import HEAD_DIM, ORIGINAL, TARGET, problem, window_nll, window_nll_gradient
 
 from longrope.encodings import LongRope
 from longrope.search.run.coordinator import SearchProblem
-from longrope.search.run.known_problem import HEAD_DIM, ORIGINAL, TARGET, problem, window_nll, window_nll_gradient
 from longrope.workers.scorer import CandidateScore
 
 # job.json as a model run of this problem's shape would have written it (export reads it)

@@ -4,7 +4,7 @@ folder. Configs and values here; factors files, run and model directories in tes
 Complements the subprocess cases in test_search_cli.py (none of those is repeated here).
 
 The reference model (`model.path: reference`) has original length 128 and 16 rotary pairs; the cheap run
-directory (longrope.search.run.known_problem) has head_dim 32, original length 64 and target length 256.
+directory (bench/known_problem.py) has head_dim 32, original length 64 and target length 256.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ through `main(argv)`: exit code 2, exactly one line on stderr naming the file an
 and nothing written under the test's folder. The configs and values are in test_bad_input_cli.py.
 
 The reference model (`model.path: reference`) has original length 128 and 16 rotary pairs; the cheap run
-directory (search/run/known_problem.py) has head_dim 32, original length 64 and target length 256.
+directory (bench/known_problem.py) has head_dim 32, original length 64 and target length 256.
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from known_problem import PAIRS, objective, problem
 from search_helpers import result_of
 
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import DimMonoEvolution
 from longrope.search.optimizers.factory import make_searcher
-from longrope.search.run.known_problem import PAIRS, objective, problem
 
 
 def run_generations(settings: SearchConfig, generations: int) -> tuple[DimMonoEvolution, list[list]]:

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 from cli_checks import cli_error_line
+from known_problem import OPTIMUM, TARGET, objective, problem, window_nll_gradient
 from search_helpers import FunctionEvaluator, make_coordinator, write_job_record
 
 from longrope.search.cli.main import main
@@ -19,7 +20,6 @@ from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.genome import Genome
 from longrope.search.optimizers.gradient import Parametrization
 from longrope.search.optimizers.objective import ObjectiveMix, objective_gradient, subset_mix
-from longrope.search.run.known_problem import OPTIMUM, TARGET, objective, problem, window_nll_gradient
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir
 

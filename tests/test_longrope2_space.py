@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from known_problem import PAIRS, objective, problem
 from search_helpers import result_of
 
 from longrope.encodings.critical_dim import critical_dim, pair_periods
@@ -20,7 +21,6 @@ from longrope.search.cli.main import main
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import make_searcher
 from longrope.search.optimizers.genome import Genome, SearchSpace, Seed, resolve_space
-from longrope.search.run.known_problem import PAIRS, objective, problem
 
 SCALE = 4.0  # known_problem: 64 -> 256 tokens, 16 pairs, theta 1e4
 

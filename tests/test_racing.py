@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import pytest
+from known_problem import window_nll
 from search_helpers import FunctionEvaluator, run_job
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.search_section import RacingConfig
-from longrope.search.run.known_problem import window_nll
 from longrope.search.run.racing import clearly_worse, window_groups
 from longrope.search.run.run_store import RunDir
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from cli_checks import cli_error_line
 from descent_corruptions import DESCENT_CORRUPTIONS
+from known_problem import problem
 from rich.console import Console
 from run_dir_helpers import (
     GRADIENT,
@@ -37,7 +38,6 @@ from longrope.search.cli.main import main
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.optimizers.factory import make_searcher
 from longrope.search.run.coordinator import Coordinator
-from longrope.search.run.known_problem import problem
 from longrope.search.run.run_store import RunDir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

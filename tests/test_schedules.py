@@ -8,13 +8,13 @@ import random
 
 import numpy as np
 import pytest
+from known_problem import PAIRS, objective, problem
 from search_helpers import FunctionEvaluator, make_coordinator, result_of, run_job
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.cmaes import CmaesOptimizer
 from longrope.search.optimizers.factory import make_searcher
 from longrope.search.optimizers.genome import Genome, GenomeGrid
-from longrope.search.run.known_problem import PAIRS, objective, problem
 from longrope.search.run.run_store import RunDir
 
 WINDOWS = 8

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
+from known_problem import OPTIMUM, objective, problem
 from search_helpers import JOB_RECORD, FunctionEvaluator, run_job
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.run.known_problem import OPTIMUM, objective, problem
 from longrope.search.run.run_store import RunDir, RunStoreError
 
 

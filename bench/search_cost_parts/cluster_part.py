@@ -10,13 +10,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import known_problem
 import numpy as np
 import ray
 from rich.console import Console
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import make_searcher
-from longrope.search.run import known_problem
 from longrope.search.run.coordinator import Coordinator
 from longrope.search.run.run_store import RunDir
 from longrope.workers.pool import WorkerPool
@@ -26,7 +26,7 @@ from search_cost_parts.variants import WIDTH
 
 LATENCY_PER_WINDOW_S = 0.02
 JITTER = 0.3
-SIM_WINDOWS = 8  # the known problem (longrope.search.run.known_problem) on 8 windows of different difficulty
+SIM_WINDOWS = 8  # the known problem (bench/known_problem.py) on 8 windows of different difficulty
 
 
 class SyntheticWorker:
