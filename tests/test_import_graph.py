@@ -1,5 +1,5 @@
 """The import graph of our three packages, read from the source with `ast` (imports inside functions included):
-no cycle, and the layering the README's Layout section states.
+no cycle, and the layering docs/layout.md states.
 
 - encodings/ imports nothing of ours; workers/ imports encodings/ only; search/ may import both.
 - Within search/: cli -> reports -> export, cost -> run -> optimizers -> config (an arrow: "may import"; a
@@ -180,7 +180,7 @@ def test_search_packages_import_in_one_direction(graph):
                 wrong.append(f"{source} -> {target}")
     assert not wrong, "imports against the layering:\n" + "\n".join(sorted(wrong))
     packages = {name.split(".")[2] for name in graph if name_in_search(name) and name.count(".") >= 3}
-    assert packages == set(SEARCH_RANKS), "a new search/ sub-package needs its place in SEARCH_RANKS and README.md"
+    assert packages == set(SEARCH_RANKS), "a new search/ sub-package needs its place in SEARCH_RANKS and docs/layout.md"
 
 
 def name_in_search(name: str) -> bool:
