@@ -74,7 +74,7 @@ def stopped_run(run_dir: Path, error: BaseException, **coordinator_options):
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {bench!r}]  # pytest's pythonpath: the tests' helpers and bench/known_problem.py
     from search_helpers import FunctionEvaluator, make_coordinator
     from longrope.search.config.loading import load_job_config
     from longrope.search.run.run_store import RunDir
@@ -108,7 +108,7 @@ def test_status_says_running_while_a_process_holds_the_run_and_stopped_once_it_i
     """A live search: "running (pid N on HOST, ...)" with an ETA. SIGKILLed, its heartbeat still says running,
     but the lock is gone and the pid too: "stopped at ..." with the resume command and no ETA."""
     script = tmp_path / "holder.py"
-    script.write_text(HOLDER.format(tests=str(TESTS)))
+    script.write_text(HOLDER.format(tests=str(TESTS), bench=str(TESTS.parent / "bench")))
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, str(script), str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

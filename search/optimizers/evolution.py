@@ -41,6 +41,7 @@ from longrope.search.optimizers.searcher import (
     json_score,
     rank_score,
 )
+from longrope.search.optimizers.surrogate import RidgeSurrogate, candidate_features, screen
 
 MAX_TRIES = 200  # redraws before giving up on one new candidate
 CROSSOVER_PASSES = 20  # the official max_crossover_try
@@ -61,6 +62,8 @@ class EvolutionState(BaseModel):
     threshold: str | None = None  # generational racing: the worst parent when the generation was asked
     early_stop: EarlyStopState = EarlyStopState()
     exhausted: bool = False  # no new candidate could be made: the search is over
+    proposed: int = Field(default=0, ge=0)  # search.surrogate: children bred after generation 0
+    screened_out: int = Field(default=0, ge=0)  # of those, the ones the surrogate kept from scoring
 
     def told_scores(self) -> dict[str, float]:
         return told_from_json(self.told)[1]
@@ -71,6 +74,10 @@ class EvolutionState(BaseModel):
     def recorded_bests(self) -> list[float | None]:
         """The best score after each generation the early stop recorded (null: none finite)."""
         return self.early_stop.best_by_generation
+
+    def screening(self) -> tuple[int, int]:
+        """search.surrogate's counts so far: children proposed, and of those screened out before scoring."""
+        return self.proposed, self.screened_out
 
     @property
     def stopped_early(self) -> bool:
@@ -104,6 +111,12 @@ class DimMonoEvolution:
         self.exhausted = False
         self._threshold: str | None = None
         self._arrived: dict[str, float] = {}  # scores of the generation out, until all of it is in
+        self.screens = settings.surrogate.enabled
+        self.proposals_per_child = settings.surrogate.proposals if self.screens else 1
+        self.proposed = 0  # children bred after generation 0 (search.surrogate)
+        self.screened_out = 0  # of those, not scored
+        self.last_proposals: list[Genome] = []  # the latest screened batch, before screening
+        self._features: dict[str, np.ndarray] = {}  # a genome's surrogate features, by key
 
     @classmethod
     def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> DimMonoEvolution:
@@ -256,7 +269,8 @@ class DimMonoEvolution:
         self.early_stop.record(best)
         label = generation_label(generation, self.total_generations)
         previous = self.early_stop.previous_best
-        return GenerationEnd(label, generation, best, previous, self.early_stop.countdown())
+        screening = (self.proposed, self.screened_out) if self.screens else None
+        return GenerationEnd(label, generation, best, previous, self.early_stop.countdown(), screening=screening)
 
     def threshold(self) -> str | None:
         """The parent a racing child is compared with: the worst parent when its generation was asked
@@ -307,13 +321,14 @@ class DimMonoEvolution:
         seen = set(self.scores)
         parents = [self.genomes[key] for key in self.population]
         batch: list[Genome] = []
-        for _ in range(self.settings.mutations):
+        for _ in range(self.settings.mutations * self.proposals_per_child):
             batch += self._unique([self.mutate(parents[int(self.rng.integers(len(parents)))], seen)], seen)
-        for _ in range(self.settings.crossovers):
+        for _ in range(self.settings.crossovers * self.proposals_per_child):
             if len(parents) < 2:
                 break
             i, j = self.rng.choice(len(parents), size=2, replace=False)
             batch += self._unique([self.crossover(parents[int(i)], parents[int(j)], seen)], seen)
+        batch = self._screened(batch, self.children_per_generation)
         self._generation_keys = [g.key for g in batch]
         return batch
 
@@ -322,14 +337,47 @@ class DimMonoEvolution:
         seen = set(self.scores) | set(self.pending)
         parents = [self.genomes[key] for key in self.population]
         batch: list[Genome] = []
-        for _ in range(max(0, count)):
+        for _ in range(max(0, count) * self.proposals_per_child):
             if len(parents) < 2 or self.rng.random() < self.settings.mutations / self.children_per_generation:
                 child = self.mutate(parents[int(self.rng.integers(len(parents)))], seen)
             else:
                 i, j = self.rng.choice(len(parents), size=2, replace=False)
                 child = self.crossover(parents[int(i)], parents[int(j)], seen)
             batch += self._unique([child], seen)
+        return self._screened(batch, count)
+
+    # ---- screening (search.surrogate) ----
+
+    def _screened(self, batch: list[Genome], keep: int) -> list[Genome]:
+        """Off: the batch. On: the `keep` children of the batch that `surrogate.screen` picks on the ridge
+        surrogate's predictions (the first `keep` while fewer than 2 told scores are finite), in breeding order."""
+        if not self.screens:
+            return batch
+        self.last_proposals = list(batch)
+        if len(batch) > keep:
+            surrogate = self.fitted_surrogate()
+            if surrogate is None:
+                batch = batch[:keep]
+            else:
+                predicted = surrogate.predict(np.stack([self.features(g) for g in batch]))
+                batch = [batch[i] for i in screen(predicted, keep, self.settings.surrogate.exploration, self.rng)]
+        self.proposed += len(self.last_proposals)
+        self.screened_out += len(self.last_proposals) - len(batch)
         return batch
+
+    def fitted_surrogate(self) -> RidgeSurrogate | None:
+        """The surrogate fitted on every genome told a finite score so far, in the order told; None under 2."""
+        keys = [key for key, score in self.scores.items() if key in self.genomes and math.isfinite(score)]
+        if len(keys) < 2:
+            return None
+        features = np.stack([self.features(self.genomes[key]) for key in keys])
+        scores = np.array([self.scores[key] for key in keys])
+        return RidgeSurrogate.fit(features, scores, self.settings.surrogate.ridge)
+
+    def features(self, genome: Genome) -> np.ndarray:
+        if genome.key not in self._features:
+            self._features[genome.key] = candidate_features(self.grid.candidate(genome, 0, None))
+        return self._features[genome.key]
 
     @staticmethod
     def _unique(genomes: list[Genome | None], seen: set[str] | None = None) -> list[Genome]:
@@ -360,6 +408,8 @@ class DimMonoEvolution:
             threshold=self._threshold,
             early_stop=self.early_stop.state(),
             exhausted=self.exhausted,
+            proposed=self.proposed,
+            screened_out=self.screened_out,
         )
 
     def load_state(self, state: dict[str, Any] | EvolutionState) -> None:
@@ -375,6 +425,7 @@ class DimMonoEvolution:
         self._arrived = {}
         self.early_stop.load_state(state.early_stop)
         self.exhausted = state.exhausted
+        self.proposed, self.screened_out = state.proposed, state.screened_out
         unknown = [key for key in self.population if key not in self.genomes]
         if unknown:
             raise ValueError(f"population holds {unknown[0]}, which is not among the told genomes")

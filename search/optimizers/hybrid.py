@@ -49,6 +49,9 @@ class HybridState(BaseModel):
     def recorded_bests(self) -> list[float | None]:
         return self.evolution.recorded_bests()
 
+    def screening(self) -> tuple[int, int]:
+        return self.evolution.screening()
+
     @property
     def stopped_early(self) -> bool:
         return self.evolution.stopped_early

@@ -81,6 +81,7 @@ class GenerationEnd:
     previous_best: float  # before it (inf at generation 0)
     countdown: str = ""  # the early stop's countdown, when one is in force
     polish: bool = False  # a hybrid's polish step (timed apart from the generations)
+    screening: tuple[int, int] | None = None  # search.surrogate: children proposed, screened out (run so far)
 
 
 @dataclass(frozen=True)

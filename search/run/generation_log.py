@@ -2,8 +2,9 @@
 
 A generation's line gives its label (search/optimizers/labels.py: "generation 3/20", a descent's "(step 2/5)"), the
 evaluations so far, the best perplexity on the search split (with as many digits as show a new best), "new best",
-the early-stop countdown the searcher reports, the forward and backward window passes and the rate. Pure functions
-of what the coordinator holds, so the wording is tested without a search.
+the early-stop countdown the searcher reports, what the surrogate screened out (search.surrogate), the forward
+and backward window passes and the rate. Pure functions of what the coordinator holds, so the wording is tested
+without a search.
 """
 
 from __future__ import annotations
@@ -27,9 +28,19 @@ def generation_line(end: GenerationEnd, history: dict[str, dict[str, Any]], *, r
         + f"  best search ppl {perplexity_text(end.best, end.previous_best)}"
         + ("  * new best" if new_best else "")
         + end.countdown
+        + screening_text(end.screening)
         + "  windows {} fwd + {} bwd".format(*window_passes(history))
         + f"  ({seconds:.1f}s, {fresh / max(seconds, 1e-9):.2f} eval/s)"
     )
+
+
+def screening_text(screening: tuple[int, int] | None) -> str:
+    """search.surrogate's counts so far, as the log and `status` say them ('' when it is off or has screened
+    nothing yet: generation 0 is never screened)."""
+    if screening is None or screening[0] == 0:
+        return ""
+    proposed, screened_out = screening
+    return f"  surrogate screened out {screened_out} of {proposed} children proposed"
 
 
 def polish_line(end: GenerationEnd, run_best: str, seconds: float) -> str:

@@ -19,6 +19,7 @@ from longrope.search.optimizers.factory import searcher_class
 from longrope.search.optimizers.hybrid import HybridState
 from longrope.search.optimizers.labels import polish_position
 from longrope.search.run import heartbeat as heartbeats
+from longrope.search.run.generation_log import screening_text
 from longrope.search.run.job_record import JobRecord
 from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import (
@@ -70,6 +71,7 @@ def run_status(
         "evaluations": final_count(history),
         **dict(zip(("forward_windows", "backward_windows"), window_passes(history), strict=True)),
         "stopped_by_racing": sum(1 for r in history.values() if r.get("status") == "stopped"),
+        **screening_fields(run),
         "finished": run.finished,
         "stopped_early": bool(run.state and run.state.stopped_early),
         **life,
@@ -79,6 +81,15 @@ def run_status(
         "eta_seconds": eta,
         **record_fields(run.job, best),
     }
+
+
+def screening_fields(run: CheckedRun) -> dict[str, int | None]:
+    """search.surrogate's counts: children `proposed` after generation 0 and of those `screened_out` before
+    scoring (null when the surrogate is off)."""
+    if not run.config.search.surrogate.enabled:
+        return {"proposed": None, "screened_out": None}
+    proposed, screened_out = run.state.searcher.screening() if run.state else (0, 0)
+    return {"proposed": proposed, "screened_out": screened_out}
 
 
 def _descent_steps(run: CheckedRun) -> int | None:
@@ -214,7 +225,8 @@ def format_status(status: dict[str, Any]) -> str:
         f"run {status['name']} in {status['run_dir']}{stage}",
         f"  {_generations_text(status)}, {status['evaluations']} evaluations ({status['forward_windows']} forward "
         f"and {status['backward_windows']} backward window passes)"
-        + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else ""),
+        + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else "")
+        + ("; " + screening_text((status["proposed"], status["screened_out"])).strip() if status["proposed"] else ""),
         f"  {state_text(status)}",
     ]
     if "model" in status:
