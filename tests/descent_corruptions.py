@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from run_dir_helpers import GRADIENT, descent_run, edit_json, mid_polish, rewrite_line, set_field, step_lines
 
+ADAM_POLISH = "search.gradient.polish_method=adam"
+
 
 def polish_adam_moment_one_value(t: Path) -> Path:
-    run = mid_polish(t / "run")
+    run = mid_polish(t / "run", ADAM_POLISH)
     edit_json(
         run / "state.json", lambda s: set_field(s, ["optimizer", "state", "polish", "descent", "adam", "m"], [0.0])
     )
@@ -23,11 +25,29 @@ def polish_adam_moment_one_value(t: Path) -> Path:
 
 def polish_adam_moment_edited(t: Path) -> Path:
     """The right length, finite: found only by replaying the polish on history.jsonl's gradients."""
-    run = mid_polish(t / "run")
+    run = mid_polish(t / "run", ADAM_POLISH)
     m = json.loads((run / "state.json").read_text())["optimizer"]["state"]["polish"]["descent"]["adam"]["m"]
     edit_json(
         run / "state.json",
         lambda s: set_field(s, ["optimizer", "state", "polish", "descent", "adam", "m"], [0.0] * len(m)),
+    )
+    return run
+
+
+def polish_line_search_alpha_edited(t: Path) -> Path:
+    """The line search's next step size, positive and finite, doubled: found only by replaying the polish."""
+    run = mid_polish(t / "run")
+    path = ["optimizer", "state", "polish", "descent", "line_search", "alpha"]
+    alpha = json.loads((run / "state.json").read_text())["optimizer"]["state"]["polish"]["descent"]["line_search"]
+    edit_json(run / "state.json", lambda s: set_field(s, path, 2 * alpha["alpha"]))
+    return run
+
+
+def polish_line_search_half_an_anchor(t: Path) -> Path:
+    run = mid_polish(t / "run")
+    edit_json(
+        run / "state.json",
+        lambda s: set_field(s, ["optimizer", "state", "polish", "descent", "line_search", "anchor_score"], None),
     )
     return run
 
@@ -94,6 +114,16 @@ DESCENT_CORRUPTIONS = [
         "state.json: optimizer.state.polish.descent.adam.m[0] is 0.0, but replaying history.jsonl's points and "
         "gradients",
         id="polish-adam-m-edited",
+    ),
+    pytest.param(
+        polish_line_search_alpha_edited,
+        "state.json: optimizer.state.polish.descent.line_search.alpha is",
+        id="polish-line-search-alpha-edited",
+    ),
+    pytest.param(
+        polish_line_search_half_an_anchor,
+        "anchor: its u, anchor_score and anchor_gradient are given together or not at all",
+        id="polish-line-search-half-an-anchor",
     ),
     pytest.param(
         polish_seconds_negative,

@@ -65,9 +65,10 @@ def descent_run(run_dir: Path, optimizer: tuple[str, ...], fail_on_call: int | N
     return run_dir
 
 
-def mid_polish(run_dir: Path) -> Path:
-    """A hybrid killed in its polish after generation 2 of 2: one of its 4 steps told (state.json's `polish`)."""
-    return descent_run(run_dir, HYBRID, fail_on_call=5)
+def mid_polish(run_dir: Path, *extra: str) -> Path:
+    """A hybrid killed in its polish after generation 2 of 2: one of its 4 steps told (state.json's `polish`);
+    `extra` overrides its config (the polish by Adam: search.gradient.polish_method=adam)."""
+    return descent_run(run_dir, (*HYBRID, *extra), fail_on_call=5)
 
 
 def step_lines(run: Path) -> list[int]:

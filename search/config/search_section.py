@@ -112,9 +112,10 @@ class GradientConfig(Strict):
     official constraints (non-decreasing across pairs, within [1, max_factor]; the attention factor within its bounds),
     the search windows are split into the gradient's and `holdout_windows` held out for the stopping rule, and every
     step's point is scored on all of them (a candidate in history.jsonl like any other). Adam (Kingma and Ba 2015) with
-    the default betas. `hybrid` polishes the evolution's best with `polish_steps` of it every `polish_every` generations
+    the default betas. `hybrid` polishes the evolution's best with `polish_steps` steps every `polish_every` generations
     and always once more when the evolution ends (its last generation, an early stop), unless that generation's best was
-    just polished."""
+    just polished; a polish step is kept only where it lowers the search NLL (a backtracking line search, Nocedal and
+    Wright Algorithm 3.1: search/optimizers/line_search.py), or, with `polish_method: adam`, by Adam as above."""
 
     steps: int = Field(default=60, ge=0, le=MAX_COUNT, description="gradient steps after the seeds are scored")
     learning_rate: float = Field(default=0.15, gt=0, le=10, description="Adam's step size, in parameter units")
@@ -141,7 +142,14 @@ class GradientConfig(Strict):
         "null: the final best only",
     )
     polish_steps: int = Field(default=10, ge=1, le=MAX_COUNT, description="hybrid: gradient steps per polish")
-    polish_learning_rate: float = Field(default=0.05, gt=0, le=10, description="hybrid: Adam's step size to polish")
+    polish_learning_rate: float = Field(
+        default=0.05, gt=0, le=10, description="hybrid: the polish's first step size (line search) or Adam's step size"
+    )
+    polish_method: Literal["line_search", "adam"] = Field(
+        default="line_search",
+        description="hybrid: line_search keeps a step only if it lowers the search NLL (never worse than the GA's "
+        "best); adam: Adam's steps, kept whatever they score",
+    )
 
     def polishes_after(self, generation: int, last: int, ending: bool = False) -> bool:
         """Whether the hybrid polishes its best after `generation` (done; 0 is the initial population, never

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from longrope.search.optimizers.line_search import LineSearchState
+
 
 class AdamState(BaseModel):
     """state.json's Adam: the moments (finite; v, a mean of squares, never below 0) and the steps taken."""
@@ -39,6 +41,7 @@ class DescentState(BaseModel):
     rounded: bool
     final: list[Any] | None  # the rounding's genome (Genome.to_json)
     points: dict[str, list[Any]]  # key -> [factors, attention factor] of every told point
+    line_search: LineSearchState | None = None  # the hybrid's polish by line search (line_search.py); else Adam
 
     @model_validator(mode="after")
     def _consistent(self) -> DescentState:

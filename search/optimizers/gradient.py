@@ -39,6 +39,7 @@ from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.descent_state import DescentState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
+from longrope.search.optimizers.line_search import BacktrackingLineSearch
 from longrope.search.optimizers.objective import ObjectiveMix, subset_mix
 from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, best_score, json_score
 
@@ -215,6 +216,7 @@ class GradientDescent:
         learning_rate: float | None = None,
         start: Seed | None = None,
         patience: bool = True,
+        line_search: bool = False,
     ):
         self.settings, self.grid, self.mix = settings, grid, mix
         self.steps = settings.steps if steps is None else steps
@@ -230,6 +232,7 @@ class GradientDescent:
         self.generation = 1 if start is not None else 0
         self.u: np.ndarray | None = None if start is None else self.param.inverse(start.factors, start.attention_factor)
         self.adam = Adam.fresh(self.learning_rate, self.param.size)
+        self.line_search = BacktrackingLineSearch(self.learning_rate) if line_search else None  # instead of Adam
         self.scores: dict[str, float] = {}  # every told point's mean NLL on all search windows
         self.points: dict[str, list[Any]] = {}  # key -> [factors, attention] of every told point
         self.best_held_out = math.inf
@@ -371,7 +374,10 @@ class GradientDescent:
         else:
             self.since_gain += 1
         grad_u = self.param.pullback(self.u, np.asarray(gradient[: self.grid.pairs]), float(gradient[self.grid.pairs]))
-        self.u = self.adam.step(self.u, grad_u)
+        if self.line_search is not None:
+            self.u = self.line_search.next_point(self.u, result.score, grad_u)
+        else:
+            self.u = self.adam.step(self.u, grad_u)
 
     def _held_out_nll(self, result: Result) -> float:
         start, stop = self.split.held_out
@@ -406,6 +412,7 @@ class GradientDescent:
             rounded=self.rounded,
             final=None if self.final is None else self.final.to_json(),
             points=self.points,
+            line_search=None if self.line_search is None else self.line_search.state(),
         )
         told = [[key, json_score(score)] for key, score in self.scores.items()]
         return GradientState(generation=self.generation, told=told, descent=descent)
@@ -425,6 +432,10 @@ class GradientDescent:
         self.since_gain = descent.since_gain
         self.rounded = descent.rounded
         self.final = None if descent.final is None else Genome.from_json(descent.final)
+        if self.line_search is not None:
+            self.line_search = BacktrackingLineSearch(self.learning_rate)
+            if descent.line_search is not None:
+                self.line_search.load_state(descent.line_search)
         self.pending, self._asked, self._results = {}, [], {}
 
 

@@ -191,8 +191,9 @@ class HybridSearch:
 
 
 def polish_descent(settings: SearchConfig, grid: GenomeGrid, mix: ObjectiveMix, start: Genome) -> GradientDescent:
-    """A polish of `start` (the evolution's best when it begins): `polish_steps` steps at `polish_learning_rate`,
-    no seeds and no held-out stop. One builder for the run, its resume and `run_check`'s replay of it."""
+    """A polish of `start` (the evolution's best when it begins): `polish_steps` steps from `polish_learning_rate`,
+    by backtracking line search (line_search.py) or Adam (`polish_method`), no seeds and no held-out stop. One
+    builder for the run, its resume and `run_check`'s replay of it."""
     gradient = settings.gradient
     return GradientDescent(
         gradient,
@@ -203,4 +204,5 @@ def polish_descent(settings: SearchConfig, grid: GenomeGrid, mix: ObjectiveMix, 
         learning_rate=gradient.polish_learning_rate,
         start=Seed("polish", grid.factors(start), grid.attention_factor(start)),
         patience=False,
+        line_search=gradient.polish_method == "line_search",
     )
