@@ -16,7 +16,7 @@ from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.config.strict import JobConfigError
-from longrope.search.optimizers.factory import make_searcher
+from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.surrogate import RidgeSurrogate, random_share, screen
 from longrope.search.run.reporting import SilentReporter
 from longrope.search.run.run_check import read_run
@@ -170,6 +170,16 @@ def test_status_and_the_log_count_what_was_screened(tmp_path, capsys):
     assert f"surrogate screened out {status['screened_out']} of {status['proposed']}" in capsys.readouterr().out
 
 
+def test_a_run_costs_what_estimate_plans(tmp_path):
+    """estimate's count (`search_plan`, what `longrope estimate` prints) is the candidates a screened run scores:
+    12 + 6 generations x 6, the screened-out never scored; its words name the proposals."""
+    config = job(tmp_path)
+    run(config, tmp_path)
+    plan = search_plan(config.search, 3)
+    assert len(history(tmp_path)) == plan.candidates == 12 + 6 * 6
+    assert "screened by the surrogate from 24 proposals" in plan.text
+
+
 def test_off_by_default_and_then_status_says_null(tmp_path, capsys):
     run(job(tmp_path, "search.surrogate.enabled=false"), tmp_path)
     capsys.readouterr()
@@ -227,3 +237,22 @@ def test_the_hybrid_screens_its_evolution(tmp_path):
 def test_bad_values_name_the_field(tmp_path, override, field):
     with pytest.raises(JobConfigError, match=field.replace(".", r"\.")):
         job(tmp_path, override)
+
+
+def test_status_plot_draws_the_screened_run_beside_the_ga(tmp_path, monkeypatch, capsys):
+    """`status A B --plot`: the screened run is an arm of its own on the axis, named with its proposals; its line
+    ends at its own spend (12 + 6 x 6 candidates on 2 windows), the GA's at the GA's (12 + 6 x 6 too here)."""
+    from longrope.search.reports import progress_plot
+
+    figures = []
+    draw = progress_plot.plot_progress
+    monkeypatch.setattr(progress_plot, "plot_progress", lambda *a, **k: figures.append(draw(*a, **k)) or figures[-1])
+    run(job(tmp_path / "screened"), tmp_path / "screened")
+    run(job(tmp_path / "ga", "search.surrogate.enabled=false"), tmp_path / "ga")
+    png = tmp_path / "arms.png"
+    assert main(["status", str(tmp_path / "screened"), str(tmp_path / "ga"), "--plot", str(png)]) == 0
+    lines = [line for line in figures[0].axes[0].get_lines() if not line.get_label().startswith("_")]
+    labels = [line.get_label() for line in lines]
+    assert labels[0].startswith("longrope-search (dim_mono, surrogate 4x), ") and "(dim_mono), " in labels[1]
+    assert [line.get_xdata()[-1] for line in lines] == [(12 + 6 * 6) * WINDOWS] * 2
+    assert png.stat().st_size > 0

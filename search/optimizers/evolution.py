@@ -146,6 +146,8 @@ class DimMonoEvolution:
         """The initial population, then every generation's children; the steady schedule spends the same."""
         children = search.mutations + search.crossovers
         text = f"{search.population} + {search.generations} generations x {children}"
+        if search.surrogate.enabled:  # the screened-out are bred and predicted, never scored
+            text += f" (each screened by the surrogate from {search.surrogate.proposals * children} proposals)"
         return SearchPlan(search.population + search.generations * children, 0, text)
 
     # ---- operators ----

@@ -62,8 +62,15 @@ def plotted_run(given: str) -> PlottedRun:
     points = tuple(point for point in cost_trajectory(run_dir, 0.0) if math.isfinite(point.best_nll))
     if not points:
         raise RunStoreError(f"{given}: no scored candidate yet (is the run still starting?); nothing to plot")
-    label = f"{config.name} ({config.search.optimizer}), {given}, {length} tokens{stage}"
+    label = f"{config.name} ({searcher_text(config.search)}), {given}, {length} tokens{stage}"
     return PlottedRun(given, run_dir, label, points, length)
+
+
+def searcher_text(search) -> str:
+    """The optimizer, and the surrogate screening its children when one does (an arm of its own on the plot)."""
+    if search.surrogate.enabled:
+        return f"{search.optimizer}, surrogate {search.surrogate.proposals}x"
+    return search.optimizer
 
 
 def lengths_title(runs: list[PlottedRun]) -> str:
