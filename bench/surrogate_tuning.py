@@ -3,8 +3,8 @@
 Each arm runs `longrope search configs/demo.yaml` (the reference model, 128 -> 1024, 8 search windows) on every
 training seed, and is judged on what the search itself sees: its best search-split perplexity and the window
 evaluations it spent (the test split is bench/search_cost.py's). The control arm `fewer_children` scores as few
-children as the screened arms without a surrogate, so what the surrogate adds is read apart from what halving the
-children does on its own.
+children as the screened arms (half the demo's 16 a generation) without a surrogate, so what the surrogate adds is
+read apart from what halving the children does on its own.
 
 Also an offline probe of the surrogate's model on the GA's own runs (issue 30, item 1): for each generation g >= 1,
 fit on every candidate scored before g, predict g's children, and report the rank correlation with their true
@@ -39,16 +39,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 GA = ["search.optimizer=dim_mono", "search.schedule=generational", "search.racing.enabled=false"]
-HALF = ["search.mutations=4", "search.crossovers=4"]
-ON = "search.surrogate.enabled=true"
-ARMS = {
+ON = [*GA, "search.surrogate.enabled=true"]
+ARMS = {  # the demo's 8 mutations + 8 crossovers; search.surrogate's defaults unless an arm names one
     "official_ga": GA,
-    "fewer_children": [*GA, *HALF],
-    "screened_p2": [*GA, *HALF, ON, "search.surrogate.proposals=2"],
-    "screened_p4": [*GA, *HALF, ON, "search.surrogate.proposals=4"],
-    "screened_p8": [*GA, *HALF, ON, "search.surrogate.proposals=8"],
-    "screened_p4_no_exploration": [*GA, *HALF, ON, "search.surrogate.proposals=4", "search.surrogate.exploration=0"],
-    "screened_p4_all_children": [*GA, ON, "search.surrogate.proposals=4"],
+    "fewer_children": [*GA, "search.mutations=4", "search.crossovers=4"],  # the control: half, unscreened
+    "screened_p2": [*ON, "search.surrogate.proposals=2"],
+    "screened_p4": [*ON, "search.surrogate.proposals=4"],
+    "screened_p8": [*ON, "search.surrogate.proposals=8"],
+    "screened_p4_no_exploration": [*ON, "search.surrogate.proposals=4", "search.surrogate.exploration=0"],
+    "screened_p4_quarter": [*ON, "search.surrogate.proposals=4", "search.surrogate.scored_share=0.25"],
+    "screened_p4_all_children": [*ON, "search.surrogate.proposals=4", "search.surrogate.scored_share=1"],
 }
 
 

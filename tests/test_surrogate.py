@@ -16,6 +16,7 @@ from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.config.strict import JobConfigError
+from longrope.search.optimizers.evolution import bred_children, scored_children
 from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.surrogate import RidgeSurrogate, random_share, screen
 from longrope.search.run.reporting import SilentReporter
@@ -32,8 +33,8 @@ def job(run_dir, *overrides: str):
         "search.seed=4",
         "search.population=12",
         "search.parents=6",
-        "search.mutations=3",
-        "search.crossovers=3",
+        "search.mutations=4",
+        "search.crossovers=4",
         "search.generations=6",
         "search.surrogate.enabled=true",
         f"output_dir={run_dir}",
@@ -120,9 +121,9 @@ def test_screen_draws_its_exploration_share_from_the_screened_out():
 
 
 def test_a_generation_scores_the_children_a_surrogate_fitted_by_hand_ranks_best():
-    """After generation 0 is told, generation 1 proposes proposals x 6 children; a ridge fitted here (features by
-    hand: log factors, their squares, attention factor 0, n_hat; the augmented least-squares formulation) on the
-    12 told points ranks them, and its best 6 are exactly the children asked."""
+    """After generation 0 is told, generation 1 scores half its 6 children and proposes 4 x 3; a ridge fitted here
+    (features by hand: log factors, their squares, attention factor 0, n_hat; the augmented least-squares
+    formulation) on the 12 told points ranks them, and its best 3 are exactly the children asked."""
     settings = SearchConfig(population=12, parents=6, mutations=3, crossovers=3, seed=2, surrogate={"enabled": True})
     settings = settings.model_copy(update={"surrogate": settings.surrogate.model_copy(update={"exploration": 0.0})})
     evolution = make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
@@ -130,7 +131,7 @@ def test_a_generation_scores_the_children_a_surrogate_fitted_by_hand_ranks_best(
     evolution.tell([result_of(c, objective(c.factors)) for c in told])
     asked = evolution.ask(1)
     proposals = [evolution.grid.candidate(g, 1, None) for g in evolution.last_proposals]
-    assert len(proposals) == 4 * 6 and len(asked) == 6
+    assert len(proposals) == 4 * 3 and len(asked) == 3
 
     def by_hand(candidates):
         logs = np.log(np.stack([c.factors for c in candidates]))
@@ -143,9 +144,9 @@ def test_a_generation_scores_the_children_a_surrogate_fitted_by_hand_ranks_best(
     augmented = np.vstack([z, np.eye(z.shape[1])])  # ridge 1.0, the default
     weights = np.linalg.lstsq(augmented, np.concatenate([scores - scores.mean(), np.zeros(z.shape[1])]), rcond=None)[0]
     predicted = ((by_hand(proposals) - mean) / scale) @ weights
-    best = {proposals[i].key for i in np.argsort(predicted, kind="stable")[:6]}
+    best = {proposals[i].key for i in np.argsort(predicted, kind="stable")[:3]}
     assert {c.key for c in asked} == best
-    assert evolution.state().screening() == (24, 18)
+    assert evolution.state().screening() == (12, 9)
 
 
 # ---- a run: counts, determinism, resume ----
@@ -158,26 +159,27 @@ def test_status_and_the_log_count_what_was_screened(tmp_path, capsys):
     assert main(["status", "--json", str(tmp_path)]) == 0
     status = json.loads(capsys.readouterr().out)
     children = sum(1 for r in history(tmp_path) if r["generation"] > 0)
-    assert status["proposed"] - status["screened_out"] == children == 6 * 6
+    assert status["proposed"] - status["screened_out"] == children == 6 * 4
     assert status["proposed"] == 4 * children  # every proposal unique on this problem
     assert (
         f"surrogate screened out {status['screened_out']} of {status['proposed']} children proposed"
         in (recorder.lines[-1])
     )
     generations = [line for line in recorder.lines if line.startswith("generation ")]
-    assert "surrogate" not in generations[0] and "surrogate screened out 18 of 24 children" in generations[1]
+    assert "surrogate" not in generations[0] and "surrogate screened out 12 of 16 children" in generations[1]
     assert main(["status", str(tmp_path)]) == 0
     assert f"surrogate screened out {status['screened_out']} of {status['proposed']}" in capsys.readouterr().out
 
 
 def test_a_run_costs_what_estimate_plans(tmp_path):
     """estimate's count (`search_plan`, what `longrope estimate` prints) is the candidates a screened run scores:
-    12 + 6 generations x 6, the screened-out never scored; its words name the proposals."""
+    12 + 6 generations x 4 (half of mutations + crossovers), the screened-out never scored; its words name the
+    proposals."""
     config = job(tmp_path)
     run(config, tmp_path)
     plan = search_plan(config.search, 3)
-    assert len(history(tmp_path)) == plan.candidates == 12 + 6 * 6
-    assert "screened by the surrogate from 24 proposals" in plan.text
+    assert len(history(tmp_path)) == plan.candidates == 12 + 6 * 4
+    assert "screened by the surrogate from 16 proposals" in plan.text
 
 
 def test_off_by_default_and_then_status_says_null(tmp_path, capsys):
@@ -221,7 +223,7 @@ def test_the_hybrid_screens_its_evolution(tmp_path):
     run(config, tmp_path)
     state = json.loads((tmp_path / "state.json").read_text())
     evolution = state["optimizer"]["state"]["evolution"]
-    assert evolution["proposed"] - evolution["screened_out"] == 6 * 6
+    assert evolution["proposed"] - evolution["screened_out"] == 6 * 4
 
 
 @pytest.mark.parametrize(
@@ -241,7 +243,7 @@ def test_bad_values_name_the_field(tmp_path, override, field):
 
 def test_status_plot_draws_the_screened_run_beside_the_ga(tmp_path, monkeypatch, capsys):
     """`status A B --plot`: the screened run is an arm of its own on the axis, named with its proposals; its line
-    ends at its own spend (12 + 6 x 6 candidates on 2 windows), the GA's at the GA's (12 + 6 x 6 too here)."""
+    ends at its own spend (12 + 6 x 4 candidates on 2 windows), the GA's at the GA's (12 + 6 x 8)."""
     from longrope.search.reports import progress_plot
 
     figures = []
@@ -254,5 +256,22 @@ def test_status_plot_draws_the_screened_run_beside_the_ga(tmp_path, monkeypatch,
     lines = [line for line in figures[0].axes[0].get_lines() if not line.get_label().startswith("_")]
     labels = [line.get_label() for line in lines]
     assert labels[0].startswith("longrope-search (dim_mono, surrogate 4x), ") and "(dim_mono), " in labels[1]
-    assert [line.get_xdata()[-1] for line in lines] == [(12 + 6 * 6) * WINDOWS] * 2
+    assert [line.get_xdata()[-1] for line in lines] == [(12 + 6 * 4) * WINDOWS, (12 + 6 * 8) * WINDOWS]
     assert png.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("mutations", "crossovers", "share", "proposals", "scored", "bred"),
+    [(8, 8, 0.5, 4, 8, (16, 16)), (5, 3, 0.5, 4, 4, (10, 6)), (1, 1, 0.25, 2, 1, (1, 1)), (6, 2, 1.0, 2, 8, (12, 4))],
+)
+def test_children_scored_and_bred_by_hand(mutations, crossovers, share, proposals, scored, bred):
+    """8 + 8 at half: 8 scored, 32 bred 16/16; 5 + 3 at half: 4 scored, 16 bred, 16 x 5/8 = 10 mutations; 1 + 1 at
+    a quarter: 0.5 rounds to 0, floored at 1; 6 + 2 whole: 8 scored, 16 bred, 12 mutations."""
+    settings = SearchConfig(
+        mutations=mutations,
+        crossovers=crossovers,
+        surrogate={"enabled": True, "scored_share": share, "proposals": proposals},
+    )
+    assert scored_children(settings) == scored and bred_children(settings) == bred
+    off = settings.model_copy(update={"surrogate": settings.surrogate.model_copy(update={"enabled": False})})
+    assert (scored_children(off), bred_children(off)) == (mutations + crossovers, (mutations, crossovers))

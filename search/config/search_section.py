@@ -79,13 +79,16 @@ class SurrogateConfig(Strict):
     """Screen the GA's children before any worker scores them (surrogate-assisted evolution; Jin, "A comprehensive
     survey of fitness approximation in evolutionary computation", Soft Computing 9, 2005, "pre-selection").
 
-    Each generation breeds `proposals` x the children it scores (mutations + crossovers, as configured), a ridge
-    regression fitted on every scored candidate of the run predicts each proposal's mean NLL, and the best-predicted
-    are scored; a share `exploration` of the scored children is drawn at random from the rest instead, so a wrong
-    surrogate cannot shut the search out of a region.
+    A generation scores `scored_share` x (mutations + crossovers) children (at least 1) and breeds `proposals` x as
+    many, mutations and crossovers in the configured ratio; a ridge regression fitted on every scored candidate of the
+    run predicts each one's mean NLL, and the best-predicted are scored. A share `exploration` of the scored children
+    is drawn at random from the rest instead, so a wrong surrogate cannot shut the search out of a region.
     """
 
     enabled: bool = Field(default=False, description="screen the GA's children with a surrogate before scoring them")
+    scored_share: float = Field(
+        default=0.5, gt=0, le=1, description="share of a generation's mutations + crossovers that is scored"
+    )
     proposals: int = Field(
         default=4, ge=2, le=64, description="children bred per child scored (the surrogate picks which are scored)"
     )

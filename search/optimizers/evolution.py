@@ -95,7 +95,7 @@ class DimMonoEvolution:
         self.settings = settings
         self.grid = grid
         self.steady = settings.schedule == "steady"
-        self.children_per_generation = settings.mutations + settings.crossovers
+        self.children_per_generation = scored_children(settings)
         self.n_hat_choices = settings.n_hat.choices if settings.n_hat.enabled else (0,)
         self.rng = np.random.Generator(np.random.PCG64(settings.seed))
         self.generation = 0
@@ -144,7 +144,7 @@ class DimMonoEvolution:
     @staticmethod
     def plan(search: SearchConfig, seeds: int) -> SearchPlan:
         """The initial population, then every generation's children; the steady schedule spends the same."""
-        children = search.mutations + search.crossovers
+        children = scored_children(search)
         text = f"{search.population} + {search.generations} generations x {children}"
         if search.surrogate.enabled:  # the screened-out are bred and predicted, never scored
             text += f" (each screened by the surrogate from {search.surrogate.proposals * children} proposals)"
@@ -323,9 +323,10 @@ class DimMonoEvolution:
         seen = set(self.scores)
         parents = [self.genomes[key] for key in self.population]
         batch: list[Genome] = []
-        for _ in range(self.settings.mutations * self.proposals_per_child):
+        mutations, crossovers = bred_children(self.settings)
+        for _ in range(mutations):
             batch += self._unique([self.mutate(parents[int(self.rng.integers(len(parents)))], seen)], seen)
-        for _ in range(self.settings.crossovers * self.proposals_per_child):
+        for _ in range(crossovers):
             if len(parents) < 2:
                 break
             i, j = self.rng.choice(len(parents), size=2, replace=False)
@@ -339,8 +340,9 @@ class DimMonoEvolution:
         seen = set(self.scores) | set(self.pending)
         parents = [self.genomes[key] for key in self.population]
         batch: list[Genome] = []
+        children = self.settings.mutations + self.settings.crossovers
         for _ in range(max(0, count) * self.proposals_per_child):
-            if len(parents) < 2 or self.rng.random() < self.settings.mutations / self.children_per_generation:
+            if len(parents) < 2 or self.rng.random() < self.settings.mutations / children:
                 child = self.mutate(parents[int(self.rng.integers(len(parents)))], seen)
             else:
                 i, j = self.rng.choice(len(parents), size=2, replace=False)
@@ -431,6 +433,24 @@ class DimMonoEvolution:
         unknown = [key for key in self.population if key not in self.genomes]
         if unknown:
             raise ValueError(f"population holds {unknown[0]}, which is not among the told genomes")
+
+
+def scored_children(search: SearchConfig) -> int:
+    """Children a generation scores: mutations + crossovers, or search.surrogate's share of them (at least 1)."""
+    children = search.mutations + search.crossovers
+    if not search.surrogate.enabled:
+        return children
+    return max(1, round(search.surrogate.scored_share * children))
+
+
+def bred_children(search: SearchConfig) -> tuple[int, int]:
+    """(mutations, crossovers) a generation breeds: as configured, or `proposals` x the children it scores, in the
+    configured ratio (mutations rounded, crossovers the rest)."""
+    if not search.surrogate.enabled:
+        return search.mutations, search.crossovers
+    bred = search.surrogate.proposals * scored_children(search)
+    mutations = round(bred * search.mutations / (search.mutations + search.crossovers))
+    return mutations, bred - mutations
 
 
 def told_from_json(told: list) -> tuple[dict[str, Genome], dict[str, float]]:
