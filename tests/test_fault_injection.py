@@ -279,21 +279,17 @@ GRADIENT = {
 GRADIENT_LINES = 3 + 5 + 1  # the seeds, the steps, the best point rounded to the grid (unless scored already)
 
 
-def test_a_gradient_run_killed_at_random_points_resumes_to_the_uninterrupted_run(tmp_path):
-    """Two workers share each step's gradient windows (data-parallel); SIGKILL before anything is scored, among
-    the seeds and among the steps (drawn with a fixed seed), then resume: the same state and history as a run
-    never stopped, no point scored twice, and every step's line carries its gradient and backward windows."""
-    clean, killed = tmp_path / "clean", tmp_path / "killed"
+def clean_then_killed(config: dict, clean: Path, killed: Path, kill_points) -> int:
+    """`config` run uninterrupted in `clean`, then in `killed` SIGKILLed at each of `kill_points(lines of the clean
+    run)` (0: before anything is scored; k: once k history lines are written), resumed each time, and finished.
+    Returns the clean run's line count."""
     for folder in (clean, killed):
         folder.mkdir()
-        (folder / "job.yaml").write_text(yaml.safe_dump({**GRADIENT, "output_dir": "run"}))
+        (folder / "job.yaml").write_text(yaml.safe_dump({**config, "output_dir": "run"}))
     code, _, err = finish(start(clean, "job.yaml"))
     assert code == 0, err[-3000:]
     total = len(history_lines(clean / "run"))
-    assert total <= GRADIENT_LINES
-    rng = np.random.default_rng(11)
-    points = [0, int(rng.integers(1, 3)), int(rng.integers(4, total - 1))]
-    for number, point in enumerate(points):
+    for number, point in enumerate(kill_points(total)):
         process = start(killed, "job.yaml") if number == 0 else start(killed, "--resume", "run")
         if point == 0:
             wait_for(process, lambda: (killed / "run" / "job.json").exists())
@@ -304,6 +300,19 @@ def test_a_gradient_run_killed_at_random_points_resumes_to_the_uninterrupted_run
         reap(process)
     code, _, err = finish(start(killed, "--resume", "run"))
     assert code == 0, err[-3000:]
+    return total
+
+
+def test_a_gradient_run_killed_at_random_points_resumes_to_the_uninterrupted_run(tmp_path):
+    """Two workers share each step's gradient windows (data-parallel); SIGKILL before anything is scored, among
+    the seeds and among the steps (drawn with a fixed seed), then resume: the same state and history as a run
+    never stopped, no point scored twice, and every step's line carries its gradient and backward windows."""
+    rng = np.random.default_rng(11)
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    total = clean_then_killed(
+        GRADIENT, clean, killed, lambda total: [0, int(rng.integers(1, 3)), int(rng.integers(4, total - 1))]
+    )
+    assert total <= GRADIENT_LINES
     lines = history_lines(killed / "run")
     keys = [json.loads(line)["key"] for line in lines]
     assert len(keys) == len(set(keys)), "no point scored twice"
@@ -312,3 +321,22 @@ def test_a_gradient_run_killed_at_random_points_resumes_to_the_uninterrupted_run
     assert evolution_state(killed / "run") == evolution_state(clean / "run")
     steps = [json.loads(line) for line in lines if "gradient" in json.loads(line)]
     assert steps and all(r["backward_windows"] == 3 and len(r["gradient"]) == 16 + 1 for r in steps)
+
+
+SURROGATE = {**CONFIG, "search": {**CONFIG["search"], "surrogate": {"enabled": True}}}
+
+
+def test_a_screened_run_killed_at_three_points_resumes_to_the_uninterrupted_run(tmp_path):
+    """search.surrogate on (3 of each generation's 6 children scored, from 12 bred): SIGKILL before anything is
+    scored, in generation 0, and in a screened generation, then resume: the same state (the generator and the
+    screening counts included) and the same lines as a run never stopped, nothing scored twice."""
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    total = clean_then_killed(SURROGATE, clean, killed, lambda total: [0, POPULATION // 2, POPULATION + 4])
+    assert total == POPULATION + 3 * 3
+    lines = history_lines(killed / "run")
+    keys = [json.loads(line)["key"] for line in lines]
+    assert len(keys) == len(set(keys)), "no candidate scored twice"
+    assert sorted(lines) == sorted(history_lines(clean / "run"))
+    state = evolution_state(killed / "run")
+    assert state == evolution_state(clean / "run")
+    assert (state["proposed"], state["screened_out"]) == (3 * 12, 3 * 9)
