@@ -1,4 +1,4 @@
-"""Search cost: the official GA against gradient descent and the hybrid (issue 20), side by side in one run.
+"""Search cost: the official GA against its surrogate-screened form, gradient descent and the hybrid, in one run.
 
 0. backward cost c, measured first on this CPU: the project's Scorer on the reference model, at each length used,
    one torch thread (what each demo worker gets), alternating rounds of `Scorer.score` (the demo's 4 candidates per
@@ -10,10 +10,14 @@
    20 generations, 8 search windows, 2 CPU workers), per seed, each variant run as `longrope search` runs it, with its
    shipped settings (nothing tuned per seed):
      official_ga    search.optimizer dim_mono, generational, no racing (the release's search: the reference)
+     surrogate      the GA with search.surrogate on, shipped defaults (issue 30: half the children scored, each
+                    picked by a ridge surrogate from 4 x as many bred)
      gradient       search.optimizer gradient (search.gradient.*: 60 steps, lr 0.15, 2 held-out windows, patience 10)
-     hybrid         search.optimizer hybrid (the GA untouched, then its final best polished by 10 steps at lr 0.05)
-     hybrid_every_5 the hybrid polishing the GA's best every 5 generations too, each result adopted as a child
-   and, with --variants, the earlier ones (racing, racing_steady, cmaes; their results are in
+     hybrid         search.optimizer hybrid (the GA untouched, then its final best polished by 10 line-search steps
+                    from alpha 0.05, each kept only where it lowers the search NLL)
+   and, with --variants, hybrid_adam (the polish by Adam, before issue 30), hybrid_every_5 (polishing every 5
+   generations too, each result adopted as a child) and the earlier ones (racing, racing_steady, cmaes; their
+   results are in
    bench/results/search_cost_ga_variants.json). The variants run in a rotated order per seed, so the machine's load
    drifts over all of them alike. Per run: window-equivalents until the GA's final search NLL of the same seed
    (or "not reached"); the test perplexity (24 windows at 1024) of the run's best, and of the best it had found
@@ -27,7 +31,7 @@
    (`ntk_tuned_wide`: scale x 0.5..16, attention factor 1.0..1.6, the GA's own range); YaRN with its factor and
    attention factor (temperature) tuned the same way (`yarn_tuned`, wide grid); then the GA's, gradient's and
    hybrid's bests per seed. Test perplexity at 2048 (24 windows), paired interval and ratio to the best baseline
-   (tuned included); target: <= 0.6x. Writes search_cost_16x.json and search_cost_16x.png.
+   (tuned included); target: <= 0.6x. Writes STEM_16x.json and STEM_16x.png.
 3. cluster (only with --parts cluster): 8 Ray workers with fake GPUs score the tests' known problem on 8 windows
    (bench/known_problem.py: no model) with a latency of 20 ms per window, jittered uniformly by +-30%;
    worker utilisation = busy time / (workers x wall), generational vs steady (each with and without racing), at
@@ -63,7 +67,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(DEFAULT_VARIANTS))
     parser.add_argument("--parts", nargs="+", choices=["model", "16x", "cluster"], default=["model", "16x"])
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds that measure c")
-    parser.add_argument("--stem", default="search_cost", help="the model part's output name (.json, .png)")
+    outputs = "STEM.json, .png; STEM_16x.json, .png; STEM_cluster.json"
+    parser.add_argument("--stem", default="search_cost", help=f"the outputs: {outputs}")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results")
     parser.add_argument("--replot", action="store_true", help="redraw the plots from the saved JSON, run nothing")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override every search")
@@ -108,7 +113,8 @@ def main() -> None:
         (args.out / f"{args.stem}.json").write_text(json.dumps(result, indent=1, default=str))
     if "16x" in args.parts:
         started = time.perf_counter()
-        big = benchmark_16x(args.variants, args.seeds_16x, costs[LENGTH_16X]["c"], args.out, args.set)
+        png = args.out / f"{args.stem}_16x.png"
+        big = benchmark_16x(args.variants, args.seeds_16x, costs[LENGTH_16X]["c"], png, args.set)
         result = {
             **meta,
             "machine": dict(meta["machine"]),
@@ -118,7 +124,7 @@ def main() -> None:
         }
         result["machine"]["load_average_at_end"] = os.getloadavg()
         print_16x_table(big)
-        (args.out / "search_cost_16x.json").write_text(json.dumps(result, indent=1, default=str))
+        (args.out / f"{args.stem}_16x.json").write_text(json.dumps(result, indent=1, default=str))
 
 
 if __name__ == "__main__":

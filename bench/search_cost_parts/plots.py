@@ -135,7 +135,7 @@ def plot_16x(trajectories, variants, seeds, methods, best_baseline, path: Path, 
 
 def replot(out: Path, stem: str) -> None:
     """The plots again from the saved results (trajectories are saved with them), without running anything."""
-    model_file, big_file = out / f"{stem}.json", out / "search_cost_16x.json"
+    model_file, big_file = out / f"{stem}.json", out / f"{stem}_16x.json"
     if model_file.exists():
         model = json.loads(model_file.read_text())["model"]
         trajectories = {(r["variant"], r["seed"]): r["trajectory"] for r in model["rows"]}
@@ -144,5 +144,5 @@ def replot(out: Path, stem: str) -> None:
         big = json.loads(big_file.read_text())["x16"]
         trajectories = {(k.split("/")[0], int(k.split("/")[1])): t for k, t in big["trajectories"].items()}
         if trajectories:
-            path = out / "search_cost_16x.png"
+            path = out / f"{stem}_16x.png"
             plot_16x(trajectories, big["variants"], big["seeds"], big["methods"], big["best_baseline"], path, big["c"])

@@ -29,8 +29,17 @@ VARIANTS = {  # explicit, whatever configs/demo.yaml ships with
     "racing": [*GA, "search.racing.enabled=true"],
     "racing_steady": ["search.optimizer=dim_mono", "search.racing.enabled=true", "search.schedule=steady"],
     "cmaes": ["search.optimizer=cmaes", "search.schedule=generational", "search.racing.enabled=false"],
+    # search.surrogate at its shipped defaults: half the children scored, each picked from 4 x as many bred
+    "surrogate": [*GA, "search.racing.enabled=false", "search.surrogate.enabled=true"],
+    # the hybrid's polish before issue 30 (Adam's steps kept whatever they score), for comparison
+    "hybrid_adam": [
+        "search.optimizer=hybrid",
+        "search.schedule=generational",
+        "search.racing.enabled=false",
+        "search.gradient.polish_method=adam",
+    ],
 }
-DEFAULT_VARIANTS = ("official_ga", "gradient", "hybrid", "hybrid_every_5")
+DEFAULT_VARIANTS = ("official_ga", "surrogate", "gradient", "hybrid")
 REFERENCE = "official_ga"
 MODEL_TITLE = "demo scale, 128 -> 1024"
 LENGTH_16X = 2048

@@ -55,7 +55,7 @@ def tune_on_search_split(context: JobContext, grids: dict[str, dict]) -> dict[st
     return tuned
 
 
-def benchmark_16x(variants: list[str], seeds: list[int], c: float, out_dir: Path, settings: list[str]) -> dict:
+def benchmark_16x(variants: list[str], seeds: list[int], c: float, png: Path, settings: list[str]) -> dict:
     console = Console(width=WIDTH)
     extra = [f"target_length={LENGTH_16X}"]
     with tempfile.TemporaryDirectory() as work:
@@ -119,7 +119,7 @@ def benchmark_16x(variants: list[str], seeds: list[int], c: float, out_dir: Path
                 }
     trajectories = {key: [(p.cost, p.best_nll) for p in run["points"]] for key, run in runs.items()}
     if runs:
-        plot_16x(trajectories, variants, seeds, methods, best_baseline, out_dir / "search_cost_16x.png", c)
+        plot_16x(trajectories, variants, seeds, methods, best_baseline, png, c)
     return {
         "target_length": LENGTH_16X,
         "original_length": context.original_length,
