@@ -16,8 +16,8 @@ from longrope.search.cli.main import main
 from longrope.search.config.loading import load_job_config
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.config.strict import JobConfigError
-from longrope.search.optimizers.evolution import bred_children, scored_children
 from longrope.search.optimizers.factory import make_searcher, search_plan
+from longrope.search.optimizers.screening import bred_children, scored_children
 from longrope.search.optimizers.surrogate import RidgeSurrogate, random_share, screen
 from longrope.search.run.reporting import SilentReporter
 from longrope.search.run.run_check import read_run
@@ -130,7 +130,7 @@ def test_a_generation_scores_the_children_a_surrogate_fitted_by_hand_ranks_best(
     told = evolution.ask(1)
     evolution.tell([result_of(c, objective(c.factors)) for c in told])
     asked = evolution.ask(1)
-    proposals = [evolution.grid.candidate(g, 1, None) for g in evolution.last_proposals]
+    proposals = [evolution.grid.candidate(g, 1, None) for g in evolution.screen.last_proposals]
     assert len(proposals) == 4 * 3 and len(asked) == 3
 
     def by_hand(candidates):

@@ -32,6 +32,7 @@ from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
+from longrope.search.optimizers.screening import ChildScreen, bred_children, scored_children
 from longrope.search.optimizers.searcher import (
     Candidate,
     GenerationEnd,
@@ -41,7 +42,6 @@ from longrope.search.optimizers.searcher import (
     json_score,
     rank_score,
 )
-from longrope.search.optimizers.surrogate import RidgeSurrogate, candidate_features, screen
 
 MAX_TRIES = 200  # redraws before giving up on one new candidate
 CROSSOVER_PASSES = 20  # the official max_crossover_try
@@ -111,12 +111,8 @@ class DimMonoEvolution:
         self.exhausted = False
         self._threshold: str | None = None
         self._arrived: dict[str, float] = {}  # scores of the generation out, until all of it is in
-        self.screens = settings.surrogate.enabled
-        self.proposals_per_child = settings.surrogate.proposals if self.screens else 1
-        self.proposed = 0  # children bred after generation 0 (search.surrogate)
-        self.screened_out = 0  # of those, not scored
-        self.last_proposals: list[Genome] = []  # the latest screened batch, before screening
-        self._features: dict[str, np.ndarray] = {}  # a genome's surrogate features, by key
+        self.screen = ChildScreen(settings.surrogate, grid) if settings.surrogate.enabled else None
+        self.proposals_per_child = settings.surrogate.proposals if self.screen else 1
 
     @classmethod
     def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> DimMonoEvolution:
@@ -271,7 +267,7 @@ class DimMonoEvolution:
         self.early_stop.record(best)
         label = generation_label(generation, self.total_generations)
         previous = self.early_stop.previous_best
-        screening = (self.proposed, self.screened_out) if self.screens else None
+        screening = self.screen.counts() if self.screen else None
         return GenerationEnd(label, generation, best, previous, self.early_stop.countdown(), screening=screening)
 
     def threshold(self) -> str | None:
@@ -350,38 +346,11 @@ class DimMonoEvolution:
             batch += self._unique([child], seen)
         return self._screened(batch, count)
 
-    # ---- screening (search.surrogate) ----
-
     def _screened(self, batch: list[Genome], keep: int) -> list[Genome]:
-        """Off: the batch. On: the `keep` children of the batch that `surrogate.screen` picks on the ridge
-        surrogate's predictions (the first `keep` while fewer than 2 told scores are finite), in breeding order."""
-        if not self.screens:
+        """search.surrogate off: the batch; on: the `keep` children of it the screen picks (screening.py)."""
+        if self.screen is None:
             return batch
-        self.last_proposals = list(batch)
-        if len(batch) > keep:
-            surrogate = self.fitted_surrogate()
-            if surrogate is None:
-                batch = batch[:keep]
-            else:
-                predicted = surrogate.predict(np.stack([self.features(g) for g in batch]))
-                batch = [batch[i] for i in screen(predicted, keep, self.settings.surrogate.exploration, self.rng)]
-        self.proposed += len(self.last_proposals)
-        self.screened_out += len(self.last_proposals) - len(batch)
-        return batch
-
-    def fitted_surrogate(self) -> RidgeSurrogate | None:
-        """The surrogate fitted on every genome told a finite score so far, in the order told; None under 2."""
-        keys = [key for key, score in self.scores.items() if key in self.genomes and math.isfinite(score)]
-        if len(keys) < 2:
-            return None
-        features = np.stack([self.features(self.genomes[key]) for key in keys])
-        scores = np.array([self.scores[key] for key in keys])
-        return RidgeSurrogate.fit(features, scores, self.settings.surrogate.ridge)
-
-    def features(self, genome: Genome) -> np.ndarray:
-        if genome.key not in self._features:
-            self._features[genome.key] = candidate_features(self.grid.candidate(genome, 0, None))
-        return self._features[genome.key]
+        return self.screen.screened(batch, keep, self.scores, self.genomes, self.rng)
 
     @staticmethod
     def _unique(genomes: list[Genome | None], seen: set[str] | None = None) -> list[Genome]:
@@ -401,6 +370,7 @@ class DimMonoEvolution:
     # ---- state ----
 
     def state(self) -> EvolutionState:
+        proposed, screened_out = self.screen.counts() if self.screen else (0, 0)
         return EvolutionState(
             generation=self.generation,
             rng=self.rng.bit_generator.state,
@@ -412,8 +382,8 @@ class DimMonoEvolution:
             threshold=self._threshold,
             early_stop=self.early_stop.state(),
             exhausted=self.exhausted,
-            proposed=self.proposed,
-            screened_out=self.screened_out,
+            proposed=proposed,
+            screened_out=screened_out,
         )
 
     def load_state(self, state: dict[str, Any] | EvolutionState) -> None:
@@ -429,28 +399,11 @@ class DimMonoEvolution:
         self._arrived = {}
         self.early_stop.load_state(state.early_stop)
         self.exhausted = state.exhausted
-        self.proposed, self.screened_out = state.proposed, state.screened_out
+        if self.screen is not None:
+            self.screen.proposed, self.screen.screened_out = state.proposed, state.screened_out
         unknown = [key for key in self.population if key not in self.genomes]
         if unknown:
             raise ValueError(f"population holds {unknown[0]}, which is not among the told genomes")
-
-
-def scored_children(search: SearchConfig) -> int:
-    """Children a generation scores: mutations + crossovers, or search.surrogate's share of them (at least 1)."""
-    children = search.mutations + search.crossovers
-    if not search.surrogate.enabled:
-        return children
-    return max(1, round(search.surrogate.scored_share * children))
-
-
-def bred_children(search: SearchConfig) -> tuple[int, int]:
-    """(mutations, crossovers) a generation breeds: as configured, or `proposals` x the children it scores, in the
-    configured ratio (mutations rounded, crossovers the rest)."""
-    if not search.surrogate.enabled:
-        return search.mutations, search.crossovers
-    bred = search.surrogate.proposals * scored_children(search)
-    mutations = round(bred * search.mutations / (search.mutations + search.crossovers))
-    return mutations, bred - mutations
 
 
 def told_from_json(told: list) -> tuple[dict[str, Genome], dict[str, float]]:
