@@ -11,7 +11,7 @@
    shipped settings (nothing tuned per seed):
      official_ga    search.optimizer dim_mono, generational, no racing (the release's search: the reference)
      surrogate      the GA with search.surrogate on, shipped defaults (issue 30: half the children scored, each
-                    picked by a ridge surrogate from 4 x as many bred)
+                    picked by a ridge surrogate from 8 x as many bred)
      gradient       search.optimizer gradient (search.gradient.*: 60 steps, lr 0.15, 2 held-out windows, patience 10)
      hybrid         search.optimizer hybrid (the GA untouched, then its final best polished by 10 line-search steps
                     from alpha 0.05, each kept only where it lowers the search NLL)

@@ -323,7 +323,7 @@ def test_a_gradient_run_killed_at_random_points_resumes_to_the_uninterrupted_run
     assert steps and all(r["backward_windows"] == 3 and len(r["gradient"]) == 16 + 1 for r in steps)
 
 
-SURROGATE = {**CONFIG, "search": {**CONFIG["search"], "surrogate": {"enabled": True}}}
+SURROGATE = {**CONFIG, "search": {**CONFIG["search"], "surrogate": {"enabled": True, "proposals": 4}}}
 
 
 def test_a_screened_run_killed_at_three_points_resumes_to_the_uninterrupted_run(tmp_path):

@@ -37,6 +37,7 @@ def job(run_dir, *overrides: str):
         "search.crossovers=4",
         "search.generations=6",
         "search.surrogate.enabled=true",
+        "search.surrogate.proposals=4",
         f"output_dir={run_dir}",
     ]
     return load_job_config(None, [*settings, *overrides])
@@ -124,7 +125,9 @@ def test_a_generation_scores_the_children_a_surrogate_fitted_by_hand_ranks_best(
     """After generation 0 is told, generation 1 scores half its 6 children and proposes 4 x 3; a ridge fitted here
     (features by hand: log factors, their squares, attention factor 0, n_hat; the augmented least-squares
     formulation) on the 12 told points ranks them, and its best 3 are exactly the children asked."""
-    settings = SearchConfig(population=12, parents=6, mutations=3, crossovers=3, seed=2, surrogate={"enabled": True})
+    settings = SearchConfig(
+        population=12, parents=6, mutations=3, crossovers=3, seed=2, surrogate={"enabled": True, "proposals": 4}
+    )
     settings = settings.model_copy(update={"surrogate": settings.surrogate.model_copy(update={"exploration": 0.0})})
     evolution = make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
     told = evolution.ask(1)

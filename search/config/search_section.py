@@ -90,7 +90,7 @@ class SurrogateConfig(Strict):
         default=0.5, gt=0, le=1, description="share of a generation's mutations + crossovers that is scored"
     )
     proposals: int = Field(
-        default=4, ge=2, le=64, description="children bred per child scored (the surrogate picks which are scored)"
+        default=8, ge=2, le=64, description="children bred per child scored (the surrogate picks which are scored)"
     )
     exploration: float = Field(
         default=0.25, ge=0, le=1, description="share of the scored children drawn at random from the screened-out"
