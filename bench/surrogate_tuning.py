@@ -49,6 +49,7 @@ ARMS = {  # the demo's 8 mutations + 8 crossovers; search.surrogate's defaults u
     "screened_p4_no_exploration": [*ON, "search.surrogate.proposals=4", "search.surrogate.exploration=0"],
     "screened_p4_quarter": [*ON, "search.surrogate.proposals=4", "search.surrogate.scored_share=0.25"],
     "screened_p4_all_children": [*ON, "search.surrogate.proposals=4", "search.surrogate.scored_share=1"],
+    "screened_p8_gp": [*ON, "search.surrogate.proposals=8", "search.surrogate.model=gaussian_process"],
 }
 
 

@@ -18,7 +18,7 @@ from longrope.search.config.search_section import SearchConfig
 from longrope.search.config.strict import JobConfigError
 from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.screening import bred_children, scored_children
-from longrope.search.optimizers.surrogate import RidgeSurrogate, random_share, screen
+from longrope.search.optimizers.surrogate import GaussianProcessSurrogate, RidgeSurrogate, random_share, screen
 from longrope.search.run.reporting import SilentReporter
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir
@@ -278,3 +278,42 @@ def test_children_scored_and_bred_by_hand(mutations, crossovers, share, proposal
     assert scored_children(settings) == scored and bred_children(settings) == bred
     off = settings.model_copy(update={"surrogate": settings.surrogate.model_copy(update={"enabled": False})})
     assert (scored_children(off), bred_children(off)) == (mutations + crossovers, (mutations, crossovers))
+
+
+def test_the_gaussian_process_worked_by_hand():
+    """Scores 0 and 1 at x = 0 and 1: standardized to -1 and +1, the median distance 2 is the length scale, so
+    k = exp(-4 / 8) between them; with a tiny noise the posterior mean passes through both points, reads 0.5 (their
+    mean) at the midpoint by symmetry, and reverts to 0.5 far away (k -> 0)."""
+    surrogate = GaussianProcessSurrogate.fit(np.array([[0.0], [1.0]]), np.array([0.0, 1.0]), noise=1e-9)
+    assert surrogate.length == pytest.approx(2.0)
+    predicted = surrogate.predict(np.array([[0.0], [1.0], [0.5], [100.0]]))
+    np.testing.assert_allclose(predicted, [0.0, 1.0, 0.5, 0.5], atol=1e-6)
+
+
+def test_the_gaussian_process_against_a_direct_kernel_solve():
+    """The posterior mean against k(x, X) (K + noise I)^-1 (y - mean y) + mean y written out with pairwise
+    differences (a second formulation of the distances), on random points of the GA's feature width."""
+    rng = np.random.default_rng(3)
+    features, scores, fresh = rng.normal(size=(30, 34)), rng.normal(size=30), rng.normal(size=(6, 34))
+    surrogate = GaussianProcessSurrogate.fit(features, scores, noise=0.01)
+    mean, scale = features.mean(axis=0), features.std(axis=0)
+    a, b = (features - mean) / scale, (fresh - mean) / scale
+    pairs = ((a[:, None, :] - a[None, :, :]) ** 2).sum(-1)
+    length2 = np.median(pairs[~np.eye(30, dtype=bool)])
+    kernel = np.exp(-pairs / (2 * length2))
+    cross = np.exp(-((b[:, None, :] - a[None, :, :]) ** 2).sum(-1) / (2 * length2))
+    expected = cross @ np.linalg.solve(kernel + 0.01 * np.eye(30), scores - scores.mean()) + scores.mean()
+    np.testing.assert_allclose(surrogate.predict(fresh), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_a_gaussian_process_run_resumes_to_the_uninterrupted_run(tmp_path):
+    config = job(tmp_path / "clean", "search.surrogate.model=gaussian_process")
+    clean_best, _ = run(config, tmp_path / "clean")
+    crashed = tmp_path / "crash"
+    config = config.model_copy(update={"output_dir": str(crashed)})
+    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+        run(config, crashed, FunctionEvaluator(windows=WINDOWS, fail_on_call=4))
+    best, _ = run(config, crashed, resume=True)
+    assert best == clean_best
+    state = json.loads((crashed / "state.json").read_text())["optimizer"]
+    assert state == json.loads((tmp_path / "clean" / "state.json").read_text())["optimizer"]

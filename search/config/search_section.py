@@ -95,8 +95,16 @@ class SurrogateConfig(Strict):
     exploration: float = Field(
         default=0.25, ge=0, le=1, description="share of the scored children drawn at random from the screened-out"
     )
+    model: Literal["ridge", "gaussian_process"] = Field(
+        default="ridge",
+        description="ridge: ridge regression on log factors, their squares, attention factor, n_hat; gaussian_process: "
+        "a GP (RBF kernel, median-distance length scale) on the same features",
+    )
     ridge: float = Field(
         default=1.0, gt=0, le=1e6, description="the ridge penalty on the surrogate's standardized features"
+    )
+    noise: float = Field(
+        default=1e-3, gt=0, le=1e6, description="gaussian_process: the noise added to the kernel's diagonal"
     )
 
 

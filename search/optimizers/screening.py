@@ -13,7 +13,7 @@ import numpy as np
 
 from longrope.search.config.search_section import SearchConfig, SurrogateConfig
 from longrope.search.optimizers.genome import Genome, GenomeGrid
-from longrope.search.optimizers.surrogate import RidgeSurrogate, candidate_features, screen
+from longrope.search.optimizers.surrogate import candidate_features, fit_surrogate, screen
 
 
 def scored_children(search: SearchConfig) -> int:
@@ -70,13 +70,14 @@ class ChildScreen:
         self.screened_out += len(self.last_proposals) - len(batch)
         return batch
 
-    def fitted(self, scores: dict[str, float], genomes: dict[str, Genome]) -> RidgeSurrogate | None:
+    def fitted(self, scores: dict[str, float], genomes: dict[str, Genome]):
         """The surrogate fitted on every genome told a finite score, in the order told; None under 2."""
         keys = [key for key, score in scores.items() if key in genomes and math.isfinite(score)]
         if len(keys) < 2:
             return None
         features = np.stack([self.features(genomes[key]) for key in keys])
-        return RidgeSurrogate.fit(features, np.array([scores[key] for key in keys]), self.settings.ridge)
+        told = np.array([scores[key] for key in keys])
+        return fit_surrogate(self.settings.model, features, told, self.settings.ridge, self.settings.noise)
 
     def features(self, genome: Genome) -> np.ndarray:
         if genome.key not in self._features:

@@ -6,7 +6,7 @@ best are scored (pre-selection: Jin, "A comprehensive survey of fitness approxim
 Soft Computing 9(1), 2005, section 4; the "generation-based" model management of Jin, Olhofer and Sendhoff,
 IEEE TEC 6(5), 2002).
 
-The surrogate is ridge regression on features of a decoded candidate: each pair's log factor, its square, the
+The default surrogate is ridge regression on features of a decoded candidate: each pair's log factor, its square, the
 attention factor and n_hat (`candidate_features`). Perplexity is smooth in the log factors and a quadratic in them
 is its second-order Taylor model around the population, with the cross terms left out so that the model stays
 determined by a few dozen points (2 x pairs + 2 weights). Columns are standardized, then
@@ -16,8 +16,9 @@ determined by a few dozen points (2 x pairs + 2 weights). Columns are standardiz
 (Hoerl and Kennard, Technometrics 12(1), 1970), fitted afresh on every finite told score each time a generation is
 bred: a deterministic function of the told scores, so a resumed search screens exactly as the uninterrupted one.
 
-A share of the scored children is drawn at random from the screened-out rest (`screen`), so a surrogate that is
-wrong about a region cannot shut the search out of it.
+`search.surrogate.model: gaussian_process` is a Gaussian process on the same features instead
+(`GaussianProcessSurrogate`). A share of the scored children is drawn at random from the screened-out rest
+(`screen`), so a surrogate that is wrong about a region cannot shut the search out of it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,54 @@ class RidgeSurrogate:
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         return ((features - self.mean) / self.scale) @ self.weights + self.intercept
+
+
+@dataclass(frozen=True)
+class GaussianProcessSurrogate:
+    """A Gaussian process's posterior mean on standardized features (Rasmussen and Williams, Gaussian Processes for
+    Machine Learning, 2006, eq. 2.23): zero prior mean on the centred scores, an RBF kernel
+    k(a, b) = exp(-|a - b|^2 / (2 l^2)) whose length scale l is the median distance between training points (the
+    median heuristic), and `noise` on the kernel's diagonal:
+
+        prediction = mean(y) + k(x, X) (K + noise I)^-1 (y - mean(y))
+    """
+
+    mean: np.ndarray
+    scale: np.ndarray
+    train: np.ndarray  # the standardized training features
+    weights: np.ndarray  # (K + noise I)^-1 (y - mean(y))
+    intercept: float
+    length: float
+
+    @classmethod
+    def fit(cls, features: np.ndarray, scores: np.ndarray, noise: float) -> GaussianProcessSurrogate:
+        mean = features.mean(axis=0)
+        scale = features.std(axis=0)
+        scale = np.where(scale > 1e-12, scale, 1.0)
+        train = (features - mean) / scale
+        distances = squared_distances(train, train)
+        positive = distances[distances > 1e-12]
+        length = math.sqrt(float(np.median(positive))) if positive.size else 1.0
+        kernel = np.exp(-distances / (2 * length**2))
+        intercept = float(scores.mean())
+        weights = np.linalg.solve(kernel + noise * np.eye(len(train)), scores - intercept)
+        return cls(mean, scale, train, weights, intercept, length)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        cross = np.exp(-squared_distances((features - self.mean) / self.scale, self.train) / (2 * self.length**2))
+        return cross @ self.weights + self.intercept
+
+
+def squared_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a_i - b_j|^2 for every pair, as |a|^2 + |b|^2 - 2 a.b (n x m memory, not n x m x features), floored at 0."""
+    return np.maximum((a**2).sum(1)[:, None] + (b**2).sum(1)[None, :] - 2 * a @ b.T, 0.0)
+
+
+def fit_surrogate(model: str, features: np.ndarray, scores: np.ndarray, ridge: float, noise: float):
+    """search.surrogate.model's surrogate fitted on the rows of `features` and their (finite) scores."""
+    if model == "gaussian_process":
+        return GaussianProcessSurrogate.fit(features, scores, noise)
+    return RidgeSurrogate.fit(features, scores, ridge)
 
 
 def random_share(keep: int, exploration: float) -> int:
