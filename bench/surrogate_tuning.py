@@ -10,7 +10,7 @@ Also an offline probe of the surrogate's model on the GA's own runs (issue 30, i
 fit on every candidate scored before g, predict g's children, and report the rank correlation with their true
 scores and whether the generation's best child is among the top half predicted; ridge on (log factors, their
 squares, attention factor, n_hat) against ridge on the log factors alone and a Gaussian process (RBF kernel,
-length scale the median distance; Rasmussen and Williams 2006, eq. 2.23).
+length scale the median distance: the package's own surrogates, `fit_surrogate`).
 
     .venv/bin/python bench/surrogate_tuning.py [--seeds 100 101 102] [--arms ...] [--work DIR]
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from benchlib import ROOT, provenance, save_json
 from rich.console import Console
 
 from longrope.search.config.loading import load_job_config
-from longrope.search.optimizers.surrogate import RidgeSurrogate
+from longrope.search.optimizers.surrogate import fit_surrogate
 from longrope.search.run.jobs import run_search
 
 matplotlib.use("Agg")
@@ -77,20 +76,6 @@ def features(record: dict, squares: bool) -> np.ndarray:
     return np.concatenate([logs, logs**2, extra] if squares else [logs, extra])
 
 
-def gp_predict(train: np.ndarray, y: np.ndarray, test: np.ndarray, noise: float = 1e-3) -> np.ndarray:
-    """A zero-mean GP on standardized inputs and centred targets, RBF kernel, the median pairwise distance as its
-    length scale: the posterior mean K*^T (K + noise I)^-1 (y - mean y) + mean y."""
-    mean, scale = train.mean(axis=0), train.std(axis=0)
-    scale = np.where(scale > 1e-12, scale, 1.0)
-    a, b = (train - mean) / scale, (test - mean) / scale
-    squared = ((a[:, None, :] - a[None, :, :]) ** 2).sum(-1)
-    length = math.sqrt(np.median(squared[squared > 0])) if np.any(squared > 0) else 1.0
-    kernel = np.exp(-squared / (2 * length**2))
-    cross = np.exp(-((a[:, None, :] - b[None, :, :]) ** 2).sum(-1) / (2 * length**2))
-    weights = np.linalg.solve(kernel + noise * np.eye(len(a)), y - y.mean())
-    return cross.T @ weights + y.mean()
-
-
 MODELS = ("ridge_log_and_squares", "ridge_log_only", "gaussian_process")
 
 
@@ -115,7 +100,8 @@ def probe(run_dir: Path) -> dict[str, dict]:
             y = np.array([r["mean_nll"] for r in train])
             t = np.stack([features(r, squares) for r in children])
             truth = np.array([r["mean_nll"] for r in children])
-            predicted = gp_predict(x, y, t) if name == "gaussian_process" else RidgeSurrogate.fit(x, y, 1.0).predict(t)
+            model = "gaussian_process" if name == "gaussian_process" else "ridge"
+            predicted = fit_surrogate(model, x, y, ridge=1.0, noise=1e-3).predict(t)
             correlations.append(spearman(predicted, truth))
             top_half = set(np.argsort(predicted, kind="stable")[: len(children) // 2])
             best_kept.append(int(np.argmin(truth)) in top_half)

@@ -38,6 +38,13 @@ def candidate_features(candidate: Candidate) -> np.ndarray:
     return np.concatenate([log_factors, log_factors**2, [attention, float(candidate.n_hat)]])
 
 
+def standardization(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each feature's mean and standard deviation over the training rows (1 where a feature is constant, so it
+    standardizes to 0 instead of dividing by 0)."""
+    scale = features.std(axis=0)
+    return features.mean(axis=0), np.where(scale > 1e-12, scale, 1.0)
+
+
 @dataclass(frozen=True)
 class RidgeSurrogate:
     """A fitted ridge regression on standardized features (see the module docstring for the formula)."""
@@ -50,9 +57,7 @@ class RidgeSurrogate:
     @classmethod
     def fit(cls, features: np.ndarray, scores: np.ndarray, ridge: float) -> RidgeSurrogate:
         """Fit on rows of features and their scores (all finite)."""
-        mean = features.mean(axis=0)
-        scale = features.std(axis=0)
-        scale = np.where(scale > 1e-12, scale, 1.0)
+        mean, scale = standardization(features)
         z = (features - mean) / scale
         intercept = float(scores.mean())
         weights = np.linalg.solve(z.T @ z + ridge * np.eye(z.shape[1]), z.T @ (scores - intercept))
@@ -81,9 +86,7 @@ class GaussianProcessSurrogate:
 
     @classmethod
     def fit(cls, features: np.ndarray, scores: np.ndarray, noise: float) -> GaussianProcessSurrogate:
-        mean = features.mean(axis=0)
-        scale = features.std(axis=0)
-        scale = np.where(scale > 1e-12, scale, 1.0)
+        mean, scale = standardization(features)
         train = (features - mean) / scale
         distances = squared_distances(train, train)
         positive = distances[distances > 1e-12]
