@@ -75,6 +75,7 @@ REAL_MODEL_DIR ?= models/smollm2-135m
 CORPUS_DIR ?= corpora/python-docs
 
 real-model: $(STAMP)
+	mkdir -p $(dir $(REAL_MODEL_DIR)) $(dir $(CORPUS_DIR))
 	test -d $(REAL_MODEL_DIR) || $(BIN)/longrope model get smollm2-135m $(REAL_MODEL_DIR)
 	test -d $(CORPUS_DIR) || $(BIN)/longrope corpus get python-docs $(CORPUS_DIR)
 
