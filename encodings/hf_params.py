@@ -91,7 +91,7 @@ def _validate(method_cls: type[RopeMethod], rope_type: str, **fields: Any) -> Ro
     try:
         return method_cls.model_validate(fields)
     except ValidationError as exc:
-        raise EncodingConfigError(describe_validation_error(exc, rope_type)) from None
+        raise EncodingConfigError(describe_validation_error(exc, rope_type)) from exc
 
 
 def describe_validation_error(exc: ValidationError, rope_type: str) -> str:

@@ -53,7 +53,7 @@ def read_file(path: Path, *, text_field: str = "text") -> list[TextDocument]:
     try:
         return [TextDocument(str(path), path.read_text(encoding="utf-8"))]
     except UnicodeDecodeError as exc:
-        raise DataError(f"data file: {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise DataError(f"data file: {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
 def _read_jsonl(path: Path, text_field: str) -> list[TextDocument]:
@@ -65,7 +65,7 @@ def _read_jsonl(path: Path, text_field: str) -> list[TextDocument]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"data file: {path}:{number} is not valid JSON ({exc.msg})") from None
+                raise DataError(f"data file: {path}:{number} is not valid JSON ({exc.msg})") from exc
             text = record.get(text_field) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise DataError(f"data file: {path}:{number} has no string field {text_field!r}")
@@ -79,7 +79,7 @@ def _read_parquet(path: Path, text_field: str) -> list[TextDocument]:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a corrupt file
-        raise DataError(f"data file: {str(path)!r} is not a readable parquet file ({exc})") from None
+        raise DataError(f"data file: {str(path)!r} is not a readable parquet file ({exc})") from exc
     if text_field not in table.column_names:
         raise DataError(f"data file: {str(path)!r} has no column {text_field!r} (columns: {table.column_names})")
     texts = table.column(text_field).to_pylist()

@@ -1,11 +1,15 @@
 """Errors of the scoring side, each naming what is wrong and the value found."""
 
+from longrope.encodings.errors import LongRopeError
 
-class ModelLoadError(ValueError):
+__all__ = ["DataError", "LongRopeError", "ModelLoadError", "Terminated", "WindowsCacheError", "WorkerPoolError"]
+
+
+class ModelLoadError(LongRopeError, ValueError):
     """A model directory is missing, unreadable, or holds a model the rope patch cannot drive."""
 
 
-class DataError(ValueError):
+class DataError(LongRopeError, ValueError):
     """Documents are missing, unreadable, or too few / too short for the requested windows."""
 
 
@@ -25,5 +29,5 @@ class Terminated(KeyboardInterrupt):
     same unwinding stops the workers and leaves the run directory whole."""
 
 
-class WorkerPoolError(RuntimeError):
+class WorkerPoolError(LongRopeError, RuntimeError):
     """The worker pool cannot go on (no worker left, Ray unreachable)."""

@@ -74,7 +74,7 @@ def require_gguf_extra(what: str) -> None:
         import accelerate  # noqa: F401  (only probed: transformers' GGUF loading uses it)
         import gguf  # noqa: F401
     except ImportError as exc:
-        raise ModelLoadError(f"{what} needs the {exc.name!r} package: {INSTALL_HINT}") from None
+        raise ModelLoadError(f"{what} needs the {exc.name!r} package: {INSTALL_HINT}") from exc
 
 
 def open_gguf(path: Path, where: str):
@@ -94,7 +94,7 @@ def open_gguf(path: Path, where: str):
     except Exception as exc:  # gguf raises ValueError, IndexError, struct errors on a damaged file
         raise ModelLoadError(
             f"{where}: {str(path)!r} is not a readable GGUF file: truncated or damaged ({one_line(exc, 160)})"
-        ) from None
+        ) from exc
 
 
 def field_value(reader, name: str, default=None):
@@ -194,7 +194,7 @@ def _write_hf_directory(path: Path, out: Path, architecture: str, package: dict)
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:  # transformers' GGUF support raises many types for a file it cannot map
-        raise ModelLoadError(f"model file: transformers cannot read {str(path)!r} ({one_line(exc, 200)})") from None
+        raise ModelLoadError(f"model file: transformers cannot read {str(path)!r} ({one_line(exc, 200)})") from exc
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise ModelLoadError(

@@ -37,9 +37,7 @@ def model_config(model_dir: Path, *, trust_remote_code: bool = False, config_ove
             base = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
             file_dict, _ = type(base).get_config_dict(model_dir, local_files_only=True)
     except Exception as exc:  # transformers raises many types here; the user needs the message, not the type
-        raise ModelLoadError(
-            f"model directory: cannot read the config in {str(model_dir)!r}: {one_line(exc)}"
-        ) from None
+        raise ModelLoadError(f"model directory: cannot read the config in {str(model_dir)!r}: {one_line(exc)}") from exc
     if not overrides:
         return base
     unknown = [key for key in overrides if not hasattr(base, key)]
@@ -51,7 +49,7 @@ def model_config(model_dir: Path, *, trust_remote_code: bool = False, config_ove
     except Exception as exc:  # the class's strict validation: StrictDataclass*ValidationError, ValueError ...
         raise ModelLoadError(
             f"{override_names(overrides, mentioned(overrides, exc))}: {type(base).__name__} refuses it: {one_line(exc)}"
-        ) from None
+        ) from exc
     check_sizes(config, overrides)
     return config
 

@@ -67,9 +67,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ModelLoadError(f"model config: {str(path)!r} is not valid JSON ({one_line(exc)})") from None
+        raise ModelLoadError(f"model config: {str(path)!r} is not valid JSON ({one_line(exc)})") from exc
     except OSError as exc:
-        raise ModelLoadError(f"model config: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+        raise ModelLoadError(f"model config: cannot read {str(path)!r} ({exc.strerror or exc})") from exc
     if not isinstance(config, dict):
         raise ModelLoadError(f"model config: {str(path)!r} holds a JSON {type(config).__name__}, not an object")
     return config
@@ -87,7 +87,7 @@ def model_rope(config: dict[str, Any]) -> ModelRope:
     try:
         method = from_hf_config(config)
     except EncodingConfigError as exc:
-        raise ModelLoadError(f"model config: {exc}") from None
+        raise ModelLoadError(f"model config: {exc}") from exc
     original = getattr(method, "original_max_position_embeddings", None) or config["max_position_embeddings"]
     return ModelRope(method=method, original_length=int(original))
 
@@ -101,7 +101,7 @@ def rope_with_overrides(file_config: dict[str, Any], config_overrides: dict[str,
     try:
         return model_rope({**file_config, **config_overrides})
     except ModelLoadError as exc:
-        raise ModelLoadError(f"{override_names(config_overrides, mentioned(config_overrides, exc))}: {exc}") from None
+        raise ModelLoadError(f"{override_names(config_overrides, mentioned(config_overrides, exc))}: {exc}") from exc
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -117,7 +117,7 @@ def resolve_device(device: str = "auto") -> torch.device:
     try:
         return torch.device(device)
     except RuntimeError as exc:  # a type torch lists but this build cannot make (privateuseone unregistered)
-        raise ModelLoadError(f"device {device!r}: {one_line(exc)}") from None
+        raise ModelLoadError(f"device {device!r}: {one_line(exc)}") from exc
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -168,7 +168,7 @@ def check_model(
         model = build_on_meta(config, trust_remote_code)
     except Exception as exc:  # transformers raises many types here; the user needs the message, not the type
         where = blamed(model_dir, config_overrides, exc, trust_remote_code)
-        raise ModelLoadError(f"{where}: cannot build the model: {one_line(exc)}") from None
+        raise ModelLoadError(f"{where}: cannot build the model: {one_line(exc)}") from exc
     check_rotary(model)
     check_weights(model_dir)  # after the build: the config's errors show first, whatever the weights files hold
     if config_overrides:
@@ -231,6 +231,6 @@ def load_model(
                 use_safetensors=True,
             )
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"model directory: cannot load {str(model_dir)!r}: {exc}") from None
+        raise ModelLoadError(f"model directory: cannot load {str(model_dir)!r}: {exc}") from exc
     check_rotary(model)
     return model.to(torch_device).eval(), rope

@@ -239,12 +239,12 @@ class WorkerPool:
                 self._on_windows_missing(call)
                 return []
             if isinstance(cause, ModelLoadError):
-                raise ModelLoadError(str(cause)) from None
+                raise ModelLoadError(str(cause)) from exc
             name = type(cause).__name__
-            raise WorkerPoolError(f"worker {call.worker.index}: scoring failed: {name}: {one_line(cause)}") from None
+            raise WorkerPoolError(f"worker {call.worker.index}: scoring failed: {name}: {one_line(cause)}") from exc
         except RayError as exc:  # the object store or the cluster failed under the call: one line, not a traceback
             name = type(exc).__name__
-            raise WorkerPoolError(f"worker {call.worker.index}: Ray failed: {name}: {one_line(exc)}") from None
+            raise WorkerPoolError(f"worker {call.worker.index}: Ray failed: {name}: {one_line(exc)}") from exc
         self.answered = True
         if call.probe:
             call.worker.failed_since = None  # it answered again: back in the pool

@@ -94,10 +94,10 @@ def _init_ray(spec: PoolSpec, quiet: dict) -> None:
             ray.init(address=spec.address, **quiet)
     except SystemExit as exc:
         if exc.code == signal.SIGTERM:  # Ray's own handler, in force during init, exits with the signal number
-            raise Terminated() from None
-        raise WorkerPoolError(f"workers.address = {spec.address!r}: cannot connect to Ray ({exc})") from None
+            raise Terminated() from exc
+        raise WorkerPoolError(f"workers.address = {spec.address!r}: cannot connect to Ray ({exc})") from exc
     except (ConnectionError, ValueError, RuntimeError) as exc:  # Ray exits when it gives up connecting
-        raise WorkerPoolError(f"workers.address = {spec.address!r}: cannot connect to Ray ({exc})") from None
+        raise WorkerPoolError(f"workers.address = {spec.address!r}: cannot connect to Ray ({exc})") from exc
 
 
 def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -113,4 +113,4 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         raise WorkerPoolError(
             f"workers.address = {address!r}: nothing answers there within {timeout_s:g} s ({reason}); "
             "is the Ray cluster up?"
-        ) from None
+        ) from exc

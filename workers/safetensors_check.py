@@ -72,7 +72,7 @@ def index_shards(index: Path) -> list[str]:
     try:
         weight_map = json.loads(text).get("weight_map")
     except (json.JSONDecodeError, RecursionError, AttributeError) as exc:
-        raise ModelLoadError(f"{where}: not a safetensors index ({one_line(exc)})") from None
+        raise ModelLoadError(f"{where}: not a safetensors index ({one_line(exc)})") from exc
     if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
         raise ModelLoadError(f"{where}: not a safetensors index (no weight_map of tensor -> shard file names)")
     return list(dict.fromkeys(weight_map.values()))
@@ -122,7 +122,7 @@ def header_tensors(raw: bytes, where: str) -> dict[str, dict]:
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ModelLoadError(f"{where}: its header is not valid JSON ({one_line(exc)})") from None
+        raise ModelLoadError(f"{where}: its header is not valid JSON ({one_line(exc)})") from exc
     if not isinstance(header, dict):
         raise ModelLoadError(f"{where}: its header is not a JSON object (a {type(header).__name__})")
     tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}

@@ -31,7 +31,7 @@ class TextTokenizer:
                 self.source, local_files_only=True, trust_remote_code=trust_remote_code
             )
         except (OSError, ValueError) as exc:
-            raise DataError(f"tokenizer: cannot load one from {self.source!r}: {exc}") from None
+            raise DataError(f"tokenizer: cannot load one from {self.source!r}: {exc}") from exc
         self._encode = lambda text: np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         self._decode = lambda ids: tokenizer.decode([int(i) for i in ids])
         self.identity = _files_hash(Path(self.source))

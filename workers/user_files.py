@@ -37,10 +37,10 @@ def regular_file_size(path: Path, where: str, error: type[Exception]) -> int:
     no such file, a FIFO or device (by kind, not opened), or the OS's reason it cannot be looked at."""
     try:
         info = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise error(f"{where}: no such file") from None
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise error(f"{where}: no such file") from exc
     except OSError as exc:  # a name too long, a symlink loop, a folder above it that cannot be searched
-        raise error(f"{where}: {os_error_text(exc)}") from None
+        raise error(f"{where}: {os_error_text(exc)}") from exc
     if not stat.S_ISREG(info.st_mode):
         raise error(f"{where}: {file_kind(info)}, not a regular file") from None
     return info.st_size
@@ -53,7 +53,7 @@ def read_head(path: Path, count: int, where: str, error: type[Exception]) -> byt
         with open(path, "rb") as file:
             return file.read(count)
     except OSError as exc:
-        raise error(f"{where}: cannot read ({exc.strerror or exc})") from None
+        raise error(f"{where}: cannot read ({exc.strerror or exc})") from exc
 
 
 def read_text_capped(path: Path, max_bytes: int, what: str, where: str, error: type[Exception]) -> str:
@@ -69,7 +69,7 @@ def read_text_capped(path: Path, max_bytes: int, what: str, where: str, error: t
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{where}: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+        raise error(f"{where}: not UTF-8 text (byte {exc.start}); is it a binary file?") from exc
 
 
 def repeated_path(paths: list[str]) -> str | None:

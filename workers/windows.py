@@ -202,4 +202,4 @@ def _write_cache(path: Path, windows: Windows) -> None:
             )
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise WindowsCacheError(f"cannot write the windows cache {str(path)!r} ({reason})") from None
+        raise WindowsCacheError(f"cannot write the windows cache {str(path)!r} ({reason})") from exc

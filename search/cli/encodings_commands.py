@@ -199,5 +199,5 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
         try:
             parsed[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise EncodingConfigError(f"--param {key}: cannot read value {value!r}: {exc}") from None
+            raise EncodingConfigError(f"--param {key}: cannot read value {value!r}: {exc}") from exc
     return parsed

@@ -74,7 +74,7 @@ def check_device(name: str) -> None:
         device = torch.device(name)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as error:  # unknown name; CUDA not compiled in or no GPU
-        raise JobConfigError(f"--device {name}: torch cannot use it here ({str(error).splitlines()[0]})") from None
+        raise JobConfigError(f"--device {name}: torch cannot use it here ({str(error).splitlines()[0]})") from error
 
 
 def run_extrapolation_command(args: argparse.Namespace) -> int:

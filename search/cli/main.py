@@ -8,7 +8,6 @@ import signal
 import sys
 import warnings
 
-from longrope.encodings.errors import EncodingConfigError
 from longrope.search.cli import (
     downloads_commands,
     encodings_commands,
@@ -20,25 +19,7 @@ from longrope.search.cli import (
 )
 from longrope.search.cli.stops import SigtermSeen, Stopped, raise_terminated
 from longrope.search.config.factors_file import package_version
-from longrope.search.config.strict import JobConfigError
-from longrope.search.downloads.model_wheels import DownloadError
-from longrope.search.export.factors_export import ExportError
-from longrope.search.run.output_paths import OutputPathError
-from longrope.search.run.run_store import RunStoreError
-from longrope.workers.errors import DataError, ModelLoadError, Terminated, WorkerPoolError
-
-# Errors that mean "the user's input is wrong": one line on stderr and exit 2, no traceback.
-USER_ERRORS = (
-    EncodingConfigError,
-    JobConfigError,
-    RunStoreError,
-    ExportError,
-    OutputPathError,
-    DataError,
-    ModelLoadError,
-    WorkerPoolError,
-    DownloadError,
-)
+from longrope.workers.errors import LongRopeError, Terminated
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         code = args.handler(args)
         sys.stdout.flush()  # inside the try: a closed pipe must end here, not in the flush at exit
         return code
-    except USER_ERRORS as exc:
+    except LongRopeError as exc:  # the input or the run cannot go on: one line, exit 2
         print(f"longrope: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:

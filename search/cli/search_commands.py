@@ -375,5 +375,5 @@ def _parse_lengths(text: str | None) -> list[int]:
         return []
     try:
         return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise JobConfigError(f"--lengths: expected comma-separated integers, got {text!r}") from None
+    except ValueError as exc:
+        raise JobConfigError(f"--lengths: expected comma-separated integers, got {text!r}") from exc

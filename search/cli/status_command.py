@@ -143,7 +143,7 @@ def _price(run, status: dict, given: float | None) -> tuple[float, str]:
         raise JobConfigError(
             f"--plot: {run.given} has {run.backward_windows} backward window passes, and what one costs cannot be "
             f"priced here ({exc}); give --backward-cost C"
-        ) from None
+        ) from exc
 
 
 def cost_label(priced: list[tuple[float, str]]) -> tuple[str, bool]:

@@ -133,13 +133,13 @@ def read_factors_file(path: str | Path, where: str | None = None) -> FactorsFile
     try:
         return FactorsFile.model_validate(json.loads(text))
     except json.JSONDecodeError as exc:
-        raise JobConfigError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}){_csv_hint(path)}") from None
-    except RecursionError:
-        raise JobConfigError(f"{where}: not a factors file (JSON nested too deeply)") from None
+        raise JobConfigError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}){_csv_hint(path)}") from exc
+    except RecursionError as exc:
+        raise JobConfigError(f"{where}: not a factors file (JSON nested too deeply)") from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        raise JobConfigError(f"{where}: {field}: {first['msg'].removeprefix('Value error, ')}") from None
+        raise JobConfigError(f"{where}: {field}: {first['msg'].removeprefix('Value error, ')}") from exc
 
 
 def _csv_hint(path: str | Path) -> str:
@@ -166,4 +166,4 @@ def factors_encoding(factors: FactorsFile, *, head_dim: int, pairs: int, source:
             max_position_embeddings=factors.max_position_embeddings,
         )
     except EncodingConfigError as exc:  # a block that is no LongRoPE of this shape: the error names the file
-        raise JobConfigError(f"{source}: {exc}") from None
+        raise JobConfigError(f"{source}: {exc}") from exc

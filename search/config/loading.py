@@ -47,7 +47,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         parsed = parse_yaml(value)
     except ConfigYamlError as exc:
-        raise JobConfigError(f"--set {key.strip()}: cannot read value {value[:80]!r} ({exc})") from None
+        raise JobConfigError(f"--set {key.strip()}: cannot read value {value[:80]!r} ({exc})") from exc
     return key.strip().split("."), parsed
 
 
@@ -101,9 +101,9 @@ def load_job_config(path: str | Path | None, overrides: list[str] = (), base: di
         try:
             raw = read_yaml(Path(path)) or {}
         except ConfigYamlError as exc:
-            raise JobConfigError(f"{source}: {exc}") from None
+            raise JobConfigError(f"{source}: {exc}") from exc
         except OSError as exc:
-            raise JobConfigError(f"{source}: cannot read ({exc.strerror or exc})") from None
+            raise JobConfigError(f"{source}: cannot read ({exc.strerror or exc})") from exc
         if not isinstance(raw, dict):
             raise JobConfigError(f"{source}: expected a mapping of fields at the top level, got {type(raw).__name__}")
     raw = apply_overrides(raw, list(overrides))
@@ -111,17 +111,17 @@ def load_job_config(path: str | Path | None, overrides: list[str] = (), base: di
     try:
         return JobConfig.model_validate(raw)
     except ValidationError as exc:
-        raise JobConfigError(describe_errors(exc, source)) from None
+        raise JobConfigError(describe_errors(exc, source)) from exc
 
 
 def check_config_file(file: Path, source: str) -> None:
     """A config path names a regular file: not a directory, a device (`/dev/null`), a FIFO or a name too long."""
     try:
         mode = file.stat().st_mode
-    except FileNotFoundError:
-        raise JobConfigError(f"{source}: no such config file") from None
+    except FileNotFoundError as exc:
+        raise JobConfigError(f"{source}: no such config file") from exc
     except OSError as exc:  # e.g. a name past NAME_MAX, or a folder on the way that is a file
-        raise JobConfigError(f"{shown_path(source)}: cannot read ({exc.strerror or exc})") from None
+        raise JobConfigError(f"{shown_path(source)}: cannot read ({exc.strerror or exc})") from exc
     if stat.S_ISDIR(mode):
         raise JobConfigError(f"{source}: is a directory, not a config file")
     if not stat.S_ISREG(mode):

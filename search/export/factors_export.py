@@ -23,11 +23,11 @@ from longrope.search.run.run_store import (
     write_json_atomic,
 )
 from longrope.search.run.stages import last_stage
-from longrope.workers.errors import ModelLoadError
+from longrope.workers.errors import LongRopeError, ModelLoadError
 from longrope.workers.models import ModelRope, model_rope, read_model_config
 
 
-class ExportError(ValueError):
+class ExportError(LongRopeError, ValueError):
     """The run cannot be exported as asked."""
 
 
@@ -197,7 +197,7 @@ def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
         config = read_model_config(model_dir)
         rope = model_rope(config)
     except ModelLoadError as exc:
-        raise ExportError(f"--into {str(model_dir)!r}: {exc}") from None
+        raise ExportError(f"--into {str(model_dir)!r}: {exc}") from exc
     check_same_shape(factors, rope, f"--into {str(model_dir)!r}")
     config = config_with_block(config, factors)
     backup = None
@@ -209,7 +209,7 @@ def write_into_model(factors: FactorsFile, model_dir: Path) -> Path:
             with contextlib.suppress(OSError):
                 backup.unlink()
         message = str(exc) if isinstance(exc, RunStoreError) else f"cannot write a backup ({exc.strerror or exc})"
-        raise ExportError(f"--into {str(model_dir)!r}: {message}") from None
+        raise ExportError(f"--into {str(model_dir)!r}: {message}") from exc
     return backup
 
 

@@ -90,15 +90,13 @@ def read_gguf(path: Path, where: str):
             raise ExportError(f"{where}: not a GGUF file (it does not start with 'GGUF')")
     try:
         import gguf  # the gguf extra
-    except ImportError:
-        raise ExportError(
-            f"{where}: reading it needs the 'gguf' package: pip install 'longrope-search[gguf]'"
-        ) from None
+    except ImportError as exc:
+        raise ExportError(f"{where}: reading it needs the 'gguf' package: pip install 'longrope-search[gguf]'") from exc
     try:
         reader = gguf.GGUFReader(path)
     except Exception as exc:  # gguf raises ValueError, IndexError, struct errors on a damaged file
         detail = " ".join(str(exc).split())[:160]
-        raise ExportError(f"{where}: not a whole GGUF file: truncated or damaged ({detail})") from None
+        raise ExportError(f"{where}: not a whole GGUF file: truncated or damaged ({detail})") from exc
     size = os.path.getsize(path)
     for tensor in reader.tensors:
         if tensor.data_offset + tensor.n_bytes > size:

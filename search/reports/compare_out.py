@@ -77,7 +77,7 @@ class CompareOut:
                 self.path = candidate
                 return candidate
         except OSError as exc:
-            raise RunStoreError(f"{self.path or self.parent}: cannot create ({exc.strerror or exc})") from None
+            raise RunStoreError(f"{self.path or self.parent}: cannot create ({exc.strerror or exc})") from exc
         raise RunStoreError(f"{self.parent}: every {self.prefix}-{self.stamp}-N name is taken")
 
 

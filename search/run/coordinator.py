@@ -346,4 +346,4 @@ def load_searcher(run_dir: RunDir, searcher: Searcher, state: RunState) -> None:
     try:
         searcher.load_state(state.searcher)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from None
+        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from exc

@@ -47,7 +47,7 @@ class JobContext:
             file_config = read_model_config(model_dir)
             model_rope(file_config)
         except ValueError as exc:
-            raise JobConfigError(f"model.path: {exc}") from None
+            raise JobConfigError(f"model.path: {exc}") from exc
         rope = rope_with_overrides(file_config, config.model.config_overrides)  # a bad override is named
         original = config.original_length or rope.original_length
         if original > rope.original_length:
@@ -132,10 +132,10 @@ class JobContext:
             )
         except WindowsCacheError as exc:  # named by the field that chose the folder: the user's own words
             if data.cache_dir:
-                raise WindowsCacheError(f"data.cache_dir: {exc}") from None
+                raise WindowsCacheError(f"data.cache_dir: {exc}") from exc
             raise WindowsCacheError(
                 f"output_dir: {exc}; the cache goes under output_dir unless data.cache_dir is set"
-            ) from None
+            ) from exc
 
     def window_sources(self, source: str, windows: Windows) -> list[dict]:
         """Each window's document, offset and the document text's sha256, for job.json (read after `windows`)."""
@@ -317,7 +317,7 @@ def check_source(field: str, source: str, text_field: str) -> int:
     try:
         return len(read_source(source, text_field=text_field))
     except DataError as exc:
-        raise DataError(f"{field}: {str(exc).removeprefix('data source: ')}") from None
+        raise DataError(f"{field}: {str(exc).removeprefix('data source: ')}") from exc
 
 
 def data_source_checks(config: JobConfig, *, offline: bool = False) -> list[dict]:

@@ -139,7 +139,7 @@ def read_job_record(run_dir: RunDir) -> JobRecord:
     try:
         record = JobRecord.model_validate(data)
     except ValidationError as exc:
-        raise RunStoreError(f"{run_dir.file(JOB_FILE)}: {first_error(exc)}") from None
+        raise RunStoreError(f"{run_dir.file(JOB_FILE)}: {first_error(exc)}") from exc
     if record.record_hash is not None and record.record_hash != _fields_hash(
         record.model_dump(mode="json", exclude={"record_hash"})
     ):

@@ -187,7 +187,7 @@ def _checked_stages(config: JobConfig, job_dir: RunDir) -> list[JobConfig]:
                 stage.data.search_source, context.search_length, stage.data.search_windows, cached=False
             )
         except (JobConfigError, DataError) as exc:
-            raise JobConfigError(f"search.stages: stage {index + 1} at {stage.target_length} tokens: {exc}") from None
+            raise JobConfigError(f"search.stages: stage {index + 1} at {stage.target_length} tokens: {exc}") from exc
     return stages
 
 

@@ -28,13 +28,14 @@ from longrope.search.run.heartbeat import HEARTBEAT
 from longrope.search.run.job_record import JOB_FILE
 from longrope.search.run.run_store import CONFIG, HISTORY, STATE
 from longrope.workers.atomic_files import atomic_file
+from longrope.workers.errors import LongRopeError
 from longrope.workers.user_files import file_kind
 
 RUN_FILES = (CONFIG, JOB_FILE, HISTORY, STATE, HEARTBEAT)
 NAME_MAX_FALLBACK = 255
 
 
-class OutputPathError(ValueError):
+class OutputPathError(LongRopeError, ValueError):
     """A path given for a command's output cannot be written as asked (see the module docstring)."""
 
 
@@ -62,7 +63,7 @@ def _lstat(path: Path, where: str) -> os.stat_result | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:  # ENAMETOOLONG, EACCES on a folder above, ELOOP in a folder above
-        raise OutputPathError(f"{where}: cannot write there ({exc.strerror or exc})") from None
+        raise OutputPathError(f"{where}: cannot write there ({exc.strerror or exc})") from exc
 
 
 def _link_target_info(link: str | Path, where: str) -> os.stat_result | None:
@@ -73,8 +74,8 @@ def _link_target_info(link: str | Path, where: str) -> os.stat_result | None:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise OutputPathError(f"{where}: a symlink loop; give a file name") from None
-        raise OutputPathError(f"{where}: cannot write there ({exc.strerror or exc})") from None
+            raise OutputPathError(f"{where}: a symlink loop; give a file name") from exc
+        raise OutputPathError(f"{where}: cannot write there ({exc.strerror or exc})") from exc
     if not stat.S_ISREG(info.st_mode):
         raise OutputPathError(f"{where}: a symlink to {file_kind(info)}, not a regular file; give a file name")
     return info
@@ -135,4 +136,4 @@ def write_output(out: str | Path, write, where: str, mode: str = "w") -> None:
         with atomic_file(Path(out), mode, through_symlink=True) as tmp:
             write(tmp)
     except OSError as exc:
-        raise OutputPathError(f"{where}: cannot write ({exc.strerror or exc})") from None
+        raise OutputPathError(f"{where}: cannot write ({exc.strerror or exc})") from exc

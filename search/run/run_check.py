@@ -267,7 +267,7 @@ def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dic
     try:
         scores = state.searcher.told_scores()
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise RunStoreError(f"{run_dir.file(STATE)}: corrupted (told: {exc})") from None
+        raise RunStoreError(f"{run_dir.file(STATE)}: corrupted (told: {exc})") from exc
     lost = [key for key in scores if records.get(key, {}).get("status", "scored") not in FINAL_STATUSES]
     lost += [key for key in scores if key not in records]
     if lost:

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.saved_state import OptimizerState, SearcherState, legacy_state
 from longrope.workers.atomic_files import atomic_file, fsync_folder
+from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import os_error_text, shown_path
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
@@ -153,7 +154,7 @@ def first_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
 
 
-class RunStoreError(ValueError):
+class RunStoreError(LongRopeError, ValueError):
     """A run directory is missing, holds another config, is in use, has a damaged file, or cannot be written."""
 
 
@@ -169,7 +170,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         with atomic_file(path) as tmp:
             tmp.write(text)
     except OSError as exc:
-        raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 
 
 def final_count(history: dict[str, dict[str, Any]]) -> int:
@@ -229,15 +230,15 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
-            raise RunStoreError(f"output_dir {str(self.path)!r}: cannot open ({exc.strerror or exc})") from None
+            raise RunStoreError(f"output_dir {str(self.path)!r}: cannot open ({exc.strerror or exc})") from exc
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            except BlockingIOError as exc:
                 raise RunStoreError(
                     f"output_dir {str(self.path)!r} is in use by another running `longrope search`; "
                     "wait for it to end (or stop it) before resuming"
-                ) from None
+                ) from exc
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the lock, as the kernel does when the process dies
@@ -298,7 +299,7 @@ class RunDir:
         try:
             config = JobConfig.model_validate(data["config"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from None
+            raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from exc
         if data.get("config_hash") != config.hash():
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
         return config
@@ -332,7 +333,7 @@ class RunDir:
         try:
             RunState.model_validate(state)
         except ValidationError as exc:
-            raise RunStoreError(f"{self.file(STATE)}: corrupted ({first_error(exc)})") from None
+            raise RunStoreError(f"{self.file(STATE)}: corrupted ({first_error(exc)})") from exc
         return state
 
     def append_history(self, record: dict[str, Any]) -> None:
@@ -346,7 +347,7 @@ class RunDir:
             if new:
                 fsync_folder(path.parent)
         except OSError as exc:
-            raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from None
+            raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 
     def read_history(self) -> dict[str, dict[str, Any]]:
         """Scored candidates by key. A torn last line (no newline yet: a write in progress or cut by a crash) is
@@ -360,7 +361,7 @@ class RunDir:
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
         good_length = data.rfind(b"\n") + 1
         records: dict[str, dict[str, Any]] = {}
         final_lines: dict[str, int] = {}
@@ -385,7 +386,7 @@ class RunDir:
         try:
             os.truncate(self.file(HISTORY), history.good_length)
         except OSError as exc:
-            raise RunStoreError(f"{self.file(HISTORY)}: cannot cut the torn last line ({exc.strerror})") from None
+            raise RunStoreError(f"{self.file(HISTORY)}: cannot cut the torn last line ({exc.strerror})") from exc
 
     def best_record(self) -> dict[str, Any]:
         """The run's best scored candidate (see `best_of`), read from history.jsonl."""
@@ -399,10 +400,10 @@ class RunDir:
         symlink loop, a missing folder or a file, instead of an OSError traceback or "config.json: missing"."""
         try:
             info = os.stat(self.path)
-        except (FileNotFoundError, NotADirectoryError):
-            raise RunStoreError(f"{shown_path(self.path)}: no such directory") from None
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise RunStoreError(f"{shown_path(self.path)}: no such directory") from exc
         except OSError as exc:
-            raise RunStoreError(f"{shown_path(self.path)}: {os_error_text(exc)}") from None
+            raise RunStoreError(f"{shown_path(self.path)}: {os_error_text(exc)}") from exc
         if not stat.S_ISDIR(info.st_mode):
             raise RunStoreError(f"{shown_path(self.path)}: not a directory (a run directory holds config.json)")
 
@@ -415,20 +416,20 @@ class RunDir:
         try:
             return json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise RunStoreError(f"{path}: corrupted ({str(exc).splitlines()[0][:200]})") from None
+            raise RunStoreError(f"{path}: corrupted ({str(exc).splitlines()[0][:200]})") from exc
         except OSError as exc:
-            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
 
 def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str, Any]]:
     try:
         record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise RunStoreError(f"{path}:{number}: corrupted line (not JSON)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise RunStoreError(f"{path}:{number}: corrupted line (not JSON)") from exc
     if not isinstance(record, dict):
         raise RunStoreError(f"{path}:{number}: corrupted line (a JSON {type(record).__name__}, not an object)")
     try:
         HistoryRecord.model_validate(record)
     except ValidationError as exc:
-        raise RunStoreError(f"{path}:{number}: corrupted line ({first_error(exc)})") from None
+        raise RunStoreError(f"{path}:{number}: corrupted line ({first_error(exc)})") from exc
     return record["key"], record

@@ -46,7 +46,7 @@ def stage_configs(config: JobConfig, output_dir: str | Path | None = None) -> li
             configs.append(JobConfig.model_validate({**raw, "target_length": length, "output_dir": str(previous)}))
         except ValidationError as exc:
             message = describe_errors(exc, f"search.stages: stage {index + 1} at {length} tokens")
-            raise JobConfigError(message) from None
+            raise JobConfigError(message) from exc
     return configs
 
 

@@ -103,7 +103,7 @@ class TensorBoardScalars:
                 self._writer.add_scalar(tag, value, global_step=progress.evaluations)
             self._writer.flush()
         except OSError as exc:
-            raise RunStoreError(f"{self.folder}: cannot write TensorBoard scalars ({exc.strerror or exc})") from None
+            raise RunStoreError(f"{self.folder}: cannot write TensorBoard scalars ({exc.strerror or exc})") from exc
         self._last_step = progress.evaluations
 
     def close(self) -> None:
