@@ -370,7 +370,7 @@ def test_a_search_records_its_windows_documents_and_corpus(tmp_path):
         (docs / name).write_text(text)
     settings = [f"output_dir={tmp_path / 'run'}", "target_length=256", f"data.search_source={docs}"]
     context = JobContext.resolve(load_job_config(DEMO, [*settings, "data.search_windows=2"]))
-    job = job_record(context, context.objective_windows(str(docs), 256, 2)).sealed()
+    job = job_record(context, context.objective_windows(str(docs), 256, 2), context.config.hash()).sealed()
     sources = job["search_windows"]["documents"]
     assert len(sources) == 2 and job["corpus"] == {"source": str(docs)}
     for source in sources:
@@ -379,7 +379,7 @@ def test_a_search_records_its_windows_documents_and_corpus(tmp_path):
         assert 0 <= source["offset"] <= len(text.encode()) - 257
     (docs / "corpus.json").write_text("{}")
     with pytest.raises(DataError, match=r"corpus\.json longrope wrote"):
-        job_record(context, context.objective_windows(str(docs), 256, 2))
+        job_record(context, context.objective_windows(str(docs), 256, 2), context.config.hash())
 
 
 # ---- the registry packages themselves ----

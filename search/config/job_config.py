@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -16,20 +17,8 @@ from longrope.search.config.strict import MAX_LENGTH, Strict, checked_os_path
 from longrope.search.config.workers_section import WorkersConfig
 from longrope.workers.path_limits import RUN_DIR_ROOM
 
-LATER_SEARCH_FIELDS = (
-    "gradient",
-    "optimizer",
-    "schedule",
-    "racing",
-    "cmaes",
-    "space",
-    "critical_dim",
-    "length_scale",
-    "factor",
-    "long_factors",
-    "stages",
-)
-LATER_DATA_FIELDS = ("objective",)
+# what never changes a run's result: where it is written, who scores it, whether TensorBoard watches it
+UNRELATED_FIELDS = {"output_dir": True, "workers": True, "search": {"tensorboard"}}
 
 
 class JobConfig(Strict):
@@ -97,21 +86,41 @@ class JobConfig(Strict):
         return self
 
     def hash(self) -> str:
-        """Identity of a run: everything that changes its result (not where it is written, who scores it, or
-        whether TensorBoard watches it: `search.tensorboard`).
+        """The identity hash a run of this config carries in config.json (`identity_hash` of its JSON dump)."""
+        return identity_hash(self.model_dump(mode="json"))
 
-        Search fields added after the first release (LATER_SEARCH_FIELDS) count only when they differ from their
-        defaults, so a run directory written before them still matches its config and can be resumed."""
-        unrelated = {"output_dir": True, "workers": True, "search": {"tensorboard"}}
-        identity = self.model_dump(mode="json", exclude=unrelated)
-        for section, names, defaults in (
-            ("search", LATER_SEARCH_FIELDS, SearchConfig().model_dump(mode="json")),
-            ("data", LATER_DATA_FIELDS, DataConfig().model_dump(mode="json")),
-        ):
-            for name in names:
-                if identity[section][name] == defaults[name]:
-                    del identity[section][name]
-        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """A config with no field set (target_length aside, which has no default), as JSON."""
+        return cls.model_construct(target_length=2).model_dump(mode="json")
+
+    def identity(self) -> dict:
+        """Everything that changes a run's result, as JSON: what a resume and a new run compare against the
+        stored config, both read by today's code."""
+        return self.model_dump(mode="json", exclude=UNRELATED_FIELDS)
+
+
+def identity_hash(config: dict[str, Any]) -> str:
+    """A run's identity: sha256 (first 16 hex digits) of its config as JSON with sorted keys, less UNRELATED_FIELDS.
+
+    Taken over a config.json's config as written, never as today's code re-reads it, so a field added to the model
+    later (with a default) or a default changed later never changes an older run's hash."""
+    return digest(identity_fields(config))
+
+
+def identity_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A config's JSON less UNRELATED_FIELDS (a copy, sections copied too)."""
+    identity = {name: dict(value) if isinstance(value, dict) else value for name, value in config.items()}
+    for name in ("output_dir", "workers"):
+        identity.pop(name, None)
+    if isinstance(identity.get("search"), dict):
+        identity["search"].pop("tensorboard", None)
+    return identity
+
+
+def digest(fields: dict[str, Any]) -> str:
+    """sha256 (first 16 hex digits) of JSON fields with sorted keys: the run directory's one hash."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def check_lengths_message(original_length: int, target_length: int) -> str:

@@ -77,7 +77,7 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
             generation=run.generation_done,
             generations=run.last_generation,
             evaluations=final_count(run.records),
-            config_hash=config.hash(),
+            config_hash=run_dir.config_hash(),
         ),
     )
 

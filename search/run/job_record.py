@@ -6,14 +6,13 @@ freshly built windows against: a data file changed under a run would silently br
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
 from longrope.encodings import LongRope
 from longrope.encodings.rotary import rotary_dim_for
+from longrope.search.config.job_config import digest
 from longrope.search.run.run_store import RunDir, RunStoreError, first_error
 
 JOB_FILE = "job.json"
@@ -109,7 +108,7 @@ class JobRecord(RopeShape):
         """job.json as written: the fields and their hash, as config.json carries its config's hash. A reader
         that finds them apart (`read_job_record`) knows the file was edited after the run wrote it."""
         fields = self.model_dump(mode="json", exclude={"record_hash"})
-        return {**fields, "record_hash": _fields_hash(fields)}
+        return {**fields, "record_hash": digest(fields)}
 
     def candidate(self, record: dict) -> LongRope:
         """A history record (a candidate of this run) as the encoding it was scored with: a short-factor run's
@@ -129,19 +128,16 @@ class JobRecord(RopeShape):
         return rotary_dim_for(self.head_dim, self.partial_rotary_factor) // 2
 
 
-def _fields_hash(fields: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def read_job_record(run_dir: RunDir) -> JobRecord:
-    """job.json, whole (every field valid) and as the run wrote it (its record_hash matches its fields)."""
+    """job.json, whole (every field valid) and as the run wrote it: its record_hash matches its fields as stored (never
+    as today's model re-dumps them, so a field added to JobRecord later leaves an older record's hash as it was)."""
     data = run_dir.read_json(JOB_FILE)
     try:
         record = JobRecord.model_validate(data)
     except ValidationError as exc:
         raise RunStoreError(f"{run_dir.file(JOB_FILE)}: {first_error(exc)}") from exc
-    if record.record_hash is not None and record.record_hash != _fields_hash(
-        record.model_dump(mode="json", exclude={"record_hash"})
+    if record.record_hash is not None and record.record_hash != digest(
+        {name: value for name, value in data.items() if name != "record_hash"}
     ):
         raise RunStoreError(
             f"{run_dir.file(JOB_FILE)}: record_hash does not match its fields (edited by hand?); job.json records "

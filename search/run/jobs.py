@@ -78,7 +78,7 @@ def _start(config: JobConfig, options: _Options) -> dict[str, Any]:
     with run_dir.lock():
         run_dir.check_new(config)  # again under the lock: another start may have won the race
         run_dir.create(config)
-        write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows).sealed())
+        write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows, run_dir.config_hash()).sealed())
         return _score(context, run_dir, windows, _searcher(context), None, options)
 
 
@@ -89,9 +89,9 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> dic
     run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
     with run_dir.lock():
         checked = read_run(run_dir)
-        if config is not None and config.hash() != checked.config.hash():
+        if config is not None and config.identity() != checked.config.identity():
             raise RunStoreError(
-                f"output_dir {str(run_dir.path)!r} holds a run of another config (hash {checked.config.hash()}, "
+                f"output_dir {str(run_dir.path)!r} holds a run of another config (hash {run_dir.config_hash()}, "
                 f"given {config.hash()})"
             )
         if checked.finished:
@@ -103,7 +103,7 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> dic
         if checked.state is not None:
             load_searcher(run_dir, searcher, checked.state)
         windows = _search_windows(context)
-        record = job_record(context, windows)
+        record = job_record(context, windows, run_dir.config_hash())
         if check_job_record(run_dir, record):  # every check has passed: now the directory may be written
             write_json_atomic(run_dir.file(JOB_FILE), record.sealed())
         _cut_torn_tail(run_dir, checked, options.reporter)
@@ -295,9 +295,10 @@ def seeds_hash(seeds: list[Seed]) -> str:
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
-def job_record(context: JobContext, windows: Windows) -> JobRecord:
+def job_record(context: JobContext, windows: Windows, config_hash: str) -> JobRecord:
+    """job.json for this run (`config_hash`: config.json's, as stored: a format-1 run keeps its own)."""
     return JobRecord(
-        config_hash=context.config.hash(),
+        config_hash=config_hash,
         seeds_hash=seeds_hash(context.seeds()),
         model_dir=str(context.model_dir),
         original_length=context.original_length,

@@ -110,9 +110,9 @@ def _exists(run_dir: RunDir, name: str) -> bool:
 def _checked_job(run_dir: RunDir, config: JobConfig) -> JobRecord:
     job = read_job_record(run_dir)
     where = run_dir.file(JOB_FILE)
-    if job.config_hash is not None and job.config_hash != config.hash():
+    if job.config_hash is not None and job.config_hash != run_dir.config_hash():
         raise RunStoreError(
-            f"{where}: belongs to another run (config hash {job.config_hash}, config.json's {config.hash()}); "
+            f"{where}: belongs to another run (config hash {job.config_hash}, config.json's {run_dir.config_hash()}); "
             "was it copied from another run directory?"
         )
     for name, expected in _job_fields_fixed_by(config, job).items():
@@ -232,18 +232,18 @@ def _check_state(
                 "written when generation 0 ends); the run directory is damaged"
             )
         return
-    problem = _state_problem(config, state)
+    problem = _state_problem(config, run_dir.config_hash(), state)
     if problem:
         raise RunStoreError(f"{where}: {problem}")
     check_history_holds(run_dir, state, records)
 
 
-def _state_problem(config: JobConfig, state: RunState) -> str | None:
+def _state_problem(config: JobConfig, config_hash: str, state: RunState) -> str | None:
     """What makes state.json disagree with config.json; None if nothing does."""
     kind, generation = state.optimizer.kind, state.searcher.generation
-    if state.config_hash is not None and state.config_hash != config.hash():
+    if state.config_hash is not None and state.config_hash != config_hash:
         return (
-            f"belongs to another run (config hash {state.config_hash}, config.json's {config.hash()}); was it "
+            f"belongs to another run (config hash {state.config_hash}, config.json's {config_hash}); was it "
             "copied from another run directory?"
         )
     if kind != config.search.optimizer:

@@ -34,8 +34,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from longrope.search.config.job_config import JobConfig
+from longrope.search.config.job_config import JobConfig, identity_hash
 from longrope.search.optimizers.saved_state import OptimizerState, SearcherState, legacy_state
+from longrope.search.run.run_formats import FORMAT, format_problem, legacy_hash_matches
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import os_error_text, shown_path
@@ -137,6 +138,7 @@ class RunState(BaseModel):
     stopped_early: bool = False  # the searcher's own stop rule ended it before its budget
     total_generations: int | None = Field(default=None, ge=1)  # the searcher's (CMA-ES: by its budget)
     config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
+    format: int = 1  # absent in format 1 (run_formats.FORMAT is written); read_state refuses a newer one first
 
     @model_validator(mode="before")
     @classmethod
@@ -266,7 +268,8 @@ class RunDir:
     def create(self, config: JobConfig) -> None:
         """Start a new run here; refuses a directory that already holds a run."""
         self.check_new(config)
-        write_json_atomic(self.file(CONFIG), {"config_hash": config.hash(), "config": config.model_dump(mode="json")})
+        document = {"format": FORMAT, "config_hash": config.hash(), "config": config.model_dump(mode="json")}
+        write_json_atomic(self.file(CONFIG), document)
         self._config_hash = config.hash()
 
     def check_new(self, config: JobConfig) -> None:
@@ -283,32 +286,46 @@ class RunDir:
                 "another run?); choose another output_dir"
             )
         if self.file(CONFIG).exists():
-            stored = self.read_config()
-            if stored.hash() != config.hash():
+            if self.read_config().identity() != config.identity():
                 raise RunStoreError(
-                    f"output_dir {str(self.path)!r} holds a run of another config (hash {stored.hash()}, this one "
-                    f"{config.hash()}); choose another output_dir"
+                    f"output_dir {str(self.path)!r} holds a run of another config (hash {self.config_hash()}, this "
+                    f"one {config.hash()}); choose another output_dir"
                 )
             raise RunStoreError(f"output_dir {str(self.path)!r} already holds this run; continue it with --resume")
 
     def read_config(self) -> JobConfig:
+        """config.json's config, read by today's code from any format (`run_formats`), and found to be what the
+        run wrote: its config_hash recomputed from the JSON as stored (format 1: by the rule of its day)."""
         data = self.read_json(CONFIG)
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             kind = type(data).__name__ if not isinstance(data, dict) else "object without a 'config' object"
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config (a JSON {kind})")
+        version = self._checked_format(CONFIG, data)
         try:
             config = JobConfig.model_validate(data["config"])
         except (KeyError, TypeError, ValueError) as exc:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from exc
-        if data.get("config_hash") != config.hash():
+        stored_hash = data.get("config_hash")
+        if version == 1:
+            intact = legacy_hash_matches(data["config"], stored_hash, JobConfig.defaults())
+        else:
+            intact = stored_hash == identity_hash(data["config"])
+        if not intact:
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
+        self._config_hash = stored_hash
         return config
 
+    def _checked_format(self, name: str, data: dict[str, Any]) -> int:
+        version = data.get("format", 1)
+        problem = format_problem(version)
+        if problem:
+            raise RunStoreError(f"{self.file(name)}: {problem}")
+        return version
+
     def check_matches(self, config: JobConfig) -> None:
-        stored = self.read_config()
-        if stored.hash() != config.hash():
+        if self.read_config().identity() != config.identity():
             raise RunStoreError(
-                f"output_dir {str(self.path)!r} holds a run of another config (hash {stored.hash()}, "
+                f"output_dir {str(self.path)!r} holds a run of another config (hash {self.config_hash()}, "
                 f"given {config.hash()})"
             )
 
@@ -316,20 +333,23 @@ class RunDir:
 
     def write_state(self, state: dict[str, Any]) -> None:
         """Write state.json stamped with the run's config hash, so a state.json copied from another run is seen."""
-        state = {**state, "config_hash": self.config_hash()}
+        state = {**state, "format": FORMAT, "config_hash": self.config_hash()}
         RunState.model_validate(state)  # what is written is what read_state accepts
         write_json_atomic(self.file(STATE), state)
 
     def config_hash(self) -> str:
-        """config.json's hash, read once per RunDir (the config of a run directory never changes)."""
+        """The run's identity hash as config.json stores it (found intact when read), read once per RunDir (the
+        config of a run directory never changes)."""
         if self._config_hash is None:
-            self._config_hash = self.read_config().hash()
+            self.read_config()
         return self._config_hash
 
     def read_state(self) -> dict[str, Any] | None:
         if not self.file(STATE).exists():
             return None
         state = self.read_json(STATE)
+        if isinstance(state, dict):
+            self._checked_format(STATE, state)
         try:
             RunState.model_validate(state)
         except ValidationError as exc:

@@ -1,0 +1,95 @@
+"""The run directory's format versions, and how older shapes are read.
+
+A run directory lives for weeks of GPU time and outlives the code that wrote it, so every file a run holds is read
+by every later release. config.json and state.json carry `format`:
+
+- format 2 (this release): config.json is `{"format": 2, "config_hash", "config"}`, and `config_hash` is the
+  sha256 of the config as written (`JobConfig.hash`), less what never changes a run's result (where it is
+  written, who scores it, whether TensorBoard watches it). A reader recomputes it from the stored JSON, never from
+  the config as today's code re-reads it, so a field added later with a default, or a default changed later,
+  leaves every older run's hash as it was. job.json's `record_hash` is taken the same way, over its fields as
+  written.
+- format 1 (no `format` key; every commit from the first search, 2026-11-30, to 2026-12-04): the hash was taken
+  over the config re-dumped by the code of the day, with the fields added after the first release (a hand-kept
+  list, `LATER_SEARCH_FIELDS` and `LATER_DATA_FIELDS`) left out where they held their defaults. The list missed
+  `search.surrogate` (2026-12-03), which made every run written before it unreadable by later code.
+  `legacy_hash_matches` reads that rule back from the stored JSON alone.
+
+A directory of a newer format than this code reads is refused in one line that says to upgrade, and nothing is
+written to it (`format_problem`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from longrope.search.config.job_config import digest, identity_fields
+
+FORMAT = 2  # what this code writes, and the newest it reads
+# the fields the format-1 hash left out where they held their default: the last version of that hand-kept list
+# (it only ever grew), section by section
+FORMAT_1_LATER_FIELDS = {
+    "search": (
+        "gradient",
+        "optimizer",
+        "schedule",
+        "racing",
+        "cmaes",
+        "space",
+        "critical_dim",
+        "length_scale",
+        "factor",
+        "long_factors",
+        "stages",
+    ),
+    "data": ("objective",),
+}
+
+
+def format_problem(version: Any) -> str | None:
+    """What is wrong with a file's `format` (1 when the file has none: written before formats), None when this code
+    reads it. A newer release's format is refused, never guessed at: its fields may mean something else."""
+    if type(version) is not int or version < 1:
+        return f"format must be a whole number >= 1, got {version!r}"
+    if version > FORMAT:
+        return (
+            f"format {version} was written by a newer longrope-search (this one reads formats 1 to {FORMAT}); "
+            "upgrade longrope-search to read it (nothing was changed)"
+        )
+    return None
+
+
+def legacy_hash_matches(config: dict[str, Any], stored_hash: Any, defaults: dict[str, Any]) -> bool:
+    """Whether a format-1 config.json's `config_hash` is its stored config's (`defaults`: a config with no field
+    set, as today's code dumps it to JSON).
+
+    The format-1 rule dropped a later field from the hash where it held the default of its day, and which fields
+    the list held on that day is not in the file, so every subset of the later fields at their default here is
+    tried (at most 2^12 small hashes). A section's default of its day is today's, restricted to the keys the file
+    holds (sections only ever gained keys). Only fields at their default may be dropped, so an edit of any value
+    still changes the hash and is refused."""
+    identity = identity_fields(config)
+    droppable = [
+        (section, name)
+        for section, names in FORMAT_1_LATER_FIELDS.items()
+        for name in names
+        if isinstance(identity.get(section), dict)
+        and name in identity[section]
+        and _at_default(identity[section][name], defaults.get(section, {}).get(name))
+    ]
+    for size in range(len(droppable), -1, -1):
+        for dropped in itertools.combinations(droppable, size):
+            trial = identity_fields(identity)
+            for section, name in dropped:
+                del trial[section][name]
+            if digest(trial) == stored_hash:
+                return True
+    return False
+
+
+def _at_default(value: Any, default: Any) -> bool:
+    """A stored value equals the default of its day: today's, or for a section, today's on the keys it holds."""
+    if isinstance(value, dict) and isinstance(default, dict):
+        return all(key in default and _at_default(item, default[key]) for key, item in value.items())
+    return value == default

@@ -1,0 +1,99 @@
+"""The run directory's format: config.json and state.json carry one, a run's hash is taken over its files as
+written (so a field added later with a default never changes it), and a directory newer than the code is refused in
+one line with nothing written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from run_dir_helpers import cheap_config, stopped_run
+
+from longrope.search.cli.main import main
+from longrope.search.run.run_formats import FORMAT
+from longrope.search.run.run_store import RunDir, RunStoreError
+
+
+def sha16(fields: dict) -> str:
+    """The identity hash, formulated again here: sha256 of the JSON with sorted keys, first 16 hex digits."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def files_of(run) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(run.iterdir()) if path.is_file()}
+
+
+def test_config_json_and_state_json_carry_the_format_and_the_hash_of_what_is_written(tmp_path):
+    run = stopped_run(tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    state = json.loads((run / "state.json").read_text())
+    assert config["format"] == state["format"] == FORMAT == 2
+    identity = {k: v for k, v in config["config"].items() if k not in ("output_dir", "workers")}
+    identity["search"] = {k: v for k, v in identity["search"].items() if k != "tensorboard"}
+    assert config["config_hash"] == sha16(identity) == state["config_hash"]
+
+
+def test_a_field_added_later_with_a_default_leaves_a_runs_hash_as_it_was(tmp_path):
+    """A run written before `search.surrogate` and `search.gradient.polish_method` existed (the fields taken out of
+    its config.json, and its hash taken over what is left, as that code would have): today's code reads it as the
+    same config, keeps its hash, and status and export read the run."""
+    run = stopped_run(tmp_path / "run")
+    document = json.loads((run / "config.json").read_text())
+    stored = document["config"]
+    del stored["search"]["surrogate"], stored["search"]["gradient"]["polish_method"]
+    identity = {k: v for k, v in stored.items() if k not in ("output_dir", "workers")}
+    identity["search"] = {k: v for k, v in identity["search"].items() if k != "tensorboard"}
+    older_hash = sha16(identity)
+    (run / "config.json").write_text(json.dumps({**document, "config_hash": older_hash}))
+    for name in ("state.json", "job.json"):
+        data = json.loads((run / name).read_text())
+        data["config_hash"] = older_hash
+        if name == "job.json":  # its own seal, over its fields as written
+            data["record_hash"] = sha16({k: v for k, v in data.items() if k != "record_hash"})
+        (run / name).write_text(json.dumps(data))
+    run_dir = RunDir(run)
+    assert run_dir.read_config() == cheap_config(run, "search.generations=3")
+    assert run_dir.config_hash() == older_hash
+    assert main(["status", str(run), "--json"]) == 0
+    assert main(["export", str(run), "-o", str(tmp_path / "factors.json")]) == 0
+    assert json.loads((tmp_path / "factors.json").read_text())["provenance"]["config_hash"] == older_hash
+
+
+def test_an_edited_value_is_still_refused(tmp_path):
+    run = stopped_run(tmp_path / "run")
+    document = json.loads((run / "config.json").read_text())
+    document["config"]["search"]["change_probability"] = 0.5
+    (run / "config.json").write_text(json.dumps(document))
+    with pytest.raises(RunStoreError, match=r"config\.json: config_hash does not match its config \(edited by hand"):
+        RunDir(run).read_config()
+
+
+@pytest.mark.parametrize("name", ["config.json", "state.json"])
+@pytest.mark.parametrize("command", ["status", "export", "resume"])
+def test_a_directory_newer_than_the_code_is_refused_in_one_line_with_nothing_written(tmp_path, capsys, name, command):
+    run = stopped_run(tmp_path / "run")
+    data = json.loads((run / name).read_text())
+    (run / name).write_text(json.dumps({**data, "format": FORMAT + 1}))
+    before = files_of(run)
+    argv = {
+        "status": ["status", str(run)],
+        "export": ["export", str(run), "-o", str(tmp_path / "factors.json")],
+        "resume": ["search", "--no-progress", "--resume", str(run)],
+    }[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"longrope: error: {run / name}: format {FORMAT + 1} was written by a newer longrope-search (this one reads "
+        f"formats 1 to {FORMAT}); upgrade longrope-search to read it (nothing was changed)\n"
+    )
+    assert files_of(run) == before and not (tmp_path / "factors.json").exists()
+
+
+@pytest.mark.parametrize("value", [0, "2", 1.5, None])
+def test_a_format_that_is_no_version_names_the_file_and_value(tmp_path, value):
+    run = stopped_run(tmp_path / "run")
+    data = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**data, "format": value}))
+    with pytest.raises(RunStoreError, match=rf"config\.json: format must be a whole number >= 1, got {value!r}"):
+        RunDir(run).read_config()
