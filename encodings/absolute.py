@@ -28,6 +28,8 @@ class SinusoidalEncoding(PositionalEncoding):
     the model's choice, not the encoding's)."""
 
     kind: ClassVar[EncodingKind] = "additive"
+    name: ClassVar[str] = "sinusoidal"
+    summary: ClassVar[str] = "fixed sin/cos added to embeddings (Vaswani et al.)"
 
     def __init__(self, d_model: int, base: float = 10000.0):
         super().__init__()
@@ -42,6 +44,8 @@ class LearnedAbsoluteEncoding(PositionalEncoding):
     """A trained table of `max_positions` vectors (GPT-2 `wpe`); positions past it have no embedding."""
 
     kind: ClassVar[EncodingKind] = "additive"
+    name: ClassVar[str] = "learned"
+    summary: ClassVar[str] = "learned absolute table (GPT-2 wpe); errors past its length"
 
     def __init__(self, max_positions: int, d_model: int):
         super().__init__()

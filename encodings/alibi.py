@@ -39,6 +39,8 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int, *, causal: bool = True) -> 
 
 class ALiBiEncoding(PositionalEncoding):
     kind: ClassVar[EncodingKind] = "bias"
+    name: ClassVar[str] = "alibi"
+    summary: ClassVar[str] = "ALiBi linear distance bias, causal or symmetric"
 
     def __init__(self, n_heads: int, *, causal: bool = True):
         super().__init__()

@@ -1,12 +1,29 @@
-"""The list of every positional-encoding method the suite implements, for `longrope encodings list`."""
+"""Every positional-encoding method the suite implements, for `longrope encodings list`: read off the classes.
+
+Each class states its own entry (name, kind, summary, transformers rope_type), so a new RoPE method is its file
+and its line in `ROPE_METHODS`, and appears here with nothing else to edit."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-# how an encoding enters a decoder block: added to embeddings, rotating q/k, biasing the logits, or not at all
-EncodingKind = Literal["additive", "rotary", "bias", "none"]
+from longrope.encodings.absolute import LearnedAbsoluteEncoding, SinusoidalEncoding
+from longrope.encodings.alibi import ALiBiEncoding
+from longrope.encodings.cope import CoPEEncoding
+from longrope.encodings.interface import EncodingKind, NoPE, PositionalEncoding
+from longrope.encodings.multi_axis import Axial2DRopeEncoding, MRopeEncoding
+from longrope.encodings.rope_methods import ROPE_METHODS, RopeMethod
+
+# the block encodings besides the 1D RoPE family, in the order the list shows them (after that family)
+OTHER_ENCODINGS: tuple[type[PositionalEncoding], ...] = (
+    MRopeEncoding,
+    Axial2DRopeEncoding,
+    SinusoidalEncoding,
+    LearnedAbsoluteEncoding,
+    ALiBiEncoding,
+    CoPEEncoding,
+    NoPE,
+)
 
 
 @dataclass(frozen=True)
@@ -15,78 +32,19 @@ class MethodInfo:
     kind: EncodingKind
     hf_rope_type: str | None  # the transformers rope_type, where transformers has the method
     summary: str
-    where: str  # the class or function that implements it, as module.name under longrope.encodings
+    where: str  # the class that implements it, as module.name under longrope.encodings
 
 
-METHODS: tuple[MethodInfo, ...] = (
-    MethodInfo(
-        "default",
-        "rotary",
-        "default",
-        "plain RoPE (RoFormer), rotate-half or interleaved pairs",
-        "rope_methods.base.RopeMethod",
-    ),
-    MethodInfo(
-        "linear",
-        "rotary",
-        "linear",
-        "Position Interpolation: every frequency / factor",
-        "rope_methods.linear.LinearRope",
-    ),
-    MethodInfo(
-        "ntk",
-        "rotary",
-        None,
-        "NTK-aware static base change (exported as default + rope_theta)",
-        "rope_methods.ntk.NtkRope",
-    ),
-    MethodInfo(
-        "dynamic",
-        "rotary",
-        "dynamic",
-        "Dynamic NTK: base grows with sequence length",
-        "rope_methods.ntk.DynamicNtkRope",
-    ),
-    MethodInfo(
-        "yarn", "rotary", "yarn", "YaRN: ramped interpolation + attention temperature", "rope_methods.yarn.YarnRope"
-    ),
-    MethodInfo(
-        "longrope",
-        "rotary",
-        "longrope",
-        "LongRoPE: searched per-pair factors (short/long), n_hat",
-        "rope_methods.longrope.LongRope",
-    ),
-    MethodInfo("llama3", "rotary", "llama3", "Llama 3.1 wavelength-band scaling", "rope_methods.llama3.Llama3Rope"),
-    MethodInfo(
-        "mrope",
-        "rotary",
-        "default",
-        "M-RoPE (Qwen2-VL sections / Qwen3-VL interleaved), t/h/w axes",
-        "multi_axis.MRopeEncoding",
-    ),
-    MethodInfo(
-        "axial_2d",
-        "rotary",
-        None,
-        "2D axial RoPE for image patches (Qwen2-VL vision layout)",
-        "multi_axis.Axial2DRopeEncoding",
-    ),
-    MethodInfo(
-        "sinusoidal",
-        "additive",
-        None,
-        "fixed sin/cos added to embeddings (Vaswani et al.)",
-        "absolute.SinusoidalEncoding",
-    ),
-    MethodInfo(
-        "learned",
-        "additive",
-        None,
-        "learned absolute table (GPT-2 wpe); errors past its length",
-        "absolute.LearnedAbsoluteEncoding",
-    ),
-    MethodInfo("alibi", "bias", None, "ALiBi linear distance bias, causal or symmetric", "alibi.ALiBiEncoding"),
-    MethodInfo("cope", "bias", None, "CoPE contextual (gated, fractional) positions", "cope.CoPEEncoding"),
-    MethodInfo("nope", "none", None, "no positional encoding; the causal mask alone", "interface.NoPE"),
-)
+def catalog_entries() -> tuple[MethodInfo, ...]:
+    """The RoPE family as `ROPE_METHODS` registers it (so a method registered at run time is listed too), then the
+    other encodings."""
+    rope = [
+        MethodInfo(cls.rope_type, "rotary", cls.rope_type if cls.in_transformers else None, cls.summary, _where(cls))
+        for cls in ROPE_METHODS.values()
+    ]
+    other = [MethodInfo(cls.name, cls.kind, cls.hf_rope_type, cls.summary, _where(cls)) for cls in OTHER_ENCODINGS]
+    return (*rope, *other)
+
+
+def _where(cls: type[RopeMethod] | type[PositionalEncoding]) -> str:
+    return f"{cls.__module__.removeprefix('longrope.encodings.')}.{cls.__qualname__}"

@@ -54,6 +54,8 @@ class CoPEEncoding(PositionalEncoding):
     """
 
     kind: ClassVar[EncodingKind] = "bias"
+    name: ClassVar[str] = "cope"
+    summary: ClassVar[str] = "CoPE contextual (gated, fractional) positions"
 
     def __init__(self, npos_max: int, head_dim: int, *, causal: bool = True, divide_by_sqrt_d: bool = True):
         super().__init__()

@@ -46,7 +46,8 @@ def from_hf_config(config: dict[str, Any]) -> RopeMethod:
 
     `rope_parameters` (or the 4.x `rope_scaling`) is read, `rope_theta` and `partial_rotary_factor` may sit at
     the top level, `head_dim` defaults to hidden_size // num_attention_heads, and for llama3/yarn/longrope a
-    top-level `original_max_position_embeddings` wins (Phi-3), else it defaults to max_position_embeddings.
+    top-level `original_max_position_embeddings` wins (Phi-3), else it defaults to max_position_embeddings, for
+    every method whose block carries it (`RopeMethod.carries_original_length`).
     """
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     for key in ("rope_theta", "partial_rotary_factor"):
@@ -54,7 +55,7 @@ def from_hf_config(config: dict[str, Any]) -> RopeMethod:
             params[key] = config[key]
     max_position_embeddings = _config_int(config, "max_position_embeddings")
     rope_type = _rope_type(dict(params))
-    if rope_type in ("llama3", "yarn", "longrope"):
+    if ROPE_METHODS[rope_type].carries_original_length():
         if "original_max_position_embeddings" in config:
             params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
         else:

@@ -11,20 +11,28 @@ Tensors: embeddings `x` are [B, T, d_model]; queries and keys are [B, H, T, head
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
-from longrope.encodings.catalog import EncodingKind
 from longrope.encodings.rope_methods import RopeMethod
 from longrope.encodings.rotary import Layout, apply_rotary
 
+# how an encoding enters a decoder block: added to embeddings, rotating q/k, biasing the logits, or not at all
+EncodingKind = Literal["additive", "rotary", "bias", "none"]
+
 
 class PositionalEncoding(nn.Module):
-    """Base class: every hook is the identity, so NoPE is this class with kind 'none'."""
+    """Base class: every hook is the identity, so NoPE is this class with kind 'none'.
+
+    Each subclass states its own `longrope encodings list` entry (`catalog.py` reads it): its name, a one-line
+    summary, and the transformers rope_type where transformers has it."""
 
     kind: ClassVar[EncodingKind] = "none"
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    hf_rope_type: ClassVar[str | None] = None
 
     def add_to_embeddings(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Embeddings with position information added (additive encodings)."""
@@ -44,6 +52,8 @@ class NoPE(PositionalEncoding):
     (Kazemnejad et al. 2023, arXiv 2305.19466)."""
 
     kind: ClassVar[EncodingKind] = "none"
+    name: ClassVar[str] = "nope"
+    summary: ClassVar[str] = "no positional encoding; the causal mask alone"
 
 
 class RotaryEncoding(PositionalEncoding):

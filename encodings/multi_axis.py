@@ -85,6 +85,9 @@ class MRopeEncoding(PositionalEncoding):
     """M-RoPE over a RoPE method's frequencies; `rotate` takes positions [3, B, T]."""
 
     kind: ClassVar[EncodingKind] = "rotary"
+    name: ClassVar[str] = "mrope"
+    summary: ClassVar[str] = "M-RoPE (Qwen2-VL sections / Qwen3-VL interleaved), t/h/w axes"
+    hf_rope_type: ClassVar[str | None] = "default"
 
     def __init__(self, method: RopeMethod, mrope_section: Sequence[int], *, interleaved: bool = False):
         super().__init__()
@@ -106,6 +109,8 @@ class Axial2DRopeEncoding(PositionalEncoding):
     """2D axial RoPE for image patches; `rotate` takes positions [2, N] (row, column) for one image."""
 
     kind: ClassVar[EncodingKind] = "rotary"
+    name: ClassVar[str] = "axial_2d"
+    summary: ClassVar[str] = "2D axial RoPE for image patches (Qwen2-VL vision layout)"
 
     def __init__(self, head_dim: int, theta: float = 10000.0):
         super().__init__()

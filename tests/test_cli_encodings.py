@@ -13,7 +13,7 @@ import torch
 from conftest import hf_inv_freq
 
 from longrope.encodings import from_hf
-from longrope.encodings.catalog import METHODS
+from longrope.encodings.catalog import catalog_entries
 from longrope.search.config.factors_file import FactorsFile
 
 LONGROPE = shutil.which("longrope", path=str(Path(sys.executable).parent))
@@ -27,9 +27,9 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_list_names_every_method(tmp_path):
     result = run_cli("encodings", "list", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert [m["name"] for m in json.loads(result.stdout)] == [m.name for m in METHODS]
+    assert [m["name"] for m in json.loads(result.stdout)] == [m.name for m in catalog_entries()]
     table = run_cli("encodings", "list", cwd=tmp_path)
-    assert table.returncode == 0 and all(m.name in table.stdout for m in METHODS)
+    assert table.returncode == 0 and all(m.name in table.stdout for m in catalog_entries())
 
 
 FACTOR_CASES = {

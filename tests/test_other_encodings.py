@@ -18,7 +18,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbe
 from longrope.encodings import PositionOutOfRangeError, RopeMethod, rotary_cos_sin
 from longrope.encodings.absolute import LearnedAbsoluteEncoding, SinusoidalEncoding, sinusoidal_table
 from longrope.encodings.alibi import ALiBiEncoding, alibi_bias, alibi_slopes
-from longrope.encodings.catalog import METHODS
+from longrope.encodings.catalog import catalog_entries
 from longrope.encodings.cope import CoPE, CoPEEncoding, cope_positions
 from longrope.encodings.interface import NoPE, PositionalEncoding, RotaryEncoding, reference_attention
 from longrope.encodings.multi_axis import Axial2DRopeEncoding, MRopeEncoding, axial_2d_cos_sin, mrope_cos_sin
@@ -147,7 +147,7 @@ def test_nope_encoder_is_permutation_equivariant(generator):
 
 
 def test_catalog_names_real_classes_of_the_stated_kind():
-    for info in METHODS:
+    for info in catalog_entries():
         module_name, _, attr = info.where.rpartition(".")
         target = getattr(importlib.import_module(f"longrope.encodings.{module_name}"), attr)
         if isinstance(target, type) and issubclass(target, PositionalEncoding):
@@ -169,7 +169,7 @@ def test_catalog_names_real_classes_of_the_stated_kind():
         "mrope",
         "axial_2d",
         "cope",
-    } <= {m.name for m in METHODS}
+    } <= {m.name for m in catalog_entries()}
 
 
 # ---- M-RoPE and 2D axial RoPE ----

@@ -39,8 +39,11 @@ class RopeMethod(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
     rope_type: ClassVar[str] = "default"
+    summary: ClassVar[str] = "plain RoPE (RoFormer), rotate-half or interleaved pairs"
     # rope_parameters keys this method writes in to_hf(), besides rope_type/rope_theta/partial_rotary_factor.
     hf_keys: ClassVar[tuple[str, ...]] = ()
+    # whether transformers has this rope_type (NTK-aware has none: it is exported as default with another theta)
+    in_transformers: ClassVar[bool] = True
 
     head_dim: int = Field(gt=0)
     max_position_embeddings: int = Field(gt=0)
@@ -51,6 +54,12 @@ class RopeMethod(BaseModel):
     def _check_rotary_dim(self) -> RopeMethod:
         rotary_dim_for(self.head_dim, self.partial_rotary_factor)
         return self
+
+    @classmethod
+    def carries_original_length(cls) -> bool:
+        """Whether its rope_parameters block holds `original_max_position_embeddings` (YaRN, LongRoPE, Llama 3 in
+        transformers): a model config's top-level value of it then belongs in the block (Phi-3 keeps it there)."""
+        return "original_max_position_embeddings" in cls.model_fields
 
     @property
     def rotary_dim(self) -> int:

@@ -65,6 +65,7 @@ class LongRope(RopeMethod):
     """
 
     rope_type: ClassVar[str] = "longrope"
+    summary: ClassVar[str] = "LongRoPE: searched per-pair factors (short/long), n_hat"
     hf_keys: ClassVar[tuple[str, ...]] = (
         "short_factor",
         "long_factor",

@@ -39,6 +39,8 @@ class NtkRope(RopeMethod):
     """
 
     rope_type: ClassVar[str] = "ntk"
+    in_transformers: ClassVar[bool] = False
+    summary: ClassVar[str] = "NTK-aware static base change (exported as default + rope_theta)"
     factor: float = Field(ge=1.0)
 
     @property
@@ -68,6 +70,7 @@ class DynamicNtkRope(RopeMethod):
     """
 
     rope_type: ClassVar[str] = "dynamic"
+    summary: ClassVar[str] = "Dynamic NTK: base grows with sequence length"
     hf_keys: ClassVar[tuple[str, ...]] = ("factor",)
     factor: float = Field(ge=1.0)
 

@@ -45,6 +45,7 @@ class YarnRope(RopeMethod):
     """
 
     rope_type: ClassVar[str] = "yarn"
+    summary: ClassVar[str] = "YaRN: ramped interpolation + attention temperature"
     hf_keys: ClassVar[tuple[str, ...]] = (
         "factor",
         "original_max_position_embeddings",

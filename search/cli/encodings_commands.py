@@ -12,7 +12,7 @@ import yaml
 from rich.table import Table
 
 from longrope.encodings import ROPE_METHODS, from_hf
-from longrope.encodings.catalog import METHODS
+from longrope.encodings.catalog import catalog_entries
 from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.encodings.errors import EncodingConfigError
 from longrope.search.cli.console import cli_console
@@ -79,12 +79,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     if args.json:
-        print(json.dumps([m.__dict__ for m in METHODS], indent=2))
+        print(json.dumps([m.__dict__ for m in catalog_entries()], indent=2))
         return 0
     table = Table(title="positional encodings in longrope.encodings")
     for column in ("name", "kind", "transformers rope_type", "what it is", "implemented in"):
         table.add_column(column)
-    for m in METHODS:
+    for m in catalog_entries():
         table.add_row(m.name, m.kind, m.hf_rope_type or "-", m.summary, m.where)
     cli_console(stderr=False, width=160).print(table)
     return 0
@@ -168,9 +168,10 @@ def _rope_parameters(rope_type: str, args: argparse.Namespace) -> dict[str, Any]
     params: dict[str, Any] = {"rope_type": rope_type, "rope_theta": args.theta}
     if args.partial_rotary_factor != 1.0:
         params["partial_rotary_factor"] = args.partial_rotary_factor
-    if rope_type != "default":
+    method_cls = ROPE_METHODS[rope_type]
+    if "factor" in method_cls.model_fields:
         params["factor"] = args.factor
-    if rope_type in ("yarn", "llama3", "longrope"):
+    if method_cls.carries_original_length():
         params["original_max_position_embeddings"] = args.original_length
     if rope_type == "llama3":
         params.update(low_freq_factor=args.low_freq_factor, high_freq_factor=args.high_freq_factor)
