@@ -45,6 +45,17 @@ FORMAT_1_LATER_FIELDS = {
     ),
     "data": ("objective",),
 }
+# sub-field defaults of a listed section that differ from today's: (section, field, sub-field) -> the older defaults
+# (search.gradient.polish_every was 5 from d3b9b7d to a85be3c, 2026-12-01/02)
+FORMAT_1_OLDER_DEFAULTS = {("search", "gradient", "polish_every"): (5,)}
+# fields added after a format-1 run was written whose default is not what that run did: (section, sub-section,
+# field) -> the value that gives the old behaviour, filled in where the sub-section lacks the field (the hybrid
+# polished by Adam before `polish_method` existed, 2275db4; a screened GA scored every child before
+# `scored_share` existed, 5366358), where it is in force: only a hybrid polishes, only an enabled surrogate screens
+FORMAT_1_BEHAVIOUR = {
+    ("search", "gradient", "polish_method"): ("adam", lambda search: search.get("optimizer") == "hybrid"),
+    ("search", "surrogate", "scored_share"): (1.0, lambda search: search["surrogate"].get("enabled") is True),
+}
 
 
 def format_problem(version: Any) -> str | None:
@@ -76,7 +87,7 @@ def legacy_hash_matches(config: dict[str, Any], stored_hash: Any, defaults: dict
         for name in names
         if isinstance(identity.get(section), dict)
         and name in identity[section]
-        and _at_default(identity[section][name], defaults.get(section, {}).get(name))
+        and _at_default(identity[section][name], defaults.get(section, {}).get(name), (section, name))
     ]
     for size in range(len(droppable), -1, -1):
         for dropped in itertools.combinations(droppable, size):
@@ -88,8 +99,20 @@ def legacy_hash_matches(config: dict[str, Any], stored_hash: Any, defaults: dict
     return False
 
 
-def _at_default(value: Any, default: Any) -> bool:
-    """A stored value equals the default of its day: today's, or for a section, today's on the keys it holds."""
+def _at_default(value: Any, default: Any, where: tuple[str, ...]) -> bool:
+    """A stored value equals the default of its day: today's or an older one (FORMAT_1_OLDER_DEFAULTS), and for a
+    section, on the keys it holds."""
     if isinstance(value, dict) and isinstance(default, dict):
-        return all(key in default and _at_default(item, default[key]) for key, item in value.items())
-    return value == default
+        return all(key in default and _at_default(item, default[key], (*where, key)) for key, item in value.items())
+    return value == default or value in FORMAT_1_OLDER_DEFAULTS.get(where, ())
+
+
+def format_1_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 config as today's model reads it with the behaviour its run had: FORMAT_1_BEHAVIOUR filled in
+    where its sub-section lacks the field (a copy; the stored file and its hash are left as they are)."""
+    config = {name: dict(value) if isinstance(value, dict) else value for name, value in config.items()}
+    for (section, sub_section, name), (value, in_force) in FORMAT_1_BEHAVIOUR.items():
+        part = config.get(section, {}).get(sub_section)
+        if isinstance(part, dict) and name not in part and in_force(config[section]):
+            config[section][sub_section] = {**part, name: value}
+    return config

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from longrope.search.config.job_config import JobConfig, identity_hash
 from longrope.search.optimizers.saved_state import OptimizerState, SearcherState, legacy_state
-from longrope.search.run.run_formats import FORMAT, format_problem, legacy_hash_matches
+from longrope.search.run.run_formats import FORMAT, format_1_config, format_problem, legacy_hash_matches
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import os_error_text, shown_path
@@ -219,6 +219,7 @@ class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._config_hash: str | None = None
+        self.config_format = FORMAT  # config.json's, once read
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -302,7 +303,7 @@ class RunDir:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config (a JSON {kind})")
         version = self._checked_format(CONFIG, data)
         try:
-            config = JobConfig.model_validate(data["config"])
+            config = JobConfig.model_validate(data["config"] if version > 1 else format_1_config(data["config"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from exc
         stored_hash = data.get("config_hash")
@@ -312,7 +313,7 @@ class RunDir:
             intact = stored_hash == identity_hash(data["config"])
         if not intact:
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
-        self._config_hash = stored_hash
+        self._config_hash, self.config_format = stored_hash, version
         return config
 
     def _checked_format(self, name: str, data: dict[str, Any]) -> int:

@@ -1,0 +1,120 @@
+"""Run directories written by earlier commits still read: today's `status`, `export`, `compare --factors RUN` and
+`search --resume` take each of them, an export equals what the old code exported, and an unfinished one resumes
+to the result the old code reached.
+
+The fixtures in tests/fixtures/old_runs/ were written by the commits their names start with (README.md there
+says how), with the shipped reference model and tiny searches: each `<name>/` is a run directory as that code
+left it, `<name>.export.json` what that code's `longrope export` wrote for it, and for a run killed
+mid-generation `<name>.resumed.export.json` what that code exported once it had resumed the run to its end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from longrope.search.cli.main import main
+from longrope.search.run.run_formats import FORMAT
+
+FIXTURES = Path(__file__).parent / "fixtures" / "old_runs"
+RUNS = sorted(path.name for path in FIXTURES.iterdir() if (path / "config.json").is_file())
+UNFINISHED = [name for name in RUNS if (FIXTURES / f"{name}.resumed.export.json").is_file()]
+# what an export records of the code that wrote it, not of the run: the package version
+OF_THE_EXPORTER = {"version"}
+# the shipped reference model was retrained at a1ddb6d (2026-11-30): a run on its old weights cannot be continued on
+# today's (the model is the user's own and does not change under a real run), so these are read but not resumed
+OLD_REFERENCE_WEIGHTS = {"5089c0e"}
+
+
+def copy_of(name: str, tmp_path: Path) -> Path:
+    run = tmp_path / name
+    shutil.copytree(FIXTURES / name, run)
+    return run
+
+
+def exported(run: Path, out: Path) -> dict:
+    assert main(["export", str(run), "-o", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def assert_same_export(today: dict, old: dict) -> None:
+    """The factors, the attention factor and every provenance fact of the run are what the old code exported.
+
+    Exports before 5841967 lack vLLM's `short_mscale` / `long_mscale` (today's add them, equal to the attention
+    factor); provenance before 85bf958 counted `generations` with generation 0 in and had no `finished`."""
+    assert {k: today["rope_parameters"][k] for k in old["rope_parameters"]} == old["rope_parameters"]
+    assert today["max_position_embeddings"] == old["max_position_embeddings"]
+    renumbered = set() if "finished" in old["provenance"] else {"generations"}
+    shared = (set(today["provenance"]) & set(old["provenance"])) - OF_THE_EXPORTER - renumbered
+    assert {k: today["provenance"][k] for k in shared} == {k: old["provenance"][k] for k in shared}
+    assert {"best_perplexity", "config_hash", "model", "data_hash"} <= shared
+
+
+def test_the_fixtures_cover_every_older_format_and_optimizer():
+    """At least three commits; a GA, a gradient and a hybrid run, and one killed mid-generation; and a fixture of
+    every format before this one (whoever raises run_formats.FORMAT adds one of the format it replaces)."""
+    commits = {name.split("-")[0] for name in RUNS}
+    assert len(commits) >= 3, RUNS
+    optimizers = {
+        json.loads((FIXTURES / n / "config.json").read_text())["config"]["search"].get("optimizer", "dim_mono")
+        for n in RUNS
+    }
+    assert {"dim_mono", "gradient", "hybrid"} <= optimizers
+    assert UNFINISHED, "a run killed mid-generation"
+    formats = {json.loads((FIXTURES / n / "config.json").read_text()).get("format", 1) for n in RUNS}
+    assert set(range(1, FORMAT)) <= formats
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_status_reads_it(name, tmp_path, capsys):
+    run = copy_of(name, tmp_path)
+    assert main(["status", str(run), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    old = json.loads((FIXTURES / f"{name}.status.json").read_text())
+    assert status["best_perplexity"] == old["best_perplexity"]
+    assert status.get("best_key") == old.get("best_key", status.get("best_key"))  # absent before 85bf958
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_export_equals_the_old_codes_export(name, tmp_path):
+    run = copy_of(name, tmp_path)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    today = exported(run, tmp_path / "factors.json")
+    assert_same_export(today, json.loads((FIXTURES / f"{name}.export.json").read_text()))
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before, "export writes nothing there"
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_compare_takes_it_as_factors(name, tmp_path, fake_pool, capsys):
+    run = copy_of(name, tmp_path)
+    target = json.loads((run / "config.json").read_text())["config"]["target_length"]
+    args = ["--set", "data.test_windows=2", "--lengths", f"128,{target}"]
+    assert main(["compare", "--factors", str(run), *args]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("compare: wrote "), last
+    written = Path(last.removeprefix("compare: wrote ").split("/ (")[0])
+    assert f"run:{name}" in json.loads((written / "compare.json").read_text())["methods"]
+
+
+@pytest.mark.parametrize("name", sorted(set(RUNS) - set(UNFINISHED)))
+def test_resuming_a_finished_one_says_so_and_changes_nothing(name, tmp_path, capsys):
+    run = copy_of(name, tmp_path)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "heartbeat.json"}
+    assert main(["search", "--no-progress", "--resume", str(run)]) == 0
+    old = json.loads((FIXTURES / f"{name}.export.json").read_text())["provenance"]
+    assert json.loads(capsys.readouterr().out)["best_perplexity"] == old["best_perplexity"]
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "heartbeat.json"}
+    assert after == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for name in UNFINISHED if name.split("-")[0] not in OLD_REFERENCE_WEIGHTS])
+def test_a_killed_one_resumes_to_the_result_the_old_code_reached(name, tmp_path):
+    """Resumed by today's code on the shipped reference model (an embedded Ray), it reaches the old code's result:
+    the same best candidate, and an export equal to the one the old code wrote after its own resume."""
+    run = copy_of(name, tmp_path)
+    assert main(["search", "--no-progress", "--resume", str(run)]) == 0
+    today = exported(run, tmp_path / "factors.json")
+    assert_same_export(today, json.loads((FIXTURES / f"{name}.resumed.export.json").read_text()))
