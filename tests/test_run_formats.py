@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import pytest
 from run_dir_helpers import cheap_config, stopped_run
+from test_old_run_dirs import FIXTURES
 
 from longrope.search.cli.main import main
-from longrope.search.run.run_formats import FORMAT
+from longrope.search.run.run_formats import FORMAT, with_older_behaviour
 from longrope.search.run.run_store import RunDir, RunStoreError
 
 
@@ -97,3 +99,53 @@ def test_a_format_that_is_no_version_names_the_file_and_value(tmp_path, value):
     (run / "config.json").write_text(json.dumps({**data, "format": value}))
     with pytest.raises(RunStoreError, match=rf"config\.json: format must be a whole number >= 1, got {value!r}"):
         RunDir(run).read_config()
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda c: c["search"].update(change_probability=0.5), id="first-release-field"),
+        pytest.param(lambda c: c["search"]["cmaes"].update(sigma=0.1), id="later-field-off-its-default"),
+        pytest.param(lambda c: c["search"]["gradient"].update(steps=7), id="later-section-off-its-default"),
+        pytest.param(lambda c: c["search"].pop("population"), id="field-deleted"),
+    ],
+)
+def test_an_edited_format_1_config_is_refused(tmp_path, edit):
+    """A format-1 run (written by e873457, the last commit before formats) whose config.json was edited by hand."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "e873457-gradient", run)
+    RunDir(run).read_config()  # intact, it reads
+    document = json.loads((run / "config.json").read_text())
+    assert "format" not in document
+    edit(document["config"])
+    (run / "config.json").write_text(json.dumps(document))
+    with pytest.raises(RunStoreError, match=r"config\.json: config_hash does not match its config \(edited by hand"):
+        RunDir(run).read_config()
+
+
+def test_a_stored_config_is_read_with_the_behaviour_its_run_had():
+    """A field added later whose default changes what a run does is filled in with the old behaviour where the
+    stored config lacks it, and only where it is in force."""
+    hybrid = {"search": {"optimizer": "hybrid", "gradient": {"steps": 3}, "surrogate": {"enabled": True}}}
+    assert with_older_behaviour(hybrid)["search"]["gradient"] == {"steps": 3, "polish_method": "adam"}
+    assert with_older_behaviour(hybrid)["search"]["surrogate"] == {"enabled": True, "scored_share": 1.0}
+    assert hybrid["search"]["gradient"] == {"steps": 3}, "the stored config is left as it is"
+    ga = {"search": {"optimizer": "dim_mono", "gradient": {"steps": 3}, "surrogate": {"enabled": False}}}
+    assert with_older_behaviour(ga) == ga, "not in force: a GA does not polish, a disabled surrogate does not screen"
+    written_today = {"search": {"optimizer": "hybrid", "gradient": {"polish_method": "line_search"}}}
+    assert with_older_behaviour(written_today) == written_today
+    assert with_older_behaviour({"search": [1]}) == {"search": [1]}, "a damaged section is left to the model's check"
+
+
+def test_a_newer_format_is_named_before_its_shape_is_read(tmp_path):
+    run = stopped_run(tmp_path / "run")
+    (run / "config.json").write_text(json.dumps({"format": FORMAT + 1, "settings": {}}))
+    with pytest.raises(RunStoreError, match=rf"format {FORMAT + 1} was written by a newer longrope-search"):
+        RunDir(run).read_config()
+
+
+def test_a_resume_with_another_config_names_the_field_that_differs(tmp_path):
+    run = stopped_run(tmp_path / "run")
+    other = cheap_config(run, "search.generations=4")
+    with pytest.raises(RunStoreError, match=r"holds a run of another config \(search\.generations differs\)"):
+        RunDir(run).check_matches(other)

@@ -17,8 +17,9 @@ from longrope.search.config.strict import MAX_LENGTH, Strict, checked_os_path
 from longrope.search.config.workers_section import WorkersConfig
 from longrope.workers.path_limits import RUN_DIR_ROOM
 
-# what never changes a run's result: where it is written, who scores it, whether TensorBoard watches it
-UNRELATED_FIELDS = {"output_dir": True, "workers": True, "search": {"tensorboard"}}
+# what never changes a run's result: where it is written, who scores it, whether TensorBoard watches it. Frozen for
+# a format: adding to it would change every stored hash of that format (run_formats.FORMAT says which is current)
+UNRELATED_FIELDS = {"output_dir": True, "workers": True, "search": {"tensorboard": True}}
 
 
 class JobConfig(Strict):
@@ -86,7 +87,9 @@ class JobConfig(Strict):
         return self
 
     def hash(self) -> str:
-        """The identity hash a run of this config carries in config.json (`identity_hash` of its JSON dump)."""
+        """The identity hash a run started now from this config writes into config.json (`identity_hash` of its JSON
+        dump). An existing run keeps the hash it was written with (`RunDir.config_hash`), which may differ: an
+        older format, or fields this code has added since."""
         return identity_hash(self.model_dump(mode="json"))
 
     @classmethod
@@ -98,6 +101,10 @@ class JobConfig(Strict):
         """Everything that changes a run's result, as JSON: what a resume and a new run compare against the
         stored config, both read by today's code."""
         return self.model_dump(mode="json", exclude=UNRELATED_FIELDS)
+
+    def first_difference(self, other: JobConfig) -> str | None:
+        """The first field (dotted, in field order) where two configs' identities differ; None when they agree."""
+        return _first_difference(self.identity(), other.identity(), "")
 
 
 def identity_hash(config: dict[str, Any]) -> str:
@@ -111,11 +118,23 @@ def identity_hash(config: dict[str, Any]) -> str:
 def identity_fields(config: dict[str, Any]) -> dict[str, Any]:
     """A config's JSON less UNRELATED_FIELDS (a copy, sections copied too)."""
     identity = {name: dict(value) if isinstance(value, dict) else value for name, value in config.items()}
-    for name in ("output_dir", "workers"):
-        identity.pop(name, None)
-    if isinstance(identity.get("search"), dict):
-        identity["search"].pop("tensorboard", None)
+    for name, part in UNRELATED_FIELDS.items():
+        if part is True:
+            identity.pop(name, None)
+        elif isinstance(identity.get(name), dict):
+            for sub in part:
+                identity[name].pop(sub, None)
     return identity
+
+
+def _first_difference(first: Any, second: Any, where: str) -> str | None:
+    if isinstance(first, dict) and isinstance(second, dict):
+        for key in [*first, *(k for k in second if k not in first)]:
+            found = _first_difference(first.get(key), second.get(key), f"{where}.{key}" if where else key)
+            if found:
+                return found
+        return None
+    return None if first == second else where
 
 
 def digest(fields: dict[str, Any]) -> str:

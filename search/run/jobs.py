@@ -89,11 +89,9 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> dic
     run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
     with run_dir.lock():
         checked = read_run(run_dir)
-        if config is not None and config.identity() != checked.config.identity():
-            raise RunStoreError(
-                f"output_dir {str(run_dir.path)!r} holds a run of another config (hash {run_dir.config_hash()}, "
-                f"given {config.hash()})"
-            )
+        differs = config.first_difference(checked.config) if config is not None else None
+        if differs:
+            raise RunStoreError(f"output_dir {str(run_dir.path)!r} holds a run of another config ({differs} differs)")
         if checked.finished:
             return _finished_already(checked, options.reporter)
         # the given workers section may move the run to another cluster; the windows cache follows the directory

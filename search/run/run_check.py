@@ -16,7 +16,8 @@ needs them to agree, and refuses in one line naming the file that disagrees:
 - state.json: the config it belongs to, the optimizer the config names, its generation counts, and a final
   record with the same score in history.jsonl for every candidate it counts as told;
 - a descent's state (gradient; a hybrid's polish): what history.jsonl's lines give when the descent is replayed
-  on them (`descent_check.check_descents`), and every descent step in history.jsonl one the descent asked for.
+  on them (`descent_check.check_descents`), and every descent step in history.jsonl one the descent asked for
+  (not for a finished format-1 run, whose descent nothing reads again).
 
 status, export, compare and verify (run directories as factors), seeds from a run and `--resume` all read a run
 through `read_run`, so one directory gets one verdict. It writes nothing.

@@ -48,11 +48,12 @@ FORMAT_1_LATER_FIELDS = {
 # sub-field defaults of a listed section that differ from today's: (section, field, sub-field) -> the older defaults
 # (search.gradient.polish_every was 5 from d3b9b7d to a85be3c, 2026-12-01/02)
 FORMAT_1_OLDER_DEFAULTS = {("search", "gradient", "polish_every"): (5,)}
-# fields added after a format-1 run was written whose default is not what that run did: (section, sub-section,
-# field) -> the value that gives the old behaviour, filled in where the sub-section lacks the field (the hybrid
-# polished by Adam before `polish_method` existed, 2275db4; a screened GA scored every child before
-# `scored_share` existed, 5366358), where it is in force: only a hybrid polishes, only an enabled surrogate screens
-FORMAT_1_BEHAVIOUR = {
+# fields added after a run was written whose default is not what that run did: (section, sub-section, field) ->
+# (the value that gives the old behaviour, where it is in force), filled in wherever the stored sub-section lacks
+# the field, whatever the format (a field absent from a config.json was not there when its run was written): the
+# hybrid polished by Adam before `polish_method` existed (2275db4); a screened GA scored every child before
+# `scored_share` existed (5366358). Whoever adds a field whose default changes what a run does adds its line here.
+OLDER_BEHAVIOUR = {
     ("search", "gradient", "polish_method"): ("adam", lambda search: search.get("optimizer") == "hybrid"),
     ("search", "surrogate", "scored_share"): (1.0, lambda search: search["surrogate"].get("enabled") is True),
 }
@@ -107,12 +108,13 @@ def _at_default(value: Any, default: Any, where: tuple[str, ...]) -> bool:
     return value == default or value in FORMAT_1_OLDER_DEFAULTS.get(where, ())
 
 
-def format_1_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A format-1 config as today's model reads it with the behaviour its run had: FORMAT_1_BEHAVIOUR filled in
-    where its sub-section lacks the field (a copy; the stored file and its hash are left as they are)."""
+def with_older_behaviour(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored config as today's model reads it with the behaviour its run had: OLDER_BEHAVIOUR filled in where a
+    sub-section lacks the field (a copy; the stored file and its hash are left as they are)."""
     config = {name: dict(value) if isinstance(value, dict) else value for name, value in config.items()}
-    for (section, sub_section, name), (value, in_force) in FORMAT_1_BEHAVIOUR.items():
-        part = config.get(section, {}).get(sub_section)
-        if isinstance(part, dict) and name not in part and in_force(config[section]):
-            config[section][sub_section] = {**part, name: value}
+    for (section, sub_section, name), (value, in_force) in OLDER_BEHAVIOUR.items():
+        part = config.get(section)
+        sub = part.get(sub_section) if isinstance(part, dict) else None
+        if isinstance(sub, dict) and name not in sub and in_force(part):
+            part[sub_section] = {**sub, name: value}
     return config

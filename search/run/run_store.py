@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from longrope.search.config.job_config import JobConfig, identity_hash
 from longrope.search.optimizers.saved_state import OptimizerState, SearcherState, legacy_state
-from longrope.search.run.run_formats import FORMAT, format_1_config, format_problem, legacy_hash_matches
+from longrope.search.run.run_formats import FORMAT, format_problem, legacy_hash_matches, with_older_behaviour
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import os_error_text, shown_path
@@ -219,7 +219,7 @@ class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._config_hash: str | None = None
-        self.config_format = FORMAT  # config.json's, once read
+        self.config_format: int | None = None  # config.json's, once read
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -287,10 +287,11 @@ class RunDir:
                 "another run?); choose another output_dir"
             )
         if self.file(CONFIG).exists():
-            if self.read_config().identity() != config.identity():
+            differs = self.read_config().first_difference(config)
+            if differs:
                 raise RunStoreError(
-                    f"output_dir {str(self.path)!r} holds a run of another config (hash {self.config_hash()}, this "
-                    f"one {config.hash()}); choose another output_dir"
+                    f"output_dir {str(self.path)!r} holds a run of another config ({differs} differs); choose another "
+                    "output_dir"
                 )
             raise RunStoreError(f"output_dir {str(self.path)!r} already holds this run; continue it with --resume")
 
@@ -298,12 +299,12 @@ class RunDir:
         """config.json's config, read by today's code from any format (`run_formats`), and found to be what the
         run wrote: its config_hash recomputed from the JSON as stored (format 1: by the rule of its day)."""
         data = self.read_json(CONFIG)
+        version = self._checked_format(CONFIG, data) if isinstance(data, dict) else 1  # a newer one: upgrade, first
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             kind = type(data).__name__ if not isinstance(data, dict) else "object without a 'config' object"
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config (a JSON {kind})")
-        version = self._checked_format(CONFIG, data)
         try:
-            config = JobConfig.model_validate(data["config"] if version > 1 else format_1_config(data["config"]))
+            config = JobConfig.model_validate(with_older_behaviour(data["config"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from exc
         stored_hash = data.get("config_hash")
@@ -324,11 +325,9 @@ class RunDir:
         return version
 
     def check_matches(self, config: JobConfig) -> None:
-        if self.read_config().identity() != config.identity():
-            raise RunStoreError(
-                f"output_dir {str(self.path)!r} holds a run of another config (hash {self.config_hash()}, "
-                f"given {config.hash()})"
-            )
+        differs = self.read_config().first_difference(config)
+        if differs:
+            raise RunStoreError(f"output_dir {str(self.path)!r} holds a run of another config ({differs} differs)")
 
     # ---- state and history ----
 
