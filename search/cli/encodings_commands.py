@@ -12,7 +12,6 @@ import yaml
 from rich.table import Table
 
 from longrope.encodings import ROPE_METHODS, from_hf
-from longrope.encodings.catalog import catalog_entries
 from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.encodings.errors import EncodingConfigError
 from longrope.search.cli.console import cli_console
@@ -78,6 +77,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from longrope.encodings.catalog import catalog_entries  # the encodings' torch modules: not for the other commands
+
     if args.json:
         print(json.dumps([m.__dict__ for m in catalog_entries()], indent=2))
         return 0

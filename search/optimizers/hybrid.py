@@ -62,6 +62,7 @@ class HybridSearch:
 
     kind = "hybrid"
     state_model = HybridState
+    polishes = True  # its descent is a polish (search.gradient.polish_*); no other searcher has one
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix: ObjectiveMix):
         self.settings, self.grid, self.mix = settings, grid, mix

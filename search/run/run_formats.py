@@ -24,7 +24,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from longrope.search.config.job_config import digest, identity_fields
+from longrope.search.config.job_config import digest, identity_fields, identity_hash
+from longrope.search.optimizers.factory import SEARCHERS
 
 FORMAT = 2  # what this code writes, and the newest it reads
 # the fields the format-1 hash left out where they held their default: the last version of that hand-kept list
@@ -54,7 +55,7 @@ FORMAT_1_OLDER_DEFAULTS = {("search", "gradient", "polish_every"): (5,)}
 # hybrid polished by Adam before `polish_method` existed (2275db4); a screened GA scored every child before
 # `scored_share` existed (5366358). Whoever adds a field whose default changes what a run does adds its line here.
 OLDER_BEHAVIOUR = {
-    ("search", "gradient", "polish_method"): ("adam", lambda search: search.get("optimizer") == "hybrid"),
+    ("search", "gradient", "polish_method"): ("adam", lambda search: _polishes(search.get("optimizer", "dim_mono"))),
     ("search", "surrogate", "scored_share"): (1.0, lambda search: search["surrogate"].get("enabled") is True),
 }
 
@@ -70,6 +71,11 @@ def format_problem(version: Any) -> str | None:
             "upgrade longrope-search to read it (nothing was changed)"
         )
     return None
+
+
+def hash_matches(version: int, config: dict[str, Any], stored_hash: Any, defaults: dict[str, Any]) -> bool:
+    """Whether config.json's `config_hash` is its stored config's, by the rule of the file's format."""
+    return legacy_hash_matches(config, stored_hash, defaults) if version == 1 else stored_hash == identity_hash(config)
 
 
 def legacy_hash_matches(config: dict[str, Any], stored_hash: Any, defaults: dict[str, Any]) -> bool:
@@ -106,6 +112,10 @@ def _at_default(value: Any, default: Any, where: tuple[str, ...]) -> bool:
     if isinstance(value, dict) and isinstance(default, dict):
         return all(key in default and _at_default(item, default[key], (*where, key)) for key, item in value.items())
     return value == default or value in FORMAT_1_OLDER_DEFAULTS.get(where, ())
+
+
+def _polishes(optimizer: Any) -> bool:
+    return getattr(SEARCHERS.get(optimizer), "polishes", False)
 
 
 def with_older_behaviour(config: dict[str, Any]) -> dict[str, Any]:

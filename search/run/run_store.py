@@ -34,9 +34,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from longrope.search.config.job_config import JobConfig, identity_hash
+from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.saved_state import OptimizerState, SearcherState, legacy_state
-from longrope.search.run.run_formats import FORMAT, format_problem, legacy_hash_matches, with_older_behaviour
+from longrope.search.run.run_formats import FORMAT, format_problem, hash_matches, with_older_behaviour
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import os_error_text, shown_path
@@ -308,21 +308,15 @@ class RunDir:
         except (KeyError, TypeError, ValueError) as exc:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from exc
         stored_hash = data.get("config_hash")
-        if version == 1:
-            intact = legacy_hash_matches(data["config"], stored_hash, JobConfig.defaults())
-        else:
-            intact = stored_hash == identity_hash(data["config"])
-        if not intact:
+        if not hash_matches(version, data["config"], stored_hash, JobConfig.defaults()):
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
         self._config_hash, self.config_format = stored_hash, version
         return config
 
     def _checked_format(self, name: str, data: dict[str, Any]) -> int:
-        version = data.get("format", 1)
-        problem = format_problem(version)
-        if problem:
+        if problem := format_problem(data.get("format", 1)):
             raise RunStoreError(f"{self.file(name)}: {problem}")
-        return version
+        return data.get("format", 1)
 
     def check_matches(self, config: JobConfig) -> None:
         differs = self.read_config().first_difference(config)
