@@ -90,7 +90,7 @@ class JobConfig(Strict):
         """The identity hash a run started now from this config writes into config.json (`identity_hash` of its JSON
         dump). An existing run keeps the hash it was written with (`RunDir.config_hash`), which may differ: an
         older format, or fields this code has added since."""
-        return identity_hash(self.model_dump(mode="json"))
+        return digest(self.identity())
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -100,7 +100,7 @@ class JobConfig(Strict):
     def identity(self) -> dict:
         """Everything that changes a run's result, as JSON: what a resume and a new run compare against the
         stored config, both read by today's code."""
-        return self.model_dump(mode="json", exclude=UNRELATED_FIELDS)
+        return identity_fields(self.model_dump(mode="json"))
 
     def first_difference(self, other: JobConfig) -> str | None:
         """The first field (dotted, in field order) where two configs' identities differ; None when they agree."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from longrope.search.config.job_config import digest, identity_fields, identity_hash
+from longrope.search.config.job_config import JobConfig, digest, identity_fields, identity_hash
 from longrope.search.optimizers.factory import SEARCHERS
 
 FORMAT = 2  # what this code writes, and the newest it reads
@@ -73,9 +73,12 @@ def format_problem(version: Any) -> str | None:
     return None
 
 
-def hash_matches(version: int, config: dict[str, Any], stored_hash: Any, defaults: dict[str, Any]) -> bool:
-    """Whether config.json's `config_hash` is its stored config's, by the rule of the file's format."""
-    return legacy_hash_matches(config, stored_hash, defaults) if version == 1 else stored_hash == identity_hash(config)
+def hash_matches(version: int, config: dict[str, Any], stored_hash: Any) -> bool:
+    """Whether config.json's `config_hash` is its stored config's, by the rule of the file's format (today's
+    defaults are dumped only for a format-1 file, the one rule that needs them)."""
+    if version == 1:
+        return legacy_hash_matches(config, stored_hash, JobConfig.defaults())
+    return stored_hash == identity_hash(config)
 
 
 def legacy_hash_matches(config: dict[str, Any], stored_hash: Any, defaults: dict[str, Any]) -> bool:

@@ -308,7 +308,7 @@ class RunDir:
         except (KeyError, TypeError, ValueError) as exc:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from exc
         stored_hash = data.get("config_hash")
-        if not hash_matches(version, data["config"], stored_hash, JobConfig.defaults()):
+        if not hash_matches(version, data["config"], stored_hash):
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
         self._config_hash, self.config_format = stored_hash, version
         return config
