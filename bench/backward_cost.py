@@ -45,11 +45,11 @@ import torch
 from benchlib import RESULTS, ROOT, candidate_set, d1024_llama, one_window_config, provenance, save_json
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.config.loading import load_job_config
 from longrope.search.cost.architecture import Architecture
 from longrope.search.cost.budget import backward_flops, search_budget, stage_flops
 from longrope.search.cost.cpu_rates import torch_threads
 from longrope.search.cost.memory import ForwardShape, gradient_memory, worker_memory
+from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer

@@ -24,7 +24,7 @@ import torch
 
 from longrope.encodings import LongRope, NtkRope, YarnRope
 from longrope.search.config.job_config import JobConfig
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run.trajectory import CostPoint as CostPoint  # re-exported: the scripts import it from here
 from longrope.search.run.trajectory import cost_trajectory
 from longrope.workers.random_llama import llama_config, save_random_llama

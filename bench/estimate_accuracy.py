@@ -39,13 +39,13 @@ import torch
 from benchlib import RESULTS, ROOT, candidate_set, d1024_llama, one_window_config, provenance
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.config.loading import load_job_config
 from longrope.search.cost.architecture import Architecture
 from longrope.search.cost.budget import search_budget
 from longrope.search.cost.cpu_rates import measure_cpu_rates, torch_threads
 from longrope.search.cost.estimate import device_estimate, resolve_original_length, stage_estimates
 from longrope.search.cost.hardware import seconds
 from longrope.search.cost.memory import forward_shape, forwards_per_candidate, worker_dtype, worker_threads
+from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.models import load_model, read_model_config
 from longrope.workers.reference_recipe import reference_model_dir
 from longrope.workers.scorer import Scorer

@@ -40,7 +40,7 @@ import torch
 from benchlib import RESULTS, ROOT, provenance, save_json
 from pydantic import BaseModel
 
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare import summarize, write_outputs
 from longrope.search.reports.compare_rows import factors_rows, given_methods
 from longrope.search.reports.compare_tables import markdown_table

@@ -34,8 +34,8 @@ from benchlib import history_trajectory
 from rich.console import Console
 
 from longrope.encodings import RopeMethod
-from longrope.search.config.loading import load_job_config
 from longrope.search.export.factors_export import factors_file_of_run
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.run.job_context import JobContext

@@ -30,7 +30,7 @@ import numpy as np
 from benchlib import ROOT, provenance, save_json
 from rich.console import Console
 
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.optimizers.surrogate import fit_surrogate
 from longrope.search.run.jobs import run_search
 

@@ -143,7 +143,7 @@ DESCENT_CORRUPTIONS = [
     ),
     pytest.param(
         descent_u_nan,
-        "state.json: corrupted (optimizer.gradient.state.descent.u.0: Input should be a finite number",
+        "state.json: corrupted (optimizer.state.descent.u.0: Input should be a finite number",
         id="u-nan",
     ),
     pytest.param(

@@ -9,8 +9,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from longrope.search.config.loading import load_job_config
 from longrope.search.cost.hardware import Rates
+from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.random_llama import llama_config
 
 ROOT = Path(__file__).resolve().parent.parent

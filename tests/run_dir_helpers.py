@@ -13,7 +13,7 @@ import pytest
 from known_problem import TARGET, problem
 from search_helpers import FunctionEvaluator, make_coordinator, write_job_record
 
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run.run_store import RunDir
 
 # ---- run directories ----

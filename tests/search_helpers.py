@@ -49,7 +49,7 @@ class ScoreWithGradient:
 def known_problem_run(run_dir: Path, *overrides: str, **job_changes) -> Path:
     """A finished run directory (cheap objective, no model, one generation) for the commands that read one, with
     its job.json as `longrope search` writes it; `overrides` go to its config, `job_changes` to its job.json."""
-    from longrope.search.config.loading import load_job_config
+    from longrope.search.optimizers.factory import load_job_config
     from longrope.search.run.run_store import RunDir
 
     settings = ["target_length=256", "search.generations=1", "data.search_windows=1", f"output_dir={run_dir}"]

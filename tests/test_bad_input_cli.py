@@ -271,7 +271,7 @@ CASES = [
     ),
     pytest.param(
         lambda t: search(t, base(t, search={"optimizer": "pso"})),
-        "search.optimizer = 'pso': Input should be 'dim_mono', 'cmaes', 'gradient' or 'hybrid'",
+        "search.optimizer = 'pso': unknown optimizer; one of dim_mono, cmaes, gradient, hybrid",
         id="optimizer-unknown",
     ),
     pytest.param(

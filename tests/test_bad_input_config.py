@@ -16,8 +16,8 @@ import pytest
 from cli_checks import cli_error_line, longrope_block, write_factors_file
 
 from longrope.search.cli.main import build_parser, main
-from longrope.search.config.loading import load_job_config
 from longrope.search.config.strict import JobConfigError
+from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.reference_recipe import reference_model_dir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

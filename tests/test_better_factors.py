@@ -13,8 +13,8 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from longrope.search.config.loading import load_job_config
 from longrope.search.export.factors_export import ExportError, factors_file_of_run, write_export
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir

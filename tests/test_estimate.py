@@ -30,7 +30,6 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from longrope.encodings import LongRope
 from longrope.search.cli.main import main
-from longrope.search.config.loading import load_job_config
 from longrope.search.cost.architecture import KNOWN_MODELS, Architecture, parameter_count
 from longrope.search.cost.budget import search_budget, stage_flops
 from longrope.search.cost.estimate import device_estimate
@@ -42,6 +41,7 @@ from longrope.search.cost.memory import (
     worker_memory,
     worker_threads,
 )
+from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.models import load_model, model_rope, read_model_config
 from longrope.workers.random_llama import save_random_llama
 from longrope.workers.reference_recipe import reference_model_dir

@@ -17,7 +17,6 @@ from estimate_helpers import (
 
 from longrope.encodings import LongRope
 from longrope.search.cli.main import main
-from longrope.search.config.loading import load_job_config
 from longrope.search.cost.architecture import Architecture
 from longrope.search.cost.budget import backward_flops, search_budget, window_evaluations
 from longrope.search.cost.estimate import device_estimate
@@ -28,6 +27,7 @@ from longrope.search.cost.memory import (
     saved_bytes_per_position,
     worker_memory,
 )
+from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.models import load_model, read_model_config
 from longrope.workers.random_llama import save_random_llama
 from longrope.workers.reference_recipe import reference_model_dir

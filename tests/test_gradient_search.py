@@ -15,8 +15,8 @@ from known_problem import OPTIMUM, TARGET, objective, problem, window_nll_gradie
 from search_helpers import FunctionEvaluator, make_coordinator, write_job_record
 
 from longrope.search.cli.main import main
-from longrope.search.config.loading import load_job_config
 from longrope.search.config.search_section import GradientConfig
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.optimizers.genome import Genome
 from longrope.search.optimizers.gradient import Parametrization
 from longrope.search.optimizers.objective import ObjectiveMix, objective_gradient, subset_mix
@@ -325,8 +325,11 @@ def test_hybrid_resumes_exactly_mid_polish(tmp_path, fail_on_call):
         ("search.gradient.windows_per_step=7", "search.gradient.windows_per_step: at most the 6 gradient windows"),
         ("search.gradient.polish_every=0", "search.gradient.polish_every = 0: Input should be greater than or equal"),
         ("search.gradient.lr=0.1", "search.gradient.lr: unknown field"),
-        ("search.n_hat.enabled=true", "search.n_hat.enabled: n_hat is not differentiable"),
-        ("search.space=longrope2", "search.space: gradient descent searches every pair"),
+        (
+            "search.n_hat.enabled=true",
+            "search.n_hat.enabled: searching n_hat needs optimizer 'dim_mono', got 'gradient'",
+        ),
+        ("search.space=longrope2", "search.space: 'longrope2' needs optimizer 'dim_mono', got 'gradient'"),
         ("search.gradient.patience=0", "search.gradient.patience = 0: Input should be greater than or equal to 1"),
     ],
 )

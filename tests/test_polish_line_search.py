@@ -11,8 +11,8 @@ import pytest
 from known_problem import TARGET, problem
 from search_helpers import FunctionEvaluator, make_coordinator, write_job_record
 
-from longrope.search.config.loading import load_job_config
 from longrope.search.config.search_section import GradientConfig
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.optimizers.line_search import BacktrackingLineSearch, LineSearchState
 from longrope.search.run.run_store import RunDir
 

@@ -20,9 +20,9 @@ import torch
 from tiny_gguf import rewritten_gguf, tiny_gguf
 
 from longrope.search.cli.main import main
-from longrope.search.config.loading import load_job_config
 from longrope.search.downloads import model_wheels
 from longrope.search.downloads.model_wheels import WheelModel
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.job_record import JobRecord, WindowSource, WindowsShape
 from longrope.search.run.jobs import job_record

@@ -14,7 +14,7 @@ import yaml
 from cli_checks import snapshot
 from search_helpers import JOB_RECORD, known_problem_run
 
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 
 pytestmark = pytest.mark.slow
 LONGROPE = shutil.which("longrope", path=str(Path(sys.executable).parent))

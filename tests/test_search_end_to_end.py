@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from longrope.encodings import from_hf
 from longrope.search.config.factors_file import FactorsFile
-from longrope.search.config.loading import load_job_config
 from longrope.search.export.factors_export import factors_file_of_run, write_into_model
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports import compare_scoring
 from longrope.search.reports.compare import run_compare
 from longrope.search.reports.intervals import paired_difference

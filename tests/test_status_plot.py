@@ -21,7 +21,7 @@ from search_helpers import FunctionEvaluator, make_coordinator, problem, write_j
 
 from longrope.search.cli.estimate_command import job_backward_cost
 from longrope.search.cli.main import main
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports import progress_plot
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.stages import stage_configs

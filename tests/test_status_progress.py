@@ -25,7 +25,7 @@ from run_dir_helpers import GRADIENT, HYBRID, cheap_config, descent_run, edit_js
 from search_helpers import FunctionEvaluator, known_problem_run, make_coordinator, problem
 
 from longrope.search.cli.reporter import ConsoleReporter
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run import heartbeat as heartbeats
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.status import KILLED, format_status, run_status
@@ -76,7 +76,7 @@ HOLDER = textwrap.dedent(
     import sys, time
     sys.path[:0] = [{tests!r}, {bench!r}]  # pytest's pythonpath: the tests' helpers and bench/known_problem.py
     from search_helpers import FunctionEvaluator, make_coordinator
-    from longrope.search.config.loading import load_job_config
+    from longrope.search.optimizers.factory import load_job_config
     from longrope.search.run.run_store import RunDir
 
     class Stalling(FunctionEvaluator):

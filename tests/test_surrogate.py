@@ -13,10 +13,9 @@ from known_problem import PAIRS, TARGET, objective, problem
 from search_helpers import FunctionEvaluator, make_coordinator, result_of, write_job_record
 
 from longrope.search.cli.main import main
-from longrope.search.config.loading import load_job_config
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.config.strict import JobConfigError
-from longrope.search.optimizers.factory import make_searcher, search_plan
+from longrope.search.optimizers.factory import load_job_config, make_searcher, search_plan
 from longrope.search.optimizers.screening import bred_children, scored_children
 from longrope.search.optimizers.surrogate import GaussianProcessSurrogate, RidgeSurrogate, random_share, screen
 from longrope.search.run.reporting import SilentReporter

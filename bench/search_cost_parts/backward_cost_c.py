@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from longrope.search.config.loading import load_job_config
 from longrope.search.cost.cpu_rates import torch_threads
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model
 from longrope.workers.scorer import Scorer

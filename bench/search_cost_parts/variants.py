@@ -10,7 +10,7 @@ from pathlib import Path
 from benchlib import CostPoint, cost_trajectory
 from rich.console import Console
 
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run.jobs import run_search
 
 ROOT = Path(__file__).resolve().parents[2]

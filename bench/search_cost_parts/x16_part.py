@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from longrope.search.config.loading import load_job_config
+from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.reports.tuned_baselines import NTK_SCALE_MULTIPLIERS, TuningGrid, ntk_grid, yarn_grid

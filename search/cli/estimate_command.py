@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.config.loading import load_job_config
 from longrope.search.config.strict import JobConfigError
 from longrope.search.cost import cpu_rates  # torch only inside its functions: `estimate` stays light
 from longrope.search.cost.architecture import (
@@ -25,6 +24,7 @@ from longrope.search.cost.budget import backward_cost, per_search_text, search_b
 from longrope.search.cost.estimate import DeviceEstimate, JobEstimate, job_estimate, resolve_original_length
 from longrope.search.cost.hardware import DEFAULT_MFU, Rates, find_gpu, gpu_rates
 from longrope.search.cost.memory import forward_shape, worker_dtype, worker_threads
+from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.reference_recipe import reference_model_dir
 
 DEFAULT_GPUS = ("H100-SXM", "A100")

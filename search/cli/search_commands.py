@@ -15,7 +15,6 @@ from longrope.search.cli.progress import CountProgress
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.cli.stops import ResumableWorkerError, SigtermSeen, Stopped
 from longrope.search.config.job_config import JobConfig
-from longrope.search.config.loading import load_job_config
 from longrope.search.config.strict import JobConfigError
 from longrope.search.export.factors_export import (
     FORMATS,
@@ -30,7 +29,7 @@ from longrope.search.export.factors_export import (
 )
 from longrope.search.export.gguf_export import ROPE_FREQS, write_gguf_export
 from longrope.search.export.verify import verify
-from longrope.search.optimizers.factory import search_plan
+from longrope.search.optimizers.factory import load_job_config, search_plan
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.needle_report import needle_table

@@ -67,17 +67,6 @@ class JobConfig(Strict):
                 f"search.stages: each stage length must lie between original_length ({self.original_length}) and "
                 f"target_length ({self.target_length}), got {bad}"
             )
-        gradient, windows = self.search.gradient, self.data.search_windows * len(self.data.objective_weights())
-        if self.search.descends and gradient.holdout_windows >= windows:
-            raise ValueError(
-                f"search.gradient.holdout_windows: must leave the gradient at least one of the {windows} search "
-                f"windows, got {gradient.holdout_windows}"
-            )
-        if self.search.descends and (gradient.windows_per_step or 0) > windows - gradient.holdout_windows:
-            raise ValueError(
-                f"search.gradient.windows_per_step: at most the {windows - gradient.holdout_windows} gradient windows "
-                f"(search windows less holdout_windows), got {gradient.windows_per_step}"
-            )
         racing = self.search.racing
         if racing.enabled and racing.min_windows >= self.data.search_windows:
             raise ValueError(

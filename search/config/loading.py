@@ -91,9 +91,10 @@ def section_model(path: list[str], root: type[BaseModel] | None = None) -> type[
     return model
 
 
-def load_job_config(path: str | Path | None, overrides: list[str] = (), base: dict | None = None) -> JobConfig:
-    """Read YAML (guarded safe_load), apply `--set` overrides (on `base` when no file is given), validate;
-    JobConfigError lists every problem."""
+def read_job_config(path: str | Path | None, overrides: list[str] = (), base: dict | None = None) -> JobConfig:
+    """Read YAML (guarded safe_load), apply `--set` overrides (on `base` when no file is given), validate the model;
+    JobConfigError lists every problem. What the chosen optimizer cannot honour is checked a layer up: a user's
+    config is loaded by `optimizers.factory.load_job_config`, which calls this."""
     raw: dict[str, Any] = dict(base or {})
     source = str(path) if path else "config"
     if path is not None:

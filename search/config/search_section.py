@@ -206,11 +206,13 @@ class SearchConfig(Strict):
         default=AttentionFactorConfig(), description="section: the attention factor (temperature)"
     )
     early_stop: EarlyStopConfig = Field(default=EarlyStopConfig(), description="section: stopping early")
-    optimizer: Literal["dim_mono", "cmaes", "gradient", "hybrid"] = Field(
+    optimizer: str = Field(
         default="dim_mono",
+        pattern=r"^[a-z][a-z0-9_]{0,63}$",
         description="dim_mono: the LongRoPE release's evolution; cmaes: CMA-ES (search/optimizers/cmaes.py); "
         "gradient: descent on the factors (search/optimizers/gradient.py); hybrid: dim_mono with its best polished by "
-        "gradient steps",
+        "gradient steps; any other optimizer registered in search/optimizers/factory.py (which also refuses a "
+        "setting the optimizer cannot honour)",
     )
     schedule: Literal["generational", "steady"] = Field(
         default="generational",
@@ -262,8 +264,6 @@ class SearchConfig(Strict):
 
     @model_validator(mode="after")
     def _sizes(self) -> SearchConfig:
-        if self.optimizer == "cmaes" and self.space == "longrope2":
-            raise ValueError("space: 'longrope2' needs optimizer 'dim_mono' (CMA-ES searches every pair)")
         if self.factor == "short" and not self.long_factors:
             raise ValueError("long_factors: factor 'short' needs the long factors it keeps (a factors file or run)")
         if self.factor == "short" and self.attention_factor.mode == "searched":
@@ -275,18 +275,6 @@ class SearchConfig(Strict):
             raise ValueError("space: a short-factor search needs 'longrope' (longrope2's bounds start at the scale)")
         if self.factor == "short" and self.stages:
             raise ValueError(f"stages: a short-factor search has one length (original_length), got {list(self.stages)}")
-        if self.optimizer == "cmaes" and self.schedule == "steady":
-            raise ValueError("schedule: 'steady' needs optimizer 'dim_mono' (CMA-ES updates once per generation)")
-        if self.optimizer == "cmaes" and self.racing.enabled:
-            raise ValueError("racing.enabled: racing needs optimizer 'dim_mono' (CMA-ES ranks every sample)")
-        if self.surrogate.enabled and self.optimizer in ("cmaes", "gradient"):
-            raise ValueError(
-                f"surrogate.enabled: the surrogate screens the GA's children; optimizer {self.optimizer!r} breeds "
-                "none (use 'dim_mono' or 'hybrid')"
-            )
-        if self.optimizer == "cmaes" and self.n_hat.enabled:
-            raise ValueError("n_hat.enabled: CMA-ES searches factors and the attention factor only, not n_hat")
-        self._gradient_rules()
         if self.parents > self.population:
             raise ValueError(f"parents: must be <= population ({self.population}), got {self.parents}")
         if self.mutations + self.crossovers < 1:
@@ -297,26 +285,3 @@ class SearchConfig(Strict):
                 "search.seed_files, got []"
             )
         return self
-
-    @property
-    def descends(self) -> bool:
-        """Whether the optimizer takes gradient steps (gradient descent, or the hybrid's polish): the one place outside
-        search/optimizers/ that reads the optimizer's name, for the rules on the gradient section."""
-        return self.optimizer in ("gradient", "hybrid")
-
-    def _gradient_rules(self) -> None:
-        """What descent cannot do: n_hat moves positions between regimes (not differentiable; a GA-only gene),
-        longrope2's derived pairs and a short-factor search's regime are not parametrized, racing and the steady
-        schedule are the evolution's."""
-        if not self.descends:
-            return
-        rules = (
-            (self.n_hat.enabled, "n_hat.enabled: n_hat is not differentiable, a gene of dim_mono only"),
-            (self.space != "longrope", "space: gradient descent searches every pair ('longrope')"),
-            (self.factor != "long", "factor: gradient descent searches the long factors"),
-            (self.racing.enabled, "racing.enabled: racing is dim_mono's; descent scores every window of a step"),
-            (self.schedule != "generational", "schedule: 'steady' needs optimizer 'dim_mono'"),
-        )
-        for broken, message in rules:
-            if broken:
-                raise ValueError(f"{message} (optimizer {self.optimizer!r})")

@@ -23,14 +23,23 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
 from longrope.search.optimizers.evolution import DimMonoEvolution, told_from_json
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, best_score, json_score
+from longrope.search.optimizers.searcher import (
+    Candidate,
+    GenerationEnd,
+    Result,
+    Searcher,
+    SearcherState,
+    SearchPlan,
+    best_score,
+    json_score,
+)
 
 if TYPE_CHECKING:
     import cma
@@ -38,22 +47,17 @@ if TYPE_CHECKING:
 FAILED_SCORE_MARGIN = 1.0  # a non-finite score is told as (worst finite of its generation) + this
 
 
-class CmaesState(BaseModel):
+class CmaesState(SearcherState):
     """`CmaesOptimizer`'s state: every told genome and score, and the keys each CMA-ES generation asked for (a
     fresh, identically seeded instance replays them: no pickle)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
-
     generation: int = Field(ge=0)
     told: list[list[Any]]  # [genome (Genome.to_json), score or null]
-    asked_keys: list[list[str]] = []
+    asked_keys: list[list[str]] = Field(default_factory=list)
     early_stop: EarlyStopState = EarlyStopState()
 
     def told_scores(self) -> dict[str, float]:
         return told_from_json(self.told)[1]
-
-    def parent_keys(self) -> list[str]:
-        return []  # a distribution, not parents
 
     def recorded_bests(self) -> list[float | None]:
         """The best score after each generation the early stop recorded (null: none finite)."""
@@ -64,15 +68,17 @@ class CmaesState(BaseModel):
         return self.early_stop.stopped
 
 
-class CmaesOptimizer:
-    """CMA-ES as a `Searcher` (searcher.py); its samples may repeat a candidate, which takes the recorded score."""
+class CmaesOptimizer(Searcher):
+    """CMA-ES as a `Searcher` (searcher.py); its samples may repeat a candidate, which takes the recorded score.
+    It ranks whole generations of a distribution's samples: no parents to race against or breed from one by one,
+    no n_hat gene, and no longrope2 space (every pair is a coordinate)."""
 
     kind = "cmaes"
     state_model = CmaesState
+    supports_short_factor = True
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
-        self.settings = settings
-        self.grid = grid
+        super().__init__(settings, grid, seeds)
         self.seed_genomes = _unique([grid.from_seed(seed) for seed in seeds])
         self.seed_names = {grid.from_seed(seed).key: seed.name for seed in seeds}
         self.popsize = settings.cmaes.population or settings.mutations + settings.crossovers
@@ -87,25 +93,13 @@ class CmaesOptimizer:
         self._asked_x: list[np.ndarray] = []
         self.early_stop = EarlyStop(settings.early_stop)
 
-    @classmethod
-    def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> CmaesOptimizer:
-        return cls(settings, grid, seeds)
-
     @property
     def total_generations(self) -> int:
         return 1 + self.iterations
 
-    def threshold(self) -> str | None:
-        return None  # CMA-ES ranks every sample of a generation; racing does not apply
-
     @property
     def budget(self) -> int:
         return len(self.seed_genomes) + self.iterations * self.popsize
-
-    @staticmethod
-    def descent_steps(search) -> int | None:
-        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
-        return None
 
     @staticmethod
     def generations_range(search: SearchConfig) -> tuple[int, int]:
@@ -189,9 +183,6 @@ class CmaesOptimizer:
 
     def outstanding(self) -> list[Candidate]:
         return [self.candidate(genome) for genome in self.pending.values()]
-
-    def position(self) -> str:
-        return generation_label(self.generation, self.total_generations)
 
     @property
     def stopped_early(self) -> bool:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
@@ -37,6 +37,8 @@ from longrope.search.optimizers.searcher import (
     Candidate,
     GenerationEnd,
     Result,
+    Searcher,
+    SearcherState,
     SearchPlan,
     best_score,
     json_score,
@@ -47,18 +49,16 @@ MAX_TRIES = 200  # redraws before giving up on one new candidate
 CROSSOVER_PASSES = 20  # the official max_crossover_try
 
 
-class EvolutionState(BaseModel):
+class EvolutionState(SearcherState):
     """`DimMonoEvolution`'s state: the generator, every told genome and score, the parents, what is out."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
     generation: int = Field(ge=0)
     rng: dict[str, Any]  # the PCG64 generator's state
     population: list[str]
     told: list[list[Any]]  # [genome (Genome.to_json), score or null]
-    pending: list[list[Any]] = []  # asked, not yet told (steady: re-submitted on resume)
+    pending: list[list[Any]] = Field(default_factory=list)  # asked, not yet told (steady: re-submitted on resume)
     children_told: int = Field(default=0, ge=0)
-    generation_keys: list[str] = []  # what generation 0 / the current round asked
+    generation_keys: list[str] = Field(default_factory=list)  # what generation 0 / the current round asked
     threshold: str | None = None  # generational racing: the worst parent when the generation was asked
     early_stop: EarlyStopState = EarlyStopState()
     exhausted: bool = False  # no new candidate could be made: the search is over
@@ -84,16 +84,17 @@ class EvolutionState(BaseModel):
         return self.early_stop.stopped
 
 
-class DimMonoEvolution:
+class DimMonoEvolution(Searcher):
     """The release's GA as a `Searcher` (searcher.py): ask(count) -> candidates, tell(results), done(), best(),
-    threshold(), state() / load_state()."""
+    threshold(), state() / load_state(). Every setting of the search section applies to it."""
 
     kind = "dim_mono"
     state_model = EvolutionState
+    supports_racing = supports_steady = supports_n_hat = supports_longrope2 = True
+    supports_short_factor = supports_surrogate = True
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed]):
-        self.settings = settings
-        self.grid = grid
+        super().__init__(settings, grid, seeds)
         self.steady = settings.schedule == "steady"
         self.children_per_generation = scored_children(settings)
         self.n_hat_choices = settings.n_hat.choices if settings.n_hat.enabled else (0,)
@@ -113,29 +114,6 @@ class DimMonoEvolution:
         self._arrived: dict[str, float] = {}  # scores of the generation out, until all of it is in
         self.screen = ChildScreen(settings.surrogate, grid) if settings.surrogate.enabled else None
         self.proposals_per_child = settings.surrogate.proposals if self.screen else 1
-
-    @classmethod
-    def from_config(cls, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix=None) -> DimMonoEvolution:
-        return cls(settings, grid, seeds)
-
-    @property
-    def total_generations(self) -> int:
-        """The initial population, then `generations` rounds of mutation and crossover."""
-        return 1 + self.settings.generations
-
-    @property
-    def budget(self) -> int:
-        return self.plan(self.settings, len(self.seed_genomes)).candidates
-
-    @staticmethod
-    def descent_steps(search) -> int | None:
-        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
-        return None
-
-    @staticmethod
-    def generations_range(search: SearchConfig) -> tuple[int, int]:
-        """How many generations a run makes, generation 0 included (fewest, most)."""
-        return 1 + search.generations, 1 + search.generations
 
     @staticmethod
     def plan(search: SearchConfig, seeds: int) -> SearchPlan:
@@ -277,9 +255,6 @@ class DimMonoEvolution:
 
     def outstanding(self) -> list[Candidate]:
         return [self.candidate(genome) for genome in self.pending.values()]
-
-    def position(self) -> str:
-        return generation_label(self.generation, self.total_generations)
 
     @property
     def stopped_early(self) -> bool:

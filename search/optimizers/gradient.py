@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.descent_state import DescentState
@@ -41,7 +41,16 @@ from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.labels import generation_label
 from longrope.search.optimizers.line_search import BacktrackingLineSearch
 from longrope.search.optimizers.objective import ObjectiveMix, subset_mix
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan, best_score, json_score
+from longrope.search.optimizers.searcher import (
+    Candidate,
+    GenerationEnd,
+    Result,
+    Searcher,
+    SearcherState,
+    SearchPlan,
+    best_score,
+    json_score,
+)
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -179,10 +188,8 @@ class WindowSplit:
         return self.gradient, self.total
 
 
-class GradientState(BaseModel):
+class GradientState(SearcherState):
     """`GradientDescent`'s state: the generation, every told point's score (by key), and the descent itself."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
     generation: int = Field(ge=0)
     told: list[list[Any]]  # [key, score or null]
@@ -191,19 +198,14 @@ class GradientState(BaseModel):
     def told_scores(self) -> dict[str, float]:
         return {str(key): math.inf if score is None else float(score) for key, score in self.told}
 
-    def parent_keys(self) -> list[str]:
-        return []
 
-    def recorded_bests(self) -> list[float | None]:
-        return []  # descent stops on held-out windows, not on a best per generation
-
-
-class GradientDescent:
+class GradientDescent(Searcher):
     """Descent as a `Searcher` (searcher.py); see the module docstring for its generations. `start` skips the
     seeds: descent from a given point (the hybrid's polish)."""
 
     kind = "gradient"
     state_model = GradientState
+    descends = True  # no n_hat (not differentiable), every pair, the long factors, one point a generation
 
     def __init__(
         self,
@@ -218,7 +220,8 @@ class GradientDescent:
         patience: bool = True,
         line_search: bool = False,
     ):
-        self.settings, self.grid, self.mix = settings, grid, mix
+        super().__init__(settings, grid, seeds)
+        self.mix = mix
         self.steps = settings.steps if steps is None else steps
         self.learning_rate = settings.learning_rate if learning_rate is None else learning_rate
         self.split = WindowSplit.of(settings, len(mix.objectives))
@@ -258,9 +261,6 @@ class GradientDescent:
     def total_generations(self) -> int:
         """Generation 0 (the seeds), `steps` steps, the rounding to the grid."""
         return 2 + self.steps
-
-    def threshold(self) -> str | None:
-        return None  # one point a generation: nothing to race
 
     @property
     def budget(self) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import DimMonoEvolution, EvolutionState
@@ -23,13 +23,11 @@ from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.gradient import GradientDescent, GradientState
 from longrope.search.optimizers.labels import generation_label, polish_position
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, SearchPlan
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, Searcher, SearcherState, SearchPlan
 
 
-class HybridState(BaseModel):
+class HybridState(SearcherState):
     """`HybridSearch`'s state: the evolution's, a polish in progress (or none), the last generation polished."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
     evolution: EvolutionState
     polish: GradientState | None = None
@@ -57,15 +55,18 @@ class HybridState(BaseModel):
         return self.evolution.stopped_early
 
 
-class HybridSearch:
-    """The evolution and its polishes as one `Searcher` (see the module docstring)."""
+class HybridSearch(Searcher):
+    """The evolution and its polishes as one `Searcher` (see the module docstring). Its children can be screened;
+    what descent cannot follow (n_hat, longrope2, short factors, racing, the steady schedule) it does not take."""
 
     kind = "hybrid"
     state_model = HybridState
-    polishes = True  # its descent is a polish (search.gradient.polish_*); no other searcher has one
+    supports_surrogate = True
+    descends = polishes = True
 
     def __init__(self, settings: SearchConfig, grid: GenomeGrid, seeds: list[Seed], mix: ObjectiveMix):
-        self.settings, self.grid, self.mix = settings, grid, mix
+        super().__init__(settings, grid, seeds)
+        self.mix = mix
         self.evolution = DimMonoEvolution(settings, grid, seeds)
         self.polish: GradientDescent | None = None
         self.polished_through = 0  # the last generation whose best was polished
@@ -83,19 +84,6 @@ class HybridSearch:
     @property
     def total_generations(self) -> int:
         return self.evolution.total_generations
-
-    @property
-    def budget(self) -> int:
-        return self.plan(self.settings, len(self.evolution.seed_genomes)).candidates
-
-    @staticmethod
-    def descent_steps(search) -> int | None:
-        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
-        return None
-
-    @staticmethod
-    def generations_range(search: SearchConfig) -> tuple[int, int]:
-        return DimMonoEvolution.generations_range(search)  # the polishes run between the GA's generations
 
     @staticmethod
     def plan(search: SearchConfig, seeds: int) -> SearchPlan:

@@ -1,51 +1,51 @@
-"""state.json's `optimizer`: which searcher ran, and its own state in its own model, as one tagged union.
+"""state.json's `optimizer`: which searcher ran, and its own state in its own model.
 
-`{"kind": "dim_mono", "state": {...}}` is read as the kind's model (a state of another kind's shape is refused with
-the path of the first field that does not fit), so every reader gets the searcher's state typed. A state.json
-written before the searchers had states of their own held every optimizer's fields in one `evolution` object,
-with the GA's early stop at the top level: `legacy_state` moves those fields into the new shape, so a run in
-progress resumes across the upgrade.
+`{"kind": "dim_mono", "state": {...}}` is read as the state model of the optimizer registered under that kind
+(`factory.SEARCHERS`, looked up when the file is read, so an optimizer registered later is read like the built-in
+ones); a state of another shape is refused with the path of the first field that does not fit, so every reader
+gets the searcher's state typed. A state.json written before the searchers had states of their own held every
+optimizer's fields in one `evolution` object, with the GA's early stop at the top level: `legacy_state` moves
+those fields into the new shape, so a run in progress resumes across the upgrade.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import functools
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, SerializeAsAny, create_model, model_validator
 
-from longrope.search.optimizers.cmaes import CmaesState
-from longrope.search.optimizers.evolution import EvolutionState
-from longrope.search.optimizers.gradient import GradientState
-from longrope.search.optimizers.hybrid import HybridState
-
-SearcherState = EvolutionState | CmaesState | GradientState | HybridState
+from longrope.search.optimizers.factory import SEARCHERS
+from longrope.search.optimizers.searcher import Searcher, SearcherState
 
 
-class _Tagged(BaseModel):
+class OptimizerState(BaseModel):
+    """The searcher that ran (`kind`) and its state, validated as that searcher's `state_model`."""
+
     model_config = ConfigDict(strict=True, extra="forbid")
 
+    kind: str
+    state: SerializeAsAny[SearcherState]
 
-class SavedEvolution(_Tagged):
-    kind: Literal["dim_mono"]
-    state: EvolutionState
-
-
-class SavedCmaes(_Tagged):
-    kind: Literal["cmaes"]
-    state: CmaesState
-
-
-class SavedGradient(_Tagged):
-    kind: Literal["gradient"]
-    state: GradientState
-
-
-class SavedHybrid(_Tagged):
-    kind: Literal["hybrid"]
-    state: HybridState
+    @model_validator(mode="before")
+    @classmethod
+    def _typed(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("state"), dict):
+            return data  # not a mapping, or a state already typed: the fields' own checks say what is wrong
+        kind = data.get("kind")
+        if kind not in SEARCHERS:
+            raise ValueError(f"kind: unknown optimizer {kind!r}; one of {', '.join(SEARCHERS)}")
+        typed = _saved_model(SEARCHERS[kind]).model_validate(data)  # its errors name optimizer.state.<field>
+        return {"kind": kind, "state": typed.state}
 
 
-OptimizerState = Annotated[SavedEvolution | SavedCmaes | SavedGradient | SavedHybrid, Field(discriminator="kind")]
+@functools.cache
+def _saved_model(searcher: type[Searcher]) -> type[BaseModel]:
+    """`{"kind": ..., "state": <the searcher's state_model>}` as a model of its own."""
+    kind, state = searcher.kind, (searcher.state_model, ...)
+    return create_model(
+        f"Saved_{kind}", __config__=ConfigDict(strict=True, extra="forbid"), kind=(str, ...), state=state
+    )
 
 
 def legacy_state(data: dict[str, Any]) -> dict[str, Any]:

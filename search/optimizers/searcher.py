@@ -19,12 +19,15 @@ sees an optimizer's genome. Each searcher owns its budget, its generation count,
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+
+from longrope.search.optimizers.labels import generation_label
 
 WindowRange = tuple[int, int]  # [start, stop) of the search windows, in their fixed order
 
@@ -94,38 +97,120 @@ class SearchPlan:
     text: str
 
 
-class Searcher(Protocol):
-    """What the coordinator needs of an optimizer (see the module docstring)."""
+class SearcherState(BaseModel):
+    """What every searcher's state model (state.json's optimizer.state) is: strict JSON, and what a run's checks
+    and `status` ask of it, with defaults for a searcher that keeps no such thing. `generation` is every state's
+    (a field, or a property of a composed state)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    def told_scores(self) -> dict[str, float]:
+        """Every told candidate's score by key, when the state keeps them (history.jsonl must hold each)."""
+        return {}
+
+    def parent_keys(self) -> list[str]:
+        return []  # the candidates it breeds from, when it has parents (each must be told)
+
+    def recorded_bests(self) -> list[float | None]:
+        return []  # the best score after each generation, when an early stop records them
+
+    def screening(self) -> tuple[int, int]:
+        return 0, 0  # search.surrogate: children proposed, and of those screened out
+
+    @property
+    def stopped_early(self) -> bool:
+        return False
+
+
+class Searcher(ABC):
+    """What the coordinator needs of an optimizer (see the module docstring), with a default for everything but
+    `ask`, `tell`, `plan` and the class's `kind` and `state_model`: a new optimizer is those, plus one entry in
+    `factory.SEARCHERS` (Ray Tune's `Searcher` and pycma's `OOOptimizer` are shaped the same way).
+
+    The default `state()` / `load_state()` copy the attributes named as the state model's fields, so a searcher
+    whose state is its attributes writes neither. The capability flags say which settings it can honour; the
+    config's rules are read from them (`factory.settings_problem`), never from an optimizer's name. Each is False
+    here: an optimizer claims what it does."""
 
     kind: ClassVar[str]
-    generation: int  # the generation being asked and scored; 0 is the initial population (or the seeds)
+    state_model: ClassVar[type[BaseModel]]
+    supports_racing: ClassVar[bool] = False  # search.racing: ranks children against `threshold()`
+    supports_steady: ClassVar[bool] = False  # search.schedule 'steady': breeds from the parents of the moment
+    supports_n_hat: ClassVar[bool] = False  # search.n_hat.enabled: n_hat as a searched gene
+    supports_longrope2: ClassVar[bool] = False  # search.space 'longrope2': the pairs below the critical one derived
+    supports_short_factor: ClassVar[bool] = False  # search.factor 'short': the factors up to original_length
+    supports_surrogate: ClassVar[bool] = False  # search.surrogate: breeds children a surrogate can screen
+    descends: ClassVar[bool] = False  # takes gradient steps: search.gradient's window split applies
+    polishes: ClassVar[bool] = False  # its descent is a polish of another search's best (search.gradient.polish_*)
+    generation: int = 0  # the generation being asked and scored; 0 is the initial population (or the seeds)
+
+    def __init__(self, settings: Any, grid: Any, seeds: Sequence[Any]):
+        self.settings, self.grid, self.seeds = settings, grid, list(seeds)
+
+    @classmethod
+    def from_config(cls, settings: Any, grid: Any, seeds: Sequence[Any], mix: Any = None) -> Searcher:
+        """The searcher a run of `settings` (the search section) uses; `mix`: the search windows' objectives, for a
+        searcher that holds windows out or weighs their gradients."""
+        return cls(settings, grid, seeds)
+
+    @abstractmethod
+    def ask(self, count: int) -> list[Candidate]:
+        """Up to `count` new candidates to score (fewer, or none while a generation it waits on is out)."""
+
+    @abstractmethod
+    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+        """Results of asked candidates, in any order; the generations (or steps) they completed."""
+
+    @staticmethod
+    @abstractmethod
+    def plan(search: Any, seeds: int) -> SearchPlan:
+        """What one search of these settings scores at most (no early stop)."""
+
+    @staticmethod
+    def generations_range(search: Any) -> tuple[int, int]:
+        """How many generations a run makes, generation 0 included (fewest, most)."""
+        return 1 + search.generations, 1 + search.generations
+
+    @staticmethod
+    def descent_steps(search: Any) -> int | None:
+        """Steps of a run whose generations are descent steps (the log names them); None: generations are not."""
+        return None
 
     @property
-    def total_generations(self) -> int: ...
+    def total_generations(self) -> int:
+        return self.generations_range(self.settings)[1]
 
     @property
-    def budget(self) -> int: ...  # candidates it scores at most (`plan(...).candidates`)
+    def budget(self) -> int:
+        """Candidates it scores at most."""
+        return self.plan(self.settings, len(self.seeds)).candidates
 
     @property
-    def stopped_early(self) -> bool: ...  # its own stop rule ended it before its budget
+    def stopped_early(self) -> bool:
+        return False  # its own stop rule ended it before its budget
 
-    def ask(self, count: int) -> list[Candidate]: ...
+    def done(self) -> bool:
+        return self.generation >= self.total_generations
 
-    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]: ...
+    def best(self) -> tuple[str, float]:
+        return best_score(self.state().told_scores())
 
-    def done(self) -> bool: ...
+    def threshold(self) -> str | None:
+        return None  # the candidate a raced child is compared with (`supports_racing`)
 
-    def best(self) -> tuple[str, float]: ...
+    def outstanding(self) -> list[Candidate]:
+        return []  # asked and not told: out again on resume (a searcher whose asks are in its state says which)
 
-    def threshold(self) -> str | None: ...
+    def position(self) -> str:
+        return generation_label(self.generation, self.total_generations)
 
-    def outstanding(self) -> list[Candidate]: ...
+    def state(self) -> BaseModel:
+        return self.state_model.model_validate({name: getattr(self, name) for name in self.state_model.model_fields})
 
-    def position(self) -> str: ...
-
-    def state(self) -> BaseModel: ...
-
-    def load_state(self, state: dict[str, Any]) -> None: ...
+    def load_state(self, state: dict[str, Any] | BaseModel) -> None:
+        loaded = self.state_model.model_validate(state)
+        for name in self.state_model.model_fields:
+            setattr(self, name, getattr(loaded, name))
 
 
 def best_score(scores: dict[str, float]) -> tuple[str, float]:

@@ -11,7 +11,6 @@
   atomically after every generation (generational schedule) or every result (steady schedule).
   Without it (a kill before the first generation ended) a resumed run starts the optimizer afresh from the same
   seed, which asks for exactly the candidates already in history.jsonl, so none of them is scored again.
-
 - heartbeat.json: who holds the run (pid, host), its last sign of life, and how it stopped (`heartbeat.py`);
   read only by `status`, never by the search, so no time reaches the files above.
 
@@ -35,7 +34,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.optimizers.saved_state import OptimizerState, SearcherState, legacy_state
+from longrope.search.optimizers.factory import config_problem
+from longrope.search.optimizers.saved_state import OptimizerState, legacy_state
+from longrope.search.optimizers.searcher import SearcherState
 from longrope.search.run.run_formats import FORMAT, format_problem, hash_matches, with_older_behaviour
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.errors import LongRopeError
@@ -146,8 +147,7 @@ class RunState(BaseModel):
         return legacy_state(data) if isinstance(data, dict) and "evolution" in data else data
 
     @property
-    def searcher(self) -> SearcherState:
-        """The searcher's own state, typed."""
+    def searcher(self) -> SearcherState:  # the searcher's own state, typed
         return self.optimizer.state
 
 
@@ -181,9 +181,8 @@ def final_count(history: dict[str, dict[str, Any]]) -> int:
 
 
 def window_passes(history: dict[str, dict[str, Any]]) -> tuple[int, int]:
-    """(forward, backward) window passes the run's history holds: every window a record has an NLL for was read
-    forward once; a descent step's gradient windows also once backward. A window-equivalent is one forward pass
-    of one window; what a backward costs in them is measured by bench/backward_cost.py."""
+    """(forward, backward) window passes in the history: each window with an NLL once forward, a descent step's
+    gradient windows once backward too (a backward's cost in forward passes: bench/backward_cost.py)."""
     forward = sum(len(record["nll"]) for record in history.values())
     backward = sum(int(record.get("backward_windows", 0)) for record in history.values())
     return forward, backward
@@ -217,8 +216,7 @@ class History:
 
 class RunDir:
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self._config_hash: str | None = None
+        self.path, self._config_hash = Path(path), None
         self.config_format: int | None = None  # config.json's, once read
 
     def file(self, name: str) -> Path:
@@ -305,8 +303,11 @@ class RunDir:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config (a JSON {kind})")
         try:
             config = JobConfig.model_validate(with_older_behaviour(data["config"]))
+            problem = config_problem(config)  # a setting its optimizer cannot honour
         except (KeyError, TypeError, ValueError) as exc:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from exc
+        if problem:
+            raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({problem})")
         stored_hash = data.get("config_hash")
         if not hash_matches(version, data["config"], stored_hash):
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
