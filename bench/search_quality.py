@@ -36,6 +36,7 @@ from rich.console import Console
 from longrope.encodings import RopeMethod
 from longrope.search.export.factors_export import factors_file_of_run
 from longrope.search.optimizers.factory import load_job_config
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.run.job_context import JobContext
@@ -77,8 +78,8 @@ def search(name: str, overrides: list[str], seed: int, work: Path, settings: lis
     }
 
 
-def best_method(context: JobContext, best: dict) -> RopeMethod:
-    return context.longrope(torch.tensor(best["factors"]), attention_factor=best["attention_factor"])
+def best_method(context: JobContext, best: HistoryRecord) -> RopeMethod:
+    return context.longrope(torch.tensor(best.factors), attention_factor=best.attention_factor)
 
 
 def test_reading(context: JobContext, methods: dict[str, RopeMethod], needles: int) -> dict[str, dict]:
@@ -110,7 +111,7 @@ def combination_rows(runs: dict, reading: dict) -> list[dict]:
         rows.append(
             {
                 "variant": name,
-                "search_score": run["best"]["perplexity"],
+                "search_score": run["best"].perplexity,
                 "window_evaluations": run["evaluations"],
                 "forward_tokens": run["forward_tokens"],
                 "wall_s": run["wall_s"],
@@ -121,15 +122,15 @@ def combination_rows(runs: dict, reading: dict) -> list[dict]:
                 "needle_accuracy_vs_plain": paired_share(mine["hits"], plain["hits"]),
                 "answer_nll": float(mine["answer_nll"].mean()),
                 "answer_nll_vs_plain": list(paired_difference(mine["answer_nll"], plain["answer_nll"])),
-                "factors": run["best"]["factors"],
-                "attention_factor": run["best"]["attention_factor"],
+                "factors": run["best"].factors,
+                "attention_factor": run["best"].attention_factor,
             }
         )
     return rows
 
 
 def progressive_row(progressive: dict, plain: dict, reading: dict) -> dict:
-    target = plain["best"]["mean_nll"]
+    target = plain["best"].mean_nll
     spent_before_last = sum(p[-1][0] for p in progressive["points"][:-1])
     last = progressive["points"][-1]
     reach = next((spent_before_last + e for e, b in last if b <= target + 1e-12), None)

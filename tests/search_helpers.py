@@ -150,8 +150,7 @@ class FunctionEvaluator:
 
 
 def result_of(candidate, score: float):
-    """A searcher's Result for `candidate` scored `score` on one window (what the coordinator tells it)."""
-    from longrope.search.optimizers.searcher import Result
+    """The record a searcher is told for `candidate` scored `score` on one window (`optimize.scored_record`)."""
+    from longrope.search.optimizers.optimize import scored_record
 
-    attention = 1.0 if candidate.attention_factor is None else candidate.attention_factor
-    return Result(candidate.key, score, (score,), (1,), tuple(float(f) for f in candidate.factors), attention)
+    return scored_record(candidate, score)

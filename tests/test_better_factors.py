@@ -55,18 +55,18 @@ def test_progressive_stages_seed_each_stage_from_the_last_and_resume_at_any_stag
     assert best == stage_best[-1]
     for earlier, later, length in ((folders[0], folders[1], 512), (folders[1], folders[2], 1024)):
         previous = RunDir(earlier).best_record()
-        seeds = {r["seed"]: r for r in RunDir(later).read_history().values() if r.get("seed")}
+        seeds = {r.seed: r for r in RunDir(later).read_history().values() if r.seed}
         name = f"file:{earlier.name}"
-        np.testing.assert_allclose(seeds[name]["factors"], previous["factors"], atol=0.005 + 1e-9)
+        np.testing.assert_allclose(seeds[name].factors, previous.factors, atol=0.005 + 1e-9)
         ratio = (length / 128 - 1) / (RunDir(earlier).read_config().target_length / 128 - 1)
-        moved = 1 + (np.asarray(previous["factors"]) - 1) * ratio  # LongRoPE's dynamic form, worked here
+        moved = 1 + (np.asarray(previous.factors) - 1) * ratio  # LongRoPE's dynamic form, worked here
         np.testing.assert_allclose(
-            seeds[f"{name}@{length}"]["factors"], np.minimum(moved, 1.25 * length / 128), atol=0.005 + 1e-9
+            seeds[f"{name}@{length}"].factors, np.minimum(moved, 1.25 * length / 128), atol=0.005 + 1e-9
         )
     assert factors_file_of_run(RunDir(out)) == factors_file_of_run(RunDir(folders[-1]))
     # the job directory as another search's seed: its last stage's best
     seed = JobContext.resolve(config).seed_from_file(str(out))
-    assert seed.factors.tolist() == stage_best[-1]["factors"]
+    assert seed.factors.tolist() == stage_best[-1].factors
     # a lost last stage is searched again from the stage before it, to the same result
     shutil.rmtree(folders[-1])
     assert run_search(None, resume_dir=out) == best
@@ -97,7 +97,7 @@ def test_short_factor_search_keeps_the_long_factors_and_matches_transformers_sho
     kept = json.loads(long_file.read_text())["rope_parameters"]
     assert exported.long_factor == kept["long_factor"]
     assert exported.attention_factor == pytest.approx(kept["attention_factor"])
-    np.testing.assert_allclose(exported.short_factor, best["factors"])
+    np.testing.assert_allclose(exported.short_factor, best.factors)
     # as another search's seed, a short-factor run gives the long factors it kept, not its short ones
     seed = JobContext.resolve(config).seed_from_file(str(short_run))
     assert seed.factors.tolist() == kept["long_factor"]
@@ -105,10 +105,10 @@ def test_short_factor_search_keeps_the_long_factors_and_matches_transformers_sho
     # with short factors of 1 (the kept attention factor still applied), it gives the "ones" seed's score
     windows = JobContext.resolve(config).objective_windows("corpus:search", 128, 3)
     assert windows.tokens.shape == (3, 129)
-    ones = next(r for r in RunDir(short_run).read_history().values() if r.get("seed") == "ones")
+    ones = next(r for r in RunDir(short_run).read_history().values() if r.seed == "ones")
     unit = exported.model_copy(update={"short_factor": [1.0] * len(exported.short_factor)})
-    assert ones["mean_nll"] == pytest.approx(transformers_nll(windows.tokens, unit), rel=1e-4)
-    assert best["mean_nll"] == pytest.approx(transformers_nll(windows.tokens, exported), rel=1e-4)
+    assert ones.mean_nll == pytest.approx(transformers_nll(windows.tokens, unit), rel=1e-4)
+    assert best.mean_nll == pytest.approx(transformers_nll(windows.tokens, exported), rel=1e-4)
     # the release's CSV holds the long factors only: a file whose short factors were searched is refused
     searched = exported.model_copy(update={"short_factor": [1.0 + 0.01 * k for k in range(len(kept["long_factor"]))]})
     factors = factors_file_of_run(RunDir(short_run)).model_copy(update={"rope_parameters": searched})
@@ -141,7 +141,7 @@ def test_search_scores_each_candidate_by_its_objective(objective, tokens, tmp_pa
     )
     run(config)
     for record in RunDir(tmp_path).read_history().values():
-        nll, counts = record["nll"], record["tokens"]
+        nll, counts = record.nll, record.tokens
         if tokens is not None:  # the tail: NLL per token over the positions past original_length
             assert counts == tokens
             worked = sum(nll) / sum(counts)
@@ -149,4 +149,4 @@ def test_search_scores_each_candidate_by_its_objective(objective, tokens, tmp_pa
             # interleaved: perplexity, needle, perplexity, ...; a needle counts " " + 7 digits; weights 1 and 3
             assert counts[::2] == [1024] * 3 and counts[1::2] == [8] * 3
             worked = (sum(nll[::2]) / sum(counts[::2]) + 3 * sum(nll[1::2]) / sum(counts[1::2])) / 4
-        assert record["mean_nll"] == pytest.approx(worked, rel=1e-12)
+        assert record.mean_nll == pytest.approx(worked, rel=1e-12)

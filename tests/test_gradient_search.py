@@ -118,7 +118,7 @@ def test_descent_improves_on_its_seeds_and_records_every_step(tmp_path):
     assert {r["seed"] for r in seeds} == {"pi", "ntk", "yarn"}
     steps = [r for r in records if "gradient" in r]
     assert steps and all(r["backward_windows"] == WINDOWS - 2 and r["gradient_windows"] == [0, 2] for r in steps)
-    assert best["mean_nll"] < min(r["mean_nll"] for r in seeds), "descent beats the best seed"
+    assert best.mean_nll < min(r["mean_nll"] for r in seeds), "descent beats the best seed"
     rounded = records[-1]
     assert "gradient" not in rounded and np.allclose(
         np.round(np.array(rounded["factors"]) / 0.01) * 0.01, rounded["factors"]
@@ -240,7 +240,7 @@ def test_hybrid_polishes_every_k_generations_and_adopts_the_result(tmp_path):
     ]
     # a polish whose result on the grid was scored before (a GA child already) adds no line: at least the first adds one
     assert after_polish and set(after_polish) <= told, "each polish's result on the grid is a GA child"
-    assert best["mean_nll"] <= min(r["mean_nll"] for r in records if r["mean_nll"] is not None)
+    assert best.mean_nll <= min(r["mean_nll"] for r in records if r["mean_nll"] is not None)
 
 
 def polish_runs(records: list[dict]) -> list[int]:

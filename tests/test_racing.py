@@ -94,10 +94,10 @@ def noisy_windows(tmp_path_factory):
 
 def test_with_exact_windows_racing_changes_only_the_cost(exact_windows):
     plain_dir, plain_best, plain, raced_dir, raced_best, raced, _ = exact_windows
-    stopped = {r["key"] for r in raced_dir.read_history().values() if r["status"] == "stopped"}
+    stopped = {r.key for r in raced_dir.read_history().values() if r.status == "stopped"}
     assert stopped, "the known objective's children include clearly worse ones"
-    assert plain_best["key"] not in stopped
-    assert raced_best["key"] == plain_best["key"] and raced_best["mean_nll"] == plain_best["mean_nll"]
+    assert plain_best.key not in stopped
+    assert raced_best.key == plain_best.key and raced_best.mean_nll == plain_best.mean_nll
     assert set(raced_dir.read_history()) == set(plain_dir.read_history()), "the same candidates, so no stop erred"
     assert raced.window_evaluations < 0.9 * plain.window_evaluations
     assert plain.window_evaluations == WINDOWS * len(plain_dir.read_history())
@@ -106,11 +106,11 @@ def test_with_exact_windows_racing_changes_only_the_cost(exact_windows):
 def test_racing_never_stops_the_eventual_best(noisy_windows):
     """No stopped candidate, scored on all windows (here, from the known objective), beats the run's best."""
     run_dir, best, _, _ = noisy_windows
-    stopped = [r for r in run_dir.read_history().values() if r["status"] == "stopped"]
+    stopped = [r for r in run_dir.read_history().values() if r.status == "stopped"]
     assert stopped
-    full = [np.mean([window_nll(np.asarray(r["factors"]), j, WINDOWS) for j in range(WINDOWS)]) for r in stopped]
-    assert min(full) > best["mean_nll"]
-    assert best["status"] == "scored" and len(best["nll"]) == WINDOWS
+    full = [np.mean([window_nll(np.asarray(r.factors), j, WINDOWS) for j in range(WINDOWS)]) for r in stopped]
+    assert min(full) > best.mean_nll
+    assert best.status == "scored" and len(best.nll) == WINDOWS
 
 
 @pytest.mark.parametrize("windows", ["exact_windows", "noisy_windows"])
@@ -118,14 +118,14 @@ def test_a_stopped_candidate_is_recorded_and_never_a_parent(windows, request):
     *_, coordinator = request.getfixturevalue(windows)
     history = coordinator.run_dir.read_history()
     for record in history.values():
-        if record["status"] == "stopped":
-            assert record["mean_nll"] is None and record["perplexity"] is None
-            assert 3 <= len(record["nll"]) < WINDOWS and len(record["tokens"]) == len(record["nll"])
+        if record.status == "stopped":
+            assert record.mean_nll is None and record.perplexity is None
+            assert 3 <= len(record.nll) < WINDOWS and len(record.tokens) == len(record.nll)
         else:
-            assert record["status"] == "scored" and len(record["nll"]) == WINDOWS
+            assert record.status == "scored" and len(record.nll) == WINDOWS
     parents = coordinator.searcher.population
-    assert parents and all(history[key]["status"] == "scored" for key in parents)
-    stopped = [key for key, r in history.items() if r["status"] == "stopped"]
+    assert parents and all(history[key].status == "scored" for key in parents)
+    stopped = [key for key, r in history.items() if r.status == "stopped"]
     assert stopped and all(math.isinf(coordinator.searcher.scores[key]) for key in stopped), "told as last"
 
 
@@ -136,15 +136,13 @@ def test_each_stop_came_after_the_parents_were_all_there(exact_windows):
     history = raced_dir.read_history()
     parents = coordinator.settings.parents
     for record in history.values():
-        if record["status"] != "stopped":
+        if record.status != "stopped":
             continue
         earlier = sorted(
-            r["mean_nll"]
-            for r in history.values()
-            if r["status"] == "scored" and r["generation"] < record["generation"]
+            r.mean_nll for r in history.values() if r.status == "scored" and r.generation < record.generation
         )
-        assert record["generation"] > 0 and len(earlier) >= parents
-        factors = np.asarray(record["factors"])
+        assert record.generation > 0 and len(earlier) >= parents
+        factors = np.asarray(record.factors)
         full = float(np.mean([window_nll(factors, j, WINDOWS, 0.0) for j in range(WINDOWS)]))
         assert full > earlier[parents - 1], "a stopped child would have become a parent"
 
@@ -187,6 +185,6 @@ def test_a_partial_record_is_continued_from_its_next_window(tmp_path):
     partial = history_lines(run_dir)[-1]
     resumed = FunctionEvaluator(windows=WINDOWS)
     run_job(config, run_dir, resumed, resume=True)
-    assert len(run_dir.read_history()[partial["key"]]["nll"]) > len(partial["nll"])
+    assert len(run_dir.read_history()[partial["key"]].nll) > len(partial["nll"])
     assert first.window_evaluations + resumed.window_evaluations == clean.window_evaluations
     assert run_dir.read_history() == clean_dir.read_history()

@@ -78,7 +78,7 @@ def test_a_failed_write_is_one_error_leaves_no_temp_file_and_the_run_resumes(tmp
     monkeypatch.setattr(os, "replace", real_replace)
     resumed = coordinator(config, run_dir, resume=True)
     assert resumed.run() == clean[1]
-    assert run_dir.read_state()["optimizer"]["state"] == clean[0].read_state()["optimizer"]["state"]
+    assert run_dir.read_state().optimizer.state == clean[0].read_state().optimizer.state
 
 
 def test_a_torn_last_line_is_found_cut_and_rescored(tmp_path, clean):
@@ -272,7 +272,7 @@ def test_resuming_a_finished_run_starts_no_worker(clean, capsys):
     run_dir, best = clean
     assert not ray.is_initialized()
     assert main(["search", "--no-progress", "--resume", str(run_dir.path)]) == 0
-    assert json.loads(capsys.readouterr().out)["key"] == best["key"]
+    assert json.loads(capsys.readouterr().out)["key"] == best.key
     assert not ray.is_initialized(), "nothing to score: no Ray, no model copies"
 
 

@@ -69,7 +69,7 @@ def test_steady_spends_the_budget_keeps_the_queue_full_and_improves(tmp_path):
     steady_part = evaluator.outstanding[16 : budget - 6]
     assert steady_part and set(steady_part) == {6}
     seed_best = min(objective(seed.factors) for seed in problem().seeds)
-    assert best["mean_nll"] < 0.2 * seed_best
+    assert best.mean_nll < 0.2 * seed_best
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["finished"] and state["optimizer"]["state"]["pending"] == []
     assert coordinator.searcher.generation == 11
@@ -187,7 +187,7 @@ def test_cmaes_search_improves_on_the_best_seed_and_resumes_exactly(tmp_path):
     config = job(tmp_path / "clean", optimizer="cmaes")
     clean_best, coordinator = run_job(config, RunDir(tmp_path / "clean"), FunctionEvaluator())
     seed_best = min(objective(seed.factors) for seed in problem().seeds)
-    assert clean_best["mean_nll"] < 0.5 * seed_best
+    assert clean_best.mean_nll < 0.5 * seed_best
     assert coordinator.searcher.generation == coordinator.searcher.total_generations
     crash_dir = RunDir(tmp_path / "crash")
     crashing = FunctionEvaluator(fail_on_call=5)

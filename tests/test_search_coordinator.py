@@ -29,15 +29,15 @@ def test_finds_the_known_optimum(tmp_path):
     config = job(tmp_path, generations=40)
     best, _ = run_job(config, RunDir(tmp_path), FunctionEvaluator())
     seed_best = min(objective(seed.factors) for seed in problem().seeds)
-    assert best["mean_nll"] < 0.05 * seed_best
-    assert np.abs(np.asarray(best["factors"]) - OPTIMUM).max() < 0.35
+    assert best.mean_nll < 0.05 * seed_best
+    assert np.abs(np.asarray(best.factors) - OPTIMUM).max() < 0.35
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["finished"] and len(state["optimizer"]["state"]["early_stop"]["best_by_generation"]) == 41
     coordinator_best = min(
         (json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()),
         key=lambda record: record["mean_nll"],
     )
-    assert RunDir(tmp_path).best_record() == best == coordinator_best
+    assert RunDir(tmp_path).best_record() == best and best.line() == json.dumps(coordinator_best)
     lines = (tmp_path / "history.jsonl").read_text().splitlines()
     assert len(lines) == len({json.loads(line)["key"] for line in lines}), "no candidate scored twice"
 
@@ -89,15 +89,22 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
     run_job(config, RunDir(tmp_path), FunctionEvaluator())
     write_json_atomic(tmp_path / "job.json", JOB_RECORD)
     best = RunDir(tmp_path).best_record()
-    better = best["mean_nll"] / 2  # a better candidate with n_hat, as a search may find (its line self-consistent)
-    line = {**best, "key": "n-hat-8", "n_hat": 8, "mean_nll": better, "perplexity": math.exp(better), "nll": [better]}
+    better = best.mean_nll / 2  # a better candidate with n_hat, as a search may find (its line self-consistent)
+    line = {
+        **json.loads(best.line()),
+        "key": "n-hat-8",
+        "n_hat": 8,
+        "mean_nll": better,
+        "perplexity": math.exp(better),
+        "nll": [better],
+    }
     with (tmp_path / "history.jsonl").open("a") as history:
         history.write(json.dumps(line) + "\n")
     with pytest.raises(ExportError, match="n_hat = 8, which transformers and vLLM cannot express"):
         factors_file_of_run(RunDir(tmp_path))
     exported = factors_file_of_run(RunDir(tmp_path), allow_n_hat=True)
     assert "n_hat" not in exported.rope_parameters.model_dump() and exported.provenance.model_extra["n_hat"] == 8
-    assert exported.rope_parameters.long_factor == pytest.approx(best["factors"])
+    assert exported.rope_parameters.long_factor == pytest.approx(best.factors)
 
 
 def test_another_runs_best_seeds_a_new_search(tmp_path):
@@ -110,8 +117,8 @@ def test_another_runs_best_seeds_a_new_search(tmp_path):
     # the reference model has 16 pairs, as the cheap problem does
     config = load_job_config(None, ["target_length=1024", f"search.seed_files=[{tmp_path / 'first'}]"])
     seed, moved = [s for s in JobContext.resolve(config).seeds() if s.name.startswith("file:")]
-    assert seed.factors.tolist() == best["factors"] and seed.attention_factor == best["attention_factor"]
+    assert seed.factors.tolist() == best.factors and seed.attention_factor == best.attention_factor
     # a run at another length also seeds its factors moved to this one: 1 + (lambda - 1)(S' - 1)/(S - 1)
     other_scale = first.target_length / 128  # the reference model's original length, as this job reads it
-    expected = [1 + (f - 1) * (1024 / 128 - 1) / (other_scale - 1) for f in best["factors"]]
+    expected = [1 + (f - 1) * (1024 / 128 - 1) / (other_scale - 1) for f in best.factors]
     assert moved.name == f"{seed.name}@1024" and moved.factors.tolist() == pytest.approx(expected)

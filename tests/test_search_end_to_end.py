@@ -59,11 +59,11 @@ def reference_model_run(tmp_path_factory):
 def test_run_directory_is_complete(reference_model_run):
     _, run_dir, best = reference_model_run
     state = run_dir.read_state()
-    assert state["finished"] and state["optimizer"]["state"]["generation"] == 3
+    assert state.finished and state.searcher.generation == 3
     history = run_dir.read_history()
     assert len(history) == 8 + 2 * 6 and best == run_dir.best_record()
-    assert {r["seed"] for r in history.values()} >= {"pi", "ntk", "yarn"}
-    assert all(len(r["nll"]) == 4 and r["tokens"] == [1024] * 4 for r in history.values())
+    assert {r.seed for r in history.values()} >= {"pi", "ntk", "yarn"}
+    assert all(len(r.nll) == 4 and r.tokens == [1024] * 4 for r in history.values())
 
 
 def test_export_validates_and_transformers_loads_it_with_equal_logits(reference_model_run, tmp_path):
@@ -90,7 +90,7 @@ def test_export_validates_and_transformers_loads_it_with_equal_logits(reference_
             our_logits = ours(input_ids=tokens[:, :-1]).logits[0]
     torch.testing.assert_close(our_logits, logits, rtol=1e-5, atol=1e-5)
     assert score.nll[0] == pytest.approx(hf_nll, rel=1e-5)
-    assert candidate.attention_factor == pytest.approx(best["attention_factor"])
+    assert candidate.attention_factor == pytest.approx(best.attention_factor)
 
 
 def test_best_beats_nominal_ntk_on_the_test_split(reference_model_run, tmp_path, monkeypatch):
@@ -166,4 +166,4 @@ def test_killed_ray_worker_loses_no_candidate(reference_model_run, tmp_path):
     lines = (tmp_path / "history.jsonl").read_text().splitlines()
     keys = [json.loads(line)["key"] for line in lines]
     assert len(keys) == len(set(keys)) == 8 + 2 * 6, "every candidate scored exactly once"
-    assert pool.failures == 1 and run_dir.read_state()["finished"]
+    assert pool.failures == 1 and run_dir.read_state().finished

@@ -85,7 +85,7 @@ def tiny_run(folder: Path, *, torn: bool = False) -> Path:
 
 def test_the_cost_trajectory_is_the_one_worked_by_hand(tmp_path):
     points = cost_trajectory(tiny_run(tmp_path / "run", torn=True), C)
-    got = [(p.forward, p.backward, p.cost, p.best["key"], p.evaluations) for p in points]
+    got = [(p.forward, p.backward, p.cost, p.best.key, p.evaluations) for p in points]
     assert got == BY_HAND, "the torn last line (a write in progress) is left out"
     assert [p.best_nll for p in points] == pytest.approx([MEANS[key] for *_, key, _ in BY_HAND])
 

@@ -333,7 +333,7 @@ def test_terminal_progress_keeps_its_numbers_at_any_width(tmp_path, width):
     assert f"{expected}/{expected}" in last
     assert re.search(r"\d+:\d\d:\d\d ETA (\d+:\d\d:\d\d|-:--:--)$", last.rstrip()), last
     assert "…" not in last and len(last.rstrip()) <= width
-    best = min(r["perplexity"] for r in coordinator.history.values() if r["perplexity"] is not None)
+    best = min(r.perplexity for r in coordinator.history.values() if r.perplexity is not None)
     assert f"ppl {best:.4f}" in last
     assert "generation 0/2 (initial population)" in out.getvalue()
 

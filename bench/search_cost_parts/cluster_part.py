@@ -89,7 +89,7 @@ def simulate(schedule: str, racing: bool, seed: int, work: Path) -> dict:
         busy = sum(ray.get([w.actor.busy.remote() for w in pool.workers]))
     finally:
         pool.shutdown()
-    return {"utilisation": busy / (workers * wall), "wall_s": wall, "best_nll": best["mean_nll"]}
+    return {"utilisation": busy / (workers * wall), "wall_s": wall, "best_nll": best.mean_nll}
 
 
 def cluster_benchmark(seeds: list[int]) -> dict:

@@ -232,7 +232,7 @@ def run_search_command(args: argparse.Namespace) -> int:
             hint = f"every scored candidate is on disk: fix the cause, then continue with: {resume}"
             raise ResumableWorkerError(str(exc), hint) from exc
         raise
-    print(json.dumps({"best_perplexity": best["perplexity"], "key": best["key"]}))
+    print(json.dumps({"best_perplexity": best.perplexity, "key": best.key}))
     return 0
 
 

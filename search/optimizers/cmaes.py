@@ -29,11 +29,11 @@ from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
 from longrope.search.optimizers.evolution import DimMonoEvolution, told_from_json
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import generation_label
 from longrope.search.optimizers.searcher import (
     Candidate,
     GenerationEnd,
-    Result,
     Searcher,
     SearcherState,
     SearchPlan,
@@ -155,7 +155,7 @@ class CmaesOptimizer(Searcher):
     def candidate(self, genome: Genome) -> Candidate:
         return self.grid.candidate(genome, self.generation, self.seed_names.get(genome.key))
 
-    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+    def tell(self, results: Sequence[HistoryRecord]) -> list[GenerationEnd]:
         before = self.generation
         self.tell_genomes([self.pending[r.key] for r in results], [r.score for r in results])
         if self.generation == before:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from longrope.search.optimizers.gradient import RECORDED_DECIMALS, GradientDescent
-from longrope.search.optimizers.searcher import Candidate, Result
+from longrope.search.optimizers.history_record import HistoryRecord
+from longrope.search.optimizers.searcher import Candidate
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class Replay:
     keys: tuple[str, ...]
 
 
-def replay(descent: GradientDescent, records: Mapping[str, dict[str, Any]], generation: int) -> Replay:
+def replay(descent: GradientDescent, records: Mapping[str, HistoryRecord], generation: int) -> Replay:
     """Tell `descent` the recorded result of each point it asks for, from where it stands, while history.jsonl holds
     that point as it would be scored (same factors, attention factor and gradient windows), and keep its state at
     `generation`.
@@ -42,22 +43,22 @@ def replay(descent: GradientDescent, records: Mapping[str, dict[str, Any]], gene
         found = [records.get(point.key) for point in points]
         if not points or not all(map(_recorded_as_asked, points, found)):
             break
-        descent.tell([Result.of_record(record) for record in found])
+        descent.tell(found)
         keys += [point.key for point in points]
     descent.pending = {}
     return Replay(state, descent.generation, tuple(keys))
 
 
-def _recorded_as_asked(point: Candidate, record: dict[str, Any] | None) -> bool:
+def _recorded_as_asked(point: Candidate, record: HistoryRecord | None) -> bool:
     """A final history record of the point as the descent asks it: its factors (as recorded, 6 decimals), its
     attention factor when the descent sets one (otherwise the encoding's own is recorded) and, for a step, its
     gradient windows."""
-    if record is None or record.get("status", "scored") != "scored":
+    if record is None or record.status != "scored":
         return False
     factors = [round(float(f), RECORDED_DECIMALS) for f in point.factors]
     windows = None if point.gradient_windows is None else list(point.gradient_windows)
     return (
-        record["factors"] == factors
-        and (point.attention_factor is None or record["attention_factor"] == point.attention_factor)
-        and record.get("gradient_windows") == windows
+        record.factors == factors
+        and (point.attention_factor is None or record.attention_factor == point.attention_factor)
+        and record.gradient_windows == windows
     )

@@ -31,12 +31,12 @@ from pydantic import Field
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.early_stop import EarlyStop, EarlyStopState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import generation_label
 from longrope.search.optimizers.screening import ChildScreen, bred_children, scored_children
 from longrope.search.optimizers.searcher import (
     Candidate,
     GenerationEnd,
-    Result,
     Searcher,
     SearcherState,
     SearchPlan,
@@ -212,7 +212,7 @@ class DimMonoEvolution(Searcher):
     def candidate(self, genome: Genome) -> Candidate:
         return self.grid.candidate(genome, self.generation, self.seed_names.get(genome.key))
 
-    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+    def tell(self, results: Sequence[HistoryRecord]) -> list[GenerationEnd]:
         """Record scores; generational: once the generation is all told, keep the best `parents` of everything
         alive (elitist); steady: each child joins the parents at once if it beats the worst of them. Returns the
         generation it completed, if any (its best recorded for the early stop)."""

@@ -38,13 +38,13 @@ from pydantic import Field
 from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.descent_state import DescentState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import generation_label
 from longrope.search.optimizers.line_search import BacktrackingLineSearch
 from longrope.search.optimizers.objective import ObjectiveMix, subset_mix
 from longrope.search.optimizers.searcher import (
     Candidate,
     GenerationEnd,
-    Result,
     Searcher,
     SearcherState,
     SearchPlan,
@@ -244,7 +244,7 @@ class GradientDescent(Searcher):
         self.final: Genome | None = None  # that point's genome
         self.pending: dict[str, Candidate] = {}
         self._asked: list[Candidate] = []  # the generation out now, in the order asked
-        self._results: dict[str, Result] = {}  # its results told so far
+        self._results: dict[str, HistoryRecord] = {}  # its results told so far
         self._genomes: dict[str, Genome] = {}  # the asked points that lie on the grid (seeds, the rounding)
 
     @classmethod
@@ -304,7 +304,7 @@ class GradientDescent(Searcher):
         self._asked = list(batch)
         return batch
 
-    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+    def tell(self, results: Sequence[HistoryRecord]) -> list[GenerationEnd]:
         """Take each point's result (its mean NLL on every window, and for a step its objective's gradient on the
         step's windows); a whole generation told moves descent on."""
         self._results.update((result.key, result) for result in results)
@@ -363,9 +363,9 @@ class GradientDescent(Searcher):
         key = point_key(factors, attention)
         return Candidate(key, self.generation, factors, attention, gradient_windows=self.split.block(self.generation))
 
-    def _descend(self, point: Candidate, result: Result) -> None:
+    def _descend(self, point: Candidate, result: HistoryRecord) -> None:
         gradient = result.gradient
-        if gradient is None or not all(math.isfinite(v) for v in gradient):
+        if gradient is None or not all(v is not None and math.isfinite(v) for v in gradient):
             self.since_gain = self.patience or self.steps  # no finite gradient: nothing to descend on
             return
         held_out = self._held_out_nll(result)
@@ -379,7 +379,7 @@ class GradientDescent(Searcher):
         else:
             self.u = self.adam.step(self.u, grad_u)
 
-    def _held_out_nll(self, result: Result) -> float:
+    def _held_out_nll(self, result: HistoryRecord) -> float:
         start, stop = self.split.held_out
         nll = result.nll[start:stop]
         if any(v is None for v in nll):

@@ -21,9 +21,10 @@ from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import DimMonoEvolution, EvolutionState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.gradient import GradientDescent, GradientState
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import generation_label, polish_position
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, Searcher, SearcherState, SearchPlan
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher, SearcherState, SearchPlan
 
 
 class HybridState(SearcherState):
@@ -105,7 +106,7 @@ class HybridSearch(Searcher):
             return [replace(c, generation=self.evolution.generation) for c in self.polish.ask(count)]
         return self.evolution.ask(count)
 
-    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+    def tell(self, results: Sequence[HistoryRecord]) -> list[GenerationEnd]:
         if self.polish is None or any(r.key not in self.polish.pending for r in results):
             return self.evolution.tell(results)
         after = self.evolution.generation - 1

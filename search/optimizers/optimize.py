@@ -3,17 +3,19 @@ for the project's `Searcher` interface. No Ray, no run directory, no model: a wa
 setting of one, on a cheap objective in seconds, and the loop the coordinator runs with workers and a history.
 
 The objective scores one candidate (its factors, attention factor and n_hat): a mean NLL (lower is better), or a
-whole `Result` where the searcher needs more than a score (a descent step's per-window NLL and gradient)."""
+whole `HistoryRecord` where the searcher needs more than a score (a descent step's per-window NLL and gradient)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
-from longrope.search.optimizers.searcher import Candidate, Result, Searcher, best_score
+from longrope.search.optimizers.history_record import HistoryRecord
+from longrope.search.optimizers.searcher import Candidate, Searcher, best_score
 
 
 def optimize(
-    objective: Callable[[Candidate], float | Result],
+    objective: Callable[[Candidate], float | HistoryRecord],
     searcher: Searcher,
     *,
     batch: int = 1,
@@ -29,15 +31,26 @@ def optimize(
         if not asked:
             raise RuntimeError(f"{searcher.kind}: asked for nothing at {searcher.position()} and is not done")
         for candidate in asked:
-            result = _result(candidate, objective(candidate), attention_factor)
-            scores[result.key] = result.score
-            searcher.tell([result])
+            value = objective(candidate)
+            record = value if isinstance(value, HistoryRecord) else scored_record(candidate, value, attention_factor)
+            scores[record.key] = record.score
+            searcher.tell([record])
     return best_score(scores)
 
 
-def _result(candidate: Candidate, value: float | Result, attention_factor: float) -> Result:
-    if isinstance(value, Result):
-        return value
-    attention = candidate.attention_factor if candidate.attention_factor is not None else attention_factor
-    factors = tuple(float(f) for f in candidate.factors)
-    return Result(candidate.key, float(value), (float(value),), (1,), factors, attention)
+def scored_record(candidate: Candidate, score: float, attention_factor: float = 1.0) -> HistoryRecord:
+    """The record of `candidate` scored `score` (a mean NLL) on one window of one token: what a searcher is told
+    when nothing but the score matters. A score that is not finite is recorded as none (ranked last)."""
+    finite = math.isfinite(score)
+    return HistoryRecord(
+        key=candidate.key,
+        generation=candidate.generation,
+        seed=candidate.seed,
+        factors=[float(f) for f in candidate.factors],
+        n_hat=candidate.n_hat,
+        attention_factor=attention_factor if candidate.attention_factor is None else candidate.attention_factor,
+        mean_nll=float(score) if finite else None,
+        perplexity=math.exp(score) if finite else None,
+        nll=[float(score) if finite else None],
+        tokens=[1],
+    )

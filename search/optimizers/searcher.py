@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import generation_label
 
 WindowRange = tuple[int, int]  # [start, stop) of the search windows, in their fixed order
@@ -43,35 +44,6 @@ class Candidate:
     n_hat: int = 0
     seed: str | None = None  # the seed method it is, when it is one
     gradient_windows: WindowRange | None = None  # the search windows whose backward pass is wanted
-
-
-@dataclass(frozen=True)
-class Result:
-    """A candidate's outcome, as history.jsonl records it: its score (the objective's mean NLL per token; inf when
-    it has none: stopped by racing, or not finite), per-window NLL and tokens, the values it was scored with, and
-    for a gradient candidate the objective's gradient over (factors, attention factor) on its gradient windows."""
-
-    key: str
-    score: float
-    nll: tuple[float | None, ...]
-    tokens: tuple[int, ...]
-    factors: tuple[float, ...]
-    attention_factor: float
-    gradient: tuple[float, ...] | None = None
-
-    @classmethod
-    def of_record(cls, record: dict[str, Any]) -> Result:
-        """A history.jsonl record as a result (a resumed run tells what it finds recorded)."""
-        gradient = record.get("gradient")
-        return cls(
-            key=record["key"],
-            score=math.inf if record["mean_nll"] is None else float(record["mean_nll"]),
-            nll=tuple(record["nll"]),
-            tokens=tuple(int(t) for t in record["tokens"]),
-            factors=tuple(float(f) for f in record["factors"]),
-            attention_factor=float(record["attention_factor"]),
-            gradient=None if gradient is None else tuple(math.nan if g is None else float(g) for g in gradient),
-        )
 
 
 @dataclass(frozen=True)
@@ -158,7 +130,7 @@ class Searcher(ABC):
         """Up to `count` new candidates to score (fewer, or none while a generation it waits on is out)."""
 
     @abstractmethod
-    def tell(self, results: Sequence[Result]) -> list[GenerationEnd]:
+    def tell(self, results: Sequence[HistoryRecord]) -> list[GenerationEnd]:
         """Results of asked candidates, in any order; the generations (or steps) they completed."""
 
     @staticmethod

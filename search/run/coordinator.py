@@ -27,21 +27,21 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from longrope.encodings import RopeMethod
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import search_plan
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.objective import objective_gradient, subset_mix
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Result, Searcher
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.racing import clearly_worse, window_groups
 from longrope.search.run.reporting import Progress, ProgressWatcher, SearchReporter, SilentReporter
 from longrope.search.run.run_check import check_history_holds
 from longrope.search.run.run_store import (
-    FINAL_STATUSES,
     History,
+    Records,
     RunDir,
     RunState,
     RunStoreError,
@@ -93,7 +93,7 @@ class Coordinator:
         heartbeat: HeartbeatWriter | None = None,
         watcher: ProgressWatcher | None = None,
         backward_cost: float | None = None,
-        history: dict[str, dict[str, Any]] | None = None,
+        history: Records | None = None,
         state: RunState | None = None,
     ):
         self.settings, self.problem, self.run_dir, self.evaluator = settings, problem, run_dir, evaluator
@@ -105,7 +105,7 @@ class Coordinator:
             watcher = TensorBoardScalars(run_dir.file(TENSORBOARD_DIR), backward_cost if backward else 0.0)
         self.watcher = watcher
         self.groups = window_groups(problem.windows, settings.racing)
-        self.history: dict[str, dict[str, Any]] = dict(history or {})  # a resumed run's, as read and checked
+        self.history: Records = dict(history or {})  # a resumed run's, as read and checked
         self.tasks: dict[str, _Task] = {}
         self.generation_seconds = list(state.generation_seconds) if state else []
         self.polish_seconds = list(state.polish_seconds) if state else []  # a hybrid's polish steps: status's ETA
@@ -116,7 +116,7 @@ class Coordinator:
     def finished(self) -> bool:
         return self.searcher.done() and not self.tasks
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> HistoryRecord:
         """Run until the searcher is done; returns the best candidate's history record. heartbeat.json says the run
         is alive meanwhile, and records how it ended (an exception: which one)."""
         done = final_count(self.history)
@@ -131,7 +131,7 @@ class Coordinator:
                 self.watcher.close()
         return self.best_record()
 
-    def best_record(self) -> dict[str, Any]:
+    def best_record(self) -> HistoryRecord:
         """The best scored candidate, by the one rule that status and export also use (`run_store.best_of`)."""
         best = best_of(self.history)
         if best is None:
@@ -170,15 +170,15 @@ class Coordinator:
         """Send a candidate out, or tell it at once when history.jsonl holds its final record (a resumed run):
         nothing is scored twice. A partial record continues from its next window."""
         record = self.history.get(candidate.key)
-        if record is not None and record.get("status", "scored") in FINAL_STATUSES:
-            self._tell(Result.of_record(record))
+        if record is not None and record.final:
+            self._tell(record)
             return
         method = self.problem.make_candidate(
             candidate.factors, attention_factor=candidate.attention_factor, n_hat=candidate.n_hat
         )
         task = _Task(candidate, method)
         if record is not None:  # partial: its windows so far count, in the generation it was asked in
-            task.parts[0] = CandidateScore(nll=tuple(record["nll"]), tokens=tuple(record["tokens"]))
+            task.parts[0] = CandidateScore(nll=tuple(record.nll), tokens=tuple(record.tokens))
         self.tasks[candidate.key] = task
         self._submit(task)
 
@@ -228,11 +228,11 @@ class Coordinator:
             self._submit(task)
             return
         del self.tasks[key]
-        if status == "scored" and record["mean_nll"] is None:
+        if status == "scored" and record.mean_nll is None:
             self.reporter.log(f"search: candidate {key} scored a non-finite NLL; ranked last")
         self.bar.advance(self._best_perplexity_text())
         self.heartbeat.result()
-        self._tell(Result.of_record(record))
+        self._tell(record)
 
     def _status(self, task: _Task) -> str:
         nll, tokens, _ = task.assembled()
@@ -241,13 +241,11 @@ class Coordinator:
         threshold_key = self._threshold()
         threshold = self.history.get(threshold_key) if threshold_key else None
         weights = self.problem.mix.racing_weights()
-        if threshold and clearly_worse(
-            nll, tokens, threshold["nll"], threshold["tokens"], self.settings.racing, weights
-        ):
+        if threshold and clearly_worse(nll, tokens, threshold.nll, threshold.tokens, self.settings.racing, weights):
             return "stopped"
         return "partial"
 
-    def _tell(self, result: Result) -> None:
+    def _tell(self, result: HistoryRecord) -> None:
         ends = self.searcher.tell([result])
         for end in ends:
             self._end_generation(end)
@@ -274,7 +272,7 @@ class Coordinator:
         if self.watcher is None:
             return
         best, (forward, backward) = best_of(self.history), window_passes(self.history)
-        nll = best["mean_nll"] if best else None
+        nll = best.mean_nll if best else None
         self.watcher.update(Progress(generation, final_count(self.history), forward, backward, nll))
 
     def _write_state(self) -> None:
@@ -291,10 +289,10 @@ class Coordinator:
 
     def _best_perplexity_text(self) -> str:
         best = best_of(self.history)
-        return f"{best['perplexity']:.4f}" if best else "-"
+        return f"{best.perplexity:.4f}" if best else "-"
 
 
-def history_record(task: _Task, status: str, problem: SearchProblem) -> dict[str, Any]:
+def history_record(task: _Task, status: str, problem: SearchProblem) -> HistoryRecord:
     """The one history.jsonl record of a candidate (a GA child, a seed, a descent step): what was scored, on which
     windows, with what result; a descent step also its gradient windows and the objective's gradient on them."""
     candidate = task.candidate
@@ -312,7 +310,7 @@ def history_record(task: _Task, status: str, problem: SearchProblem) -> dict[str
         "mean_nll": mean_nll if finite else None,
         "perplexity": math.exp(mean_nll) if finite else None,
         "nll": [v if math.isfinite(v) else None for v in nll],
-        "tokens": tokens,
+        "tokens": list(tokens),
         **({"windows": problem.windows_hash} if problem.windows_hash else {}),
     }
     if candidate.gradient_windows is not None and status == "scored":
@@ -325,7 +323,7 @@ def history_record(task: _Task, status: str, problem: SearchProblem) -> dict[str
             "backward_windows": last - first,
             "gradient": [float(v) if math.isfinite(v) else None for v in step_gradient],
         }
-    return record
+    return HistoryRecord.model_validate(record)  # the fields given are the line's (`HistoryRecord.line`)
 
 
 def restore(run_dir: RunDir, searcher: Searcher) -> tuple[History, RunState | None]:
@@ -335,10 +333,9 @@ def restore(run_dir: RunDir, searcher: Searcher) -> tuple[History, RunState | No
     state = run_dir.read_state()
     if state is None:
         return history, None
-    run_state = RunState.model_validate(state)
-    load_searcher(run_dir, searcher, run_state)
-    check_history_holds(run_dir, run_state, history.records)
-    return history, run_state
+    load_searcher(run_dir, searcher, state)
+    check_history_holds(run_dir, state, history.records)
+    return history, state
 
 
 def load_searcher(run_dir: RunDir, searcher: Searcher, state: RunState) -> None:

@@ -44,9 +44,9 @@ def check_descents(
     mix = ObjectiveMix.of(config.data.objective_weights(), config.data.search_windows)
     if isinstance(state.searcher, GradientState):
         seeds = [
-            Seed(r["seed"] or key, np.asarray(r["factors"]), r["attention_factor"])
+            Seed(r.seed or key, np.asarray(r.factors), r.attention_factor)
             for key, r in records.items()
-            if r["generation"] == 0 and r.get("status", "scored") == "scored"
+            if r.generation == 0 and r.status == "scored"
         ]
         descent = GradientDescent(config.search.gradient, grid, seeds, mix)
         _check_replay(run_dir, "optimizer.state", descent, state.searcher, history, list(records))
@@ -71,7 +71,7 @@ def _check_polish(
             f"{where}: {field}.polish holds a polish under way, but polished_through {through} says generation "
             f"{done}'s best is polished already"
         )
-    counts = Counter(r["generation"] for r in records.values() if r.get("gradient_windows") is not None)
+    counts = Counter(r.generation for r in records.values() if r.gradient_windows is not None)
     for generation, count in sorted(counts.items()):
         if generation == current and through < done:
             continue  # the polish under way (or about to be), replayed below
@@ -90,7 +90,7 @@ def _check_polish(
         genomes, scores = told_from_json(hybrid.evolution.told)
         best = min((key for key in scores if key in genomes), key=lambda key: (scores[key], key))
         polish = polish_descent(config.search, grid, mix, genomes[best])
-        steps_now = [key for key, r in records.items() if r["generation"] == current and r.get("gradient_windows")]
+        steps_now = [key for key, r in records.items() if r.generation == current and r.gradient_windows]
         _check_replay(run_dir, f"{field}.polish", polish, hybrid.polish, history, steps_now)
 
 

@@ -10,17 +10,16 @@ without a search.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from longrope.search.optimizers.searcher import GenerationEnd
-from longrope.search.run.run_store import final_count, window_passes
+from longrope.search.run.run_store import Records, final_count, window_passes
 
 
-def generation_line(end: GenerationEnd, history: dict[str, dict[str, Any]], *, racing: bool, seconds: float) -> str:
+def generation_line(end: GenerationEnd, history: Records, *, racing: bool, seconds: float) -> str:
     """One plain line for the generation just ended: evaluations so far, the best perplexity on the search split,
     whether it is new, the early-stop countdown (a "new best" beside it would contradict it, so it shows alone)."""
-    stopped = sum(1 for r in history.values() if r.get("status") == "stopped")
-    fresh = sum(1 for record in history.values() if record["generation"] == end.generation)
+    stopped = sum(1 for r in history.values() if r.status == "stopped")
+    fresh = sum(1 for record in history.values() if record.generation == end.generation)
     new_best = end.best < end.previous_best < math.inf and not end.countdown
     return (
         f"{end.label}  evaluations {final_count(history)}"

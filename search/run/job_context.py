@@ -421,4 +421,4 @@ def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
     best = run.best
     if best is None:
         raise RunStoreError(f"{run_dir.file('history.jsonl')}: no scored candidate yet (is the run still starting?)")
-    return np.asarray(best["factors"], dtype=np.float64), best["attention_factor"]
+    return np.asarray(best.factors, dtype=np.float64), best.attention_factor

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 from longrope.encodings import LongRope
 from longrope.encodings.rotary import rotary_dim_for
 from longrope.search.config.job_config import digest
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.run.run_store import RunDir, RunStoreError, first_error
 
 JOB_FILE = "job.json"
@@ -110,15 +111,15 @@ class JobRecord(RopeShape):
         fields = self.model_dump(mode="json", exclude={"record_hash"})
         return {**fields, "record_hash": digest(fields)}
 
-    def candidate(self, record: dict) -> LongRope:
+    def candidate(self, record: HistoryRecord) -> LongRope:
         """A history record (a candidate of this run) as the encoding it was scored with: a short-factor run's
         records hold short factors, beside the long factors and attention factor job.json kept."""
         short = self.factor == "short"
         return self.longrope(
-            self.long_factor if short else record["factors"],
-            short_factor=record["factors"] if short else None,
-            attention_factor=record["attention_factor"],
-            n_hat=record["n_hat"],
+            self.long_factor if short else record.factors,
+            short_factor=record.factors if short else None,
+            attention_factor=record.attention_factor,
+            n_hat=record.n_hat,
         )
 
     @property

@@ -20,6 +20,7 @@ from longrope.search.config.strict import JobConfigError
 from longrope.search.downloads.debian_docs import read_corpus_record
 from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.genome import Seed
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.optimizers.searcher import Searcher
 from longrope.search.run.coordinator import Coordinator, SearchProblem, load_searcher
@@ -44,7 +45,7 @@ def run_search(
     reporter: SearchReporter | None = None,
     sigterm_seen: Callable[[], bool] = lambda: False,
     backward_cost: float | None = None,
-) -> dict[str, Any]:
+) -> HistoryRecord:
     """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record.
     `reporter`: where its lines and progress go (none: nothing is shown). `sigterm_seen`: whether the process got
     SIGTERM (the CLI knows; Ray may report one as Ctrl-C), so heartbeat.json records the true cause of a stop.
@@ -69,7 +70,7 @@ class _Options:
     backward_cost: float | None = None
 
 
-def _start(config: JobConfig, options: _Options) -> dict[str, Any]:
+def _start(config: JobConfig, options: _Options) -> HistoryRecord:
     """A new run: every check first, then config.json and job.json, then the search."""
     run_dir = RunDir(config.output_dir)
     run_dir.check_new(config)
@@ -82,7 +83,7 @@ def _start(config: JobConfig, options: _Options) -> dict[str, Any]:
         return _score(context, run_dir, windows, _searcher(context), None, options)
 
 
-def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> dict[str, Any]:
+def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> HistoryRecord:
     """A run to continue: its directory read and checked once, under its lock (`read_run`, the verdict every
     command gives); a finished one ends there, before any model, window or worker is touched. From then on the
     config is complete: the stored one, or the given one where it matches (it may move the run to other workers)."""
@@ -120,7 +121,7 @@ def _cut_torn_tail(run_dir: RunDir, checked: CheckedRun, reporter: SearchReporte
         )
 
 
-def _finished_job(job_dir: RunDir, config: JobConfig, reporter: SearchReporter) -> dict[str, Any] | None:
+def _finished_job(job_dir: RunDir, config: JobConfig, reporter: SearchReporter) -> HistoryRecord | None:
     """A staged job whose every stage is finished: its last stage's best, said in one line for the job, before
     any model, window or worker is touched; None while a stage is left to run."""
     folders = [RunDir(stage.output_dir) for stage in stage_configs(config, job_dir.path)]
@@ -129,16 +130,16 @@ def _finished_job(job_dir: RunDir, config: JobConfig, reporter: SearchReporter) 
     return _finished_already(read_run(folders[-1]), reporter, job_dir)
 
 
-def _finished_already(checked: CheckedRun, reporter: SearchReporter, job_dir: RunDir | None = None) -> dict[str, Any]:
+def _finished_already(checked: CheckedRun, reporter: SearchReporter, job_dir: RunDir | None = None) -> HistoryRecord:
     best, path = checked.best, (job_dir or checked.run_dir).path
     reporter.log(
         f"search {checked.config.name}: finished already, run dir {path} "
-        f"(best search ppl {best['perplexity']:.4f}); see `longrope status {path}`"
+        f"(best search ppl {best.perplexity:.4f}); see `longrope status {path}`"
     )
     return best
 
 
-def _run_stages(config: JobConfig | None, job_dir: RunDir, resume: bool, options: _Options) -> dict[str, Any]:
+def _run_stages(config: JobConfig | None, job_dir: RunDir, resume: bool, options: _Options) -> HistoryRecord:
     """A progressive job (`stages.py`): every stage is checked before anything is written, then the stages run in
     order, each started in its own directory or resumed there from its stored config (on the workers given now:
     `--resume JOB --set workers.X=...` moves every stage, and TensorBoard watches as asked now)."""
@@ -156,7 +157,7 @@ def _run_stages(config: JobConfig | None, job_dir: RunDir, resume: bool, options
         if not resume:
             job_dir.check_new(config)
             job_dir.create(config)
-        best: dict[str, Any] = {}
+        best: HistoryRecord | None = None
         for index, stage in enumerate(stages):
             folder = RunDir(stage.output_dir)
             options.reporter.log(
@@ -234,7 +235,7 @@ def _score(
     searcher: Searcher,
     checked: CheckedRun | None,
     options: _Options,
-) -> dict[str, Any]:
+) -> HistoryRecord:
     """Start the workers and search. heartbeat.json covers the workers' start too (Ray, model loads: minutes on a
     large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
     config, reporter = context.config, options.reporter

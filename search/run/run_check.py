@@ -33,14 +33,15 @@ from typing import Any
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import search_plan, searcher_class
 from longrope.search.optimizers.gradient import WindowSplit
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.run.descent_check import check_descents
 from longrope.search.run.job_record import JOB_FILE, JobRecord, read_job_record
 from longrope.search.run.run_store import (
-    FINAL_STATUSES,
     HISTORY,
     STATE,
     History,
+    Records,
     RunDir,
     RunState,
     RunStoreError,
@@ -61,7 +62,7 @@ class CheckedRun:
     history: History
 
     @property
-    def records(self) -> dict[str, dict[str, Any]]:
+    def records(self) -> Records:
         return self.history.records
 
     @property
@@ -92,8 +93,7 @@ def read_run(run_dir: RunDir) -> CheckedRun:
     config = run_dir.read_config()
     job = _checked_job(run_dir, config) if _exists(run_dir, JOB_FILE) else None
     history = run_dir.load_history()
-    state = run_dir.read_state()
-    state_model = RunState.model_validate(state) if state is not None else None
+    state_model = run_dir.read_state()
     _check_history(run_dir, config, job, history)
     _check_state(run_dir, config, state_model, history.records)
     if not (state_model and state_model.finished and run_dir.config_format == 1):
@@ -162,7 +162,7 @@ def _check_history(run_dir: RunDir, config: JobConfig, job: JobRecord | None, hi
     count = len(mix.objectives)
     length = _windows_of(config, job)[1] if job else config.target_length
     lines = history.line_numbers()
-    reference_tokens = max((r["tokens"] for r in history.records.values()), key=len, default=[])
+    reference_tokens = max((r.tokens for r in history.records.values()), key=len, default=[])
     for key, record in history.records.items():
         where = f"{run_dir.file(HISTORY)}:{lines.get(key, '?')}"
         problem = _record_problem(record, config, job, mix, count, length, reference_tokens)
@@ -172,45 +172,45 @@ def _check_history(run_dir: RunDir, config: JobConfig, job: JobRecord | None, hi
 
 def _record_problem(record, config, job, mix, count, length, reference_tokens) -> str | None:
     """What makes a (self-consistent) history record disagree with its run; None if nothing does."""
-    factors, nll, tokens = record["factors"], record["nll"], record["tokens"]
-    status = record.get("status", "scored")
+    factors, nll, tokens = record.factors, record.nll, record.tokens
+    status = record.status
     if job is not None and len(factors) != job.pairs:
         return f"{len(factors)} factors, but the model has {job.pairs} rotary pairs (job.json: head_dim {job.head_dim})"
     if any(b < a - MONOTONE_TOLERANCE for a, b in itertools.pairwise(factors)):
         return "factors decrease across pairs (every candidate of the search is non-decreasing)"
-    if record.get("gradient_windows") is not None:
+    if record.gradient_windows is not None:
         problem = _step_problem(record, config, count)
         if problem:
             return problem
-    if job is not None and record.get("windows") is not None and record["windows"] != job.search_windows_hash:
+    if job is not None and record.windows is not None and record.windows != job.search_windows_hash:
         return f"scored on other windows (hash {record['windows']}, job.json's {job.search_windows_hash})"
     if (status == "scored" and len(nll) != count) or len(nll) > count:
         return f"{len(nll)} window NLLs for a {status} candidate, but the run has {count} search windows"
     if tokens != reference_tokens[: len(tokens)] or max(tokens, default=0) > length:
         return f"token counts {tokens[:4]}... differ from the other candidates' on the same windows"
-    if not config.search.n_hat.enabled and record["n_hat"] != 0:
-        return f"n_hat {record['n_hat']}, but the run does not search n_hat"
-    if record["n_hat"] and record["n_hat"] not in config.search.n_hat.choices:
-        return f"n_hat {record['n_hat']} is not one of search.n_hat.choices {list(config.search.n_hat.choices)}"
-    if status == "scored" and record["mean_nll"] is not None:
+    if not config.search.n_hat.enabled and record.n_hat != 0:
+        return f"n_hat {record.n_hat}, but the run does not search n_hat"
+    if record.n_hat and record.n_hat not in config.search.n_hat.choices:
+        return f"n_hat {record.n_hat} is not one of search.n_hat.choices {list(config.search.n_hat.choices)}"
+    if status == "scored" and record.mean_nll is not None:
         if any(v is None for v in nll):
             return "a finite mean_nll from a window without a finite NLL"
         expected = mix.mean_nll(nll, tokens)
-        if not math.isclose(record["mean_nll"], expected, rel_tol=1e-9, abs_tol=1e-12):
-            return f"mean_nll {record['mean_nll']!r}, but its per-window NLLs give {expected!r} ({mix.describe()})"
+        if not math.isclose(record.mean_nll, expected, rel_tol=1e-9, abs_tol=1e-12):
+            return f"mean_nll {record.mean_nll!r}, but its per-window NLLs give {expected!r} ({mix.describe()})"
     return None
 
 
-def _step_problem(record: dict[str, Any], config: JobConfig, count: int) -> str | None:
+def _step_problem(record: HistoryRecord, config: JobConfig, count: int) -> str | None:
     """A descent step's gradient windows against the run: only gradient and hybrid runs take steps, and a step's
     backward pass reads one block of the gradient windows (`WindowSplit`: never a held-out one), the gradient
     optimizer's step k the k-th block."""
-    optimizer, windows = config.search.optimizer, record["gradient_windows"]
+    optimizer, windows = config.search.optimizer, record.gradient_windows
     if not search_plan(config.search, 0).backward_steps:
         return f"a descent step (gradient_windows {windows}) in a {optimizer!r} run, which takes none"
     split = WindowSplit.of(config.search.gradient, count)
     blocks = [list(split.block(step)) for step in range(1, math.ceil(split.gradient / split.per_step) + 1)]
-    step = record["generation"]
+    step = record.generation
     expected = list(split.block(max(step, 1)))  # the gradient optimizer's step k reads block k
     steps_are_generations = searcher_class(optimizer).descent_steps(config.search) is not None
     if steps_are_generations and windows != expected:
@@ -224,12 +224,10 @@ def _step_problem(record: dict[str, Any], config: JobConfig, count: int) -> str 
 # ---- state.json against config.json and history.jsonl ----
 
 
-def _check_state(
-    run_dir: RunDir, config: JobConfig, state: RunState | None, records: dict[str, dict[str, Any]]
-) -> None:
+def _check_state(run_dir: RunDir, config: JobConfig, state: RunState | None, records: Records) -> None:
     where = run_dir.file(STATE)
     if state is None:
-        later = [r["generation"] for r in records.values() if r["generation"] > 0]
+        later = [r.generation for r in records.values() if r.generation > 0]
         if later:
             raise RunStoreError(
                 f"{where}: missing, but history.jsonl holds candidates of generation {max(later)} (state.json is "
@@ -264,7 +262,7 @@ def _state_problem(config: JobConfig, config_hash: str, state: RunState) -> str 
     return None
 
 
-def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dict[str, Any]]) -> None:
+def check_history_holds(run_dir: RunDir, state: RunState, records: Records) -> None:
     """Every candidate state.json counts as told has a final record in history.jsonl (the one source of truth for
     scores and the best) with the score state.json holds for it, and the records are of generations the state
     has reached; otherwise the run directory is damaged, and every reader says so rather than go on."""
@@ -272,15 +270,14 @@ def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dic
         scores = state.searcher.told_scores()
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise RunStoreError(f"{run_dir.file(STATE)}: corrupted (told: {exc})") from exc
-    lost = [key for key in scores if records.get(key, {}).get("status", "scored") not in FINAL_STATUSES]
-    lost += [key for key in scores if key not in records]
+    lost = [key for key in scores if key not in records or not records[key].final]
     if lost:
         raise RunStoreError(
             f"{run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(scores)} candidates "
             f"that state.json counts as scored (first {lost[0]}, no final record); the run directory is damaged"
         )
     for key, score in scores.items():
-        recorded = records[key].get("mean_nll")
+        recorded = records[key].mean_nll
         if recorded is not None and recorded != score:
             raise RunStoreError(
                 f"{run_dir.file(STATE)}: candidate {key} told with score {score!r}, but history.jsonl holds "
@@ -291,7 +288,7 @@ def check_history_holds(run_dir: RunDir, state: RunState, records: dict[str, dic
     if unknown:
         raise RunStoreError(f"{run_dir.file(STATE)}: population holds {unknown[0]}, which was never told")
     generation = state.searcher.generation
-    ahead = [r["generation"] for r in records.values() if r["generation"] > generation]
+    ahead = [r.generation for r in records.values() if r.generation > generation]
     if ahead:
         raise RunStoreError(
             f"{run_dir.file(HISTORY)}: holds candidates of generation {max(ahead)}, but state.json has reached "

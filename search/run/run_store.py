@@ -23,18 +23,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import config_problem
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.saved_state import OptimizerState, legacy_state
 from longrope.search.optimizers.searcher import SearcherState
 from longrope.search.run.run_formats import FORMAT, format_problem, hash_matches, with_older_behaviour
@@ -43,83 +43,6 @@ from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import os_error_text, shown_path
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
-
-
-class HistoryRecord(BaseModel):
-    """One line of history.jsonl: a scored candidate (mean_nll / perplexity null when the score was not finite).
-
-    What one line can say about itself is checked here (a NLL is never negative, perplexity = exp(mean_nll), one
-    token count per window NLL); what it must agree with in the rest of the run directory (the model's pairs, the
-    job's windows and objective) is checked by `run_check`."""
-
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
-
-    key: str
-    status: Literal["scored", "stopped", "partial"] = "scored"  # see FINAL_STATUSES
-    generation: int = Field(ge=0)
-    seed: str | None = None  # the seed method's name for a seed candidate
-    factors: list[float]
-    n_hat: int = Field(ge=0)
-    attention_factor: float | None = Field(gt=0)
-    mean_nll: float | None = Field(ge=0)  # nats per token: -log of a probability, never below 0
-    perplexity: float | None = Field(ge=1)
-    nll: list[float | None]  # per window scored so far (all of them when scored), summed over its tokens
-    tokens: list[int]
-    windows: str | None = None  # the search windows' hash (job.json's search_windows_hash); absent in older runs
-    # a descent step's (gradient, hybrid): the windows of its backward pass [first, last), their count, and the
-    # gradient of the objective on them (d / d factors, then d / d attention factor; null where not finite)
-    gradient_windows: list[int] | None = None
-    backward_windows: int = Field(default=0, ge=0)
-    gradient: list[float | None] | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> HistoryRecord:
-        problem = self._descent_problem()
-        if problem:
-            raise ValueError(problem)
-        if any(f <= 0 for f in self.factors):
-            raise ValueError(f"factors: must be > 0, got {min(self.factors)}")
-        if any(v is not None and v < 0 for v in self.nll):
-            raise ValueError(f"nll: a window's NLL is never below 0, got {min(v for v in self.nll if v is not None)}")
-        if len(self.tokens) != len(self.nll) or any(t < 1 for t in self.tokens):
-            raise ValueError(f"tokens: one count >= 1 per window NLL ({len(self.nll)}), got {self.tokens[:8]}")
-        if self.status != "scored" and (self.mean_nll is not None or self.perplexity is not None):
-            raise ValueError(f"mean_nll: a {self.status!r} record has no score, got {self.mean_nll}")
-        if (self.mean_nll is None) != (self.perplexity is None):
-            raise ValueError(f"perplexity: must be exp(mean_nll) (mean_nll {self.mean_nll}), got {self.perplexity}")
-        if self.mean_nll is not None and not math.isclose(
-            math.log(self.perplexity), self.mean_nll, rel_tol=1e-9, abs_tol=1e-12
-        ):  # compared as logs: exp of a large NLL overflows
-            raise ValueError(f"perplexity: must be exp(mean_nll) (mean_nll {self.mean_nll}), got {self.perplexity}")
-        return self
-
-    def _descent_problem(self) -> str | None:
-        """A descent step's three fields agree: all there or none, the windows a range of the line's own windows,
-        backward_windows their count, one gradient value per factor and one for the attention factor."""
-        windows, gradient = self.gradient_windows, self.gradient
-        if windows is None:
-            if gradient is not None or self.backward_windows:
-                return (
-                    "gradient_windows: missing, but the line has a gradient or backward windows (a step has all three)"
-                )
-            return None
-        if gradient is None:
-            return "gradient: missing, but the line has gradient_windows (a descent step has both)"
-        if len(windows) != 2 or not 0 <= windows[0] < windows[1] <= len(self.nll):
-            return f"gradient_windows: must be [first, last) within the line's {len(self.nll)} windows, got {windows}"
-        if self.backward_windows != windows[1] - windows[0]:
-            return (
-                f"backward_windows: must be the {windows[1] - windows[0]} gradient windows, got {self.backward_windows}"
-            )
-        if len(gradient) != len(self.factors) + 1:
-            return f"gradient: {len(gradient)} values, must be one per factor ({len(self.factors)}) and the attention's"
-        return None
-
-
-# "scored": every search window; "stopped": racing stopped it, clearly worse than the worst parent on the windows
-# in `nll` (never a parent, never the best); "partial": the windows scored so far of a candidate still racing (a
-# later line for the same key replaces it). Stopped and partial records have mean_nll and perplexity null.
-FINAL_STATUSES = ("scored", "stopped")
 
 
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
@@ -175,43 +98,46 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 
 
-def final_count(history: dict[str, dict[str, Any]]) -> int:
+Records = dict[str, HistoryRecord]  # history.jsonl's records by key, as read (a partial one replaced by the next)
+
+
+def final_count(history: Records) -> int:
     """Candidates done (scored on every window, or stopped by racing); a racing candidate's partial record is not."""
-    return sum(1 for r in history.values() if r.get("status", "scored") in FINAL_STATUSES)
+    return sum(1 for r in history.values() if r.final)
 
 
-def window_passes(history: dict[str, dict[str, Any]]) -> tuple[int, int]:
+def window_passes(history: Records) -> tuple[int, int]:
     """(forward, backward) window passes in the history: each window with an NLL once forward, a descent step's
     gradient windows once backward too (a backward's cost in forward passes: bench/backward_cost.py)."""
-    forward = sum(len(record["nll"]) for record in history.values())
-    backward = sum(int(record.get("backward_windows", 0)) for record in history.values())
+    forward = sum(len(record.nll) for record in history.values())
+    backward = sum(record.backward_windows for record in history.values())
     return forward, backward
 
 
-def seed_perplexities(history: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+def seed_perplexities(history: Records) -> dict[str, float | None]:
     """Perplexity of each seed method (pi, ntk, yarn, ...) as scored in a run's history."""
-    return {r["seed"]: r["perplexity"] for r in history.values() if r.get("seed")}
+    return {r.seed: r.perplexity for r in history.values() if r.seed}
 
 
-def best_of(history: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+def best_of(history: Records) -> HistoryRecord | None:
     """The best scored candidate: lowest mean NLL, ties broken by key (the optimizer's own order); None if none
     has a finite score. Status, export, seeding from a run and the coordinator all use this one rule."""
-    finite = [r for r in history.values() if r.get("mean_nll") is not None and r.get("status", "scored") == "scored"]
-    return min(finite, key=lambda r: (r["mean_nll"], r["key"])) if finite else None
+    finite = [r for r in history.values() if r.mean_nll is not None and r.status == "scored"]
+    return min(finite, key=lambda r: (r.mean_nll, r.key)) if finite else None
 
 
 @dataclass(frozen=True)
 class History:
     """history.jsonl as read: the records by key, and the bytes of a torn last line (a write cut by a crash)."""
 
-    records: dict[str, dict[str, Any]]
+    records: Records
     torn_tail: bytes = b""
     good_length: int = 0  # bytes up to and including the last complete line
-    lines: tuple[dict[str, Any], ...] = ()  # every complete line in the order written (partial ones too)
+    lines: tuple[HistoryRecord, ...] = ()  # every complete line in the order written (partial ones too)
 
     def line_numbers(self) -> dict[str, int]:
         """Each key's last complete line in history.jsonl (the record read for it), to name it in an error."""
-        return {record["key"]: number for number, record in enumerate(self.lines, start=1)}
+        return {record.key: number for number, record in enumerate(self.lines, start=1)}
 
 
 class RunDir:
@@ -339,24 +265,23 @@ class RunDir:
             self.read_config()
         return self._config_hash
 
-    def read_state(self) -> dict[str, Any] | None:
+    def read_state(self) -> RunState | None:
         if not self.file(STATE).exists():
             return None
         state = self.read_json(STATE)
         if isinstance(state, dict):
             self._checked_format(STATE, state)
         try:
-            RunState.model_validate(state)
+            return RunState.model_validate(state)
         except ValidationError as exc:
             raise RunStoreError(f"{self.file(STATE)}: corrupted ({first_error(exc)})") from exc
-        return state
 
-    def append_history(self, record: dict[str, Any]) -> None:
+    def append_history(self, record: HistoryRecord) -> None:
         path = self.file(HISTORY)
         try:
             new = not path.exists()
             with path.open("a") as history:
-                history.write(json.dumps(record) + "\n")
+                history.write(record.line() + "\n")
                 history.flush()
                 os.fsync(history.fileno())
             if new:
@@ -364,7 +289,7 @@ class RunDir:
         except OSError as exc:
             raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 
-    def read_history(self) -> dict[str, dict[str, Any]]:
+    def read_history(self) -> Records:
         """Scored candidates by key. A torn last line (no newline yet: a write in progress or cut by a crash) is
         left out; any other line that is not a JSON object with a string `key` is an error naming the line."""
         return self.load_history().records
@@ -378,11 +303,12 @@ class RunDir:
         except OSError as exc:
             raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
         good_length = data.rfind(b"\n") + 1
-        records: dict[str, dict[str, Any]] = {}
+        records: Records = {}
         final_lines: dict[str, int] = {}
-        lines: list[dict[str, Any]] = []
+        lines: list[HistoryRecord] = []
         for number, line in enumerate(data[:good_length].splitlines(), start=1):
-            key, record = _history_entry(path, number, line)
+            record = _history_entry(path, number, line)
+            key = record.key
             lines.append(record)
             if key in final_lines:  # nothing is scored twice: a resumed run takes the final record it finds
                 raise RunStoreError(
@@ -390,7 +316,7 @@ class RunDir:
                     "holds as final (a line copied or added by hand?); the run directory is damaged"
                 )
             records[key] = record  # a partial record is replaced by the next one for its key
-            if record.get("status", "scored") in FINAL_STATUSES:
+            if record.final:
                 final_lines[key] = number
         return History(records, data[good_length:], good_length, tuple(lines))
 
@@ -403,7 +329,7 @@ class RunDir:
         except OSError as exc:
             raise RunStoreError(f"{self.file(HISTORY)}: cannot cut the torn last line ({exc.strerror})") from exc
 
-    def best_record(self) -> dict[str, Any]:
+    def best_record(self) -> HistoryRecord:
         """The run's best scored candidate (see `best_of`), read from history.jsonl."""
         best = best_of(self.read_history())
         if best is None:
@@ -436,7 +362,7 @@ class RunDir:
             raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
 
-def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str, Any]]:
+def _history_entry(path: Path, number: int, line: bytes) -> HistoryRecord:
     try:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -444,7 +370,6 @@ def _history_entry(path: Path, number: int, line: bytes) -> tuple[str, dict[str,
     if not isinstance(record, dict):
         raise RunStoreError(f"{path}:{number}: corrupted line (a JSON {type(record).__name__}, not an object)")
     try:
-        HistoryRecord.model_validate(record)
+        return HistoryRecord.model_validate(record)
     except ValidationError as exc:
         raise RunStoreError(f"{path}:{number}: corrupted line ({first_error(exc)})") from exc
-    return record["key"], record

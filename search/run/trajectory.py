@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from longrope.search.run.run_store import FINAL_STATUSES, RunDir
+from longrope.search.optimizers.history_record import HistoryRecord
+from longrope.search.run.run_store import RunDir
 
 
 @dataclass(frozen=True)
@@ -44,20 +44,20 @@ def cost_trajectory(run_dir: RunDir | str | Path, backward_cost: float) -> list[
     forward, backward, evaluations, best = 0, 0, 0, None
     points = []
     for record in run_dir.load_history().lines:
-        key = record["key"]
-        forward += len(record["nll"]) - counted.get(key, 0)
-        backward += int(record.get("backward_windows", 0)) if key not in counted else 0
-        counted[key] = len(record["nll"])
-        evaluations += record.get("status", "scored") in FINAL_STATUSES
+        key = record.key
+        forward += len(record.nll) - counted.get(key, 0)
+        backward += record.backward_windows if key not in counted else 0
+        counted[key] = len(record.nll)
+        evaluations += record.final
         if _better(record, best):
             best = record
-        best_nll = math.inf if best is None else best["mean_nll"]
+        best_nll = math.inf if best is None else best.mean_nll
         cost = window_equivalents(forward, backward, backward_cost)
         points.append(CostPoint(forward, backward, cost, best_nll, best, evaluations))
     return points
 
 
-def _better(record: dict[str, Any], best: dict[str, Any] | None) -> bool:
-    if record.get("status", "scored") != "scored" or record["mean_nll"] is None:
+def _better(record: HistoryRecord, best: HistoryRecord | None) -> bool:
+    if record.status != "scored" or record.mean_nll is None:
         return False
-    return best is None or (record["mean_nll"], record["key"]) < (best["mean_nll"], best["key"])
+    return best is None or (record.mean_nll, record.key) < (best.mean_nll, best.key)
