@@ -28,7 +28,12 @@ VARIANTS = {  # explicit, whatever configs/demo.yaml ships with
     ],
     "racing": [*GA, "search.racing.enabled=true"],
     "racing_steady": ["search.optimizer=dim_mono", "search.racing.enabled=true", "search.schedule=steady"],
-    "cmaes": ["search.optimizer=cmaes", "search.schedule=generational", "search.racing.enabled=false"],
+    "cmaes": [  # at the GA's budget, as the comparison is made
+        "search.optimizer=cmaes",
+        "search.cmaes.sizing=ga",
+        "search.schedule=generational",
+        "search.racing.enabled=false",
+    ],
     # search.surrogate at its shipped defaults: half the children scored, each picked from 8 x as many bred
     "surrogate": [*GA, "search.racing.enabled=false", "search.surrogate.enabled=true"],
     # the hybrid's polish before issue 30 (Adam's steps kept whatever they score), for comparison

@@ -109,11 +109,22 @@ class SurrogateConfig(Strict):
 
 
 class CmaesConfig(Strict):
-    """CMA-ES (the `cma` package) over log-increments of the factors; see search/optimizers/cmaes.py."""
+    """CMA-ES (the `cma` package) over log-increments of the factors; see search/optimizers/cmaes.py. It is sized by
+    its own settings: generation 0 scores the seeds, then `generations` generations of `population` samples."""
 
     sigma: float = Field(default=0.05, gt=0, le=10, description="CMA-ES's initial step size, in log-factor units")
     population: int | None = Field(
-        default=None, ge=2, le=MAX_COUNT, description="CMA-ES samples per generation; null: mutations + crossovers"
+        default=None,
+        ge=2,
+        le=MAX_COUNT,
+        description="CMA-ES samples per generation; null: pycma's default, 4 + floor(3 ln n) for n coordinates",
+    )
+    generations: int = Field(default=40, ge=0, le=MAX_COUNT, description="CMA-ES generations after the seeds")
+    sizing: Literal["own", "ga"] = Field(
+        default="own",
+        description="own: population and generations above; ga: the GA's budget (search.population + "
+        "search.generations x children) in generations of mutations + crossovers samples when population is null "
+        "(how a CMA-ES run was sized before these settings existed; an older run directory reads as ga)",
     )
 
 

@@ -6,9 +6,11 @@ step and no rejected samples; increments shared by neighbouring pairs are what i
 decoded vector is rounded onto the same grid as the GA's (`genome.GenomeGrid`), so candidates keep exact keys
 and one never gets scored twice (a duplicate takes the recorded score).
 
-Generation 0 scores the seeds; CMA-ES starts at the best of them (x0) with step size `search.cmaes.sigma` and
-`search.cmaes.population` samples per generation (default mutations + crossovers), for as many generations as
-spend the GA's evaluation budget. Its normal samples come from its own numpy Generator (`randn` option), so no
+Generation 0 scores the seeds; CMA-ES starts at the best of them (x0) with step size `search.cmaes.sigma`, for
+`search.cmaes.generations` generations of `search.cmaes.population` samples (default pycma's, 4 + floor(3 ln n) for
+n coordinates: Hansen, "The CMA Evolution Strategy: A Tutorial", 2016, Table 1). With `cmaes.sizing: ga` (how runs
+were sized before CMA-ES had settings of its own) it spends the GA's evaluation budget in generations of
+mutations + crossovers samples instead. Its normal samples come from its own numpy Generator (`randn` option), so no
 other user of numpy's global generator can change a run.
 
 Resume without pickle: the state records the keys asked in each generation and every told score; loading builds a
@@ -81,9 +83,8 @@ class CmaesOptimizer(Searcher):
         super().__init__(settings, grid, seeds)
         self.seed_genomes = _unique([grid.from_seed(seed) for seed in seeds])
         self.seed_names = {grid.from_seed(seed).key: seed.name for seed in seeds}
-        self.popsize = settings.cmaes.population or settings.mutations + settings.crossovers
-        budget = self.plan(settings, len(self.seed_genomes)).candidates
-        self.iterations = max(0, math.ceil((budget - len(self.seed_genomes)) / self.popsize))
+        self.popsize = samples_per_generation(settings, grid.pairs + grid.searched_attention)
+        self.iterations = iterations(settings, len(self.seed_genomes), self.popsize)
         self.generation = 0
         self.scores: dict[str, float] = {}
         self.genomes: dict[str, Genome] = {}
@@ -103,17 +104,25 @@ class CmaesOptimizer(Searcher):
 
     @staticmethod
     def generations_range(search: SearchConfig) -> tuple[int, int]:
-        """Generation 0 included: 1 + ceil((budget - seeds) / samples per generation), with the number of distinct
-        seeds between 1 and the seeds the config can give (a seed file from a run gives two)."""
+        """Generation 0 included. Own sizing: 1 + cmaes.generations. GA sizing: 1 + ceil((budget - seeds) / samples
+        per generation), with the distinct seeds between 1 and what the config can give (a run's file gives two)."""
+        if search.cmaes.sizing == "own":
+            return 1 + search.cmaes.generations, 1 + search.cmaes.generations
         budget = DimMonoEvolution.plan(search, 0).candidates
         samples = search.cmaes.population or search.mutations + search.crossovers
         most_seeds = len(search.seeds) + 2 * len(search.seed_files) + 1
         return 1 + max(0, math.ceil((budget - most_seeds) / samples)), 1 + max(0, math.ceil((budget - 1) / samples))
 
     @staticmethod
-    def plan(search: SearchConfig, seeds: int) -> SearchPlan:
-        """The GA's evaluation budget, spent in generations of `cmaes.population` samples after the seeds."""
-        return DimMonoEvolution.plan(search, seeds)
+    def plan(search: SearchConfig, seeds: int, coordinates: int | None = None) -> SearchPlan:
+        """The seeds, then its generations of samples. `coordinates`: the search's dimension, which pycma's default
+        population depends on (None: a factor per pair of a 128-dim head, 64, for a plan made before the model is
+        read; the searcher itself passes its own)."""
+        if search.cmaes.sizing == "ga":
+            return DimMonoEvolution.plan(search, seeds)
+        samples = samples_per_generation(search, 64 if coordinates is None else coordinates)
+        generations = search.cmaes.generations
+        return SearchPlan(seeds + generations * samples, 0, f"{seeds} seeds + {generations} generations x {samples}")
 
     # ---- the parametrisation ----
 
@@ -248,3 +257,21 @@ class CmaesOptimizer(Searcher):
 
 def _unique(genomes: list[Genome]) -> list[Genome]:
     return list({g.key: g for g in genomes}.values())
+
+
+def samples_per_generation(search: SearchConfig, coordinates: int) -> int:
+    """cmaes.population, or when null: pycma's default 4 + floor(3 ln n) (own sizing; Hansen 2016, Table 1), or
+    mutations + crossovers (GA sizing)."""
+    if search.cmaes.population is not None:
+        return search.cmaes.population
+    if search.cmaes.sizing == "ga":
+        return search.mutations + search.crossovers
+    return 4 + int(3 * math.log(max(coordinates, 1)))
+
+
+def iterations(search: SearchConfig, seeds: int, popsize: int) -> int:
+    """CMA-ES generations after the seeds: its own, or as many as spend the GA's budget (GA sizing)."""
+    if search.cmaes.sizing == "own":
+        return search.cmaes.generations
+    budget = DimMonoEvolution.plan(search, seeds).candidates
+    return max(0, math.ceil((budget - seeds) / popsize))

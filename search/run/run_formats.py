@@ -53,10 +53,12 @@ FORMAT_1_OLDER_DEFAULTS = {("search", "gradient", "polish_every"): (5,)}
 # (the value that gives the old behaviour, where it is in force), filled in wherever the stored sub-section lacks
 # the field, whatever the format (a field absent from a config.json was not there when its run was written): the
 # hybrid polished by Adam before `polish_method` existed (2275db4); a screened GA scored every child before
-# `scored_share` existed (5366358). Whoever adds a field whose default changes what a run does adds its line here.
+# `scored_share` existed (5366358); CMA-ES was sized by the GA's settings before `cmaes.sizing` existed (its own
+# population and generations). Whoever adds a field whose default changes what a run does adds its line here.
 OLDER_BEHAVIOUR = {
     ("search", "gradient", "polish_method"): ("adam", lambda search: _polishes(search.get("optimizer", "dim_mono"))),
     ("search", "surrogate", "scored_share"): (1.0, lambda search: search["surrogate"].get("enabled") is True),
+    ("search", "cmaes", "sizing"): ("ga", lambda search: True),
 }
 
 
