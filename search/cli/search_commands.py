@@ -33,7 +33,7 @@ from longrope.search.optimizers.factory import load_job_config, search_plan
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.needle_report import needle_table
-from longrope.search.run.job_context import JobContext, offline_checks
+from longrope.search.run.job_context import JobContext, file_checks_of, offline_checks
 from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError
@@ -162,8 +162,9 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.offline:
         original, checks = config.original_length, offline_checks(config)
     else:
+        files = file_checks_of(config)  # the cheap checks first: nothing is converted for a config they refuse
         context = JobContext.resolve(config)
-        original, checks = context.original_length, context.validation_checks()
+        original, checks = context.original_length, context.validation_checks(files)
     skipped = [check["what"] for check in checks if check["result"] == "skipped"]
     if args.json:
         if skipped:

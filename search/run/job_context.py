@@ -239,8 +239,9 @@ class JobContext:
         check_seed_factors(where, factors, self.pairs)
         return Seed(f"file:{Path(path).name}", factors, attention)
 
-    def validation_checks(self) -> list[dict]:
-        """`validate`: what resolving the job checked (model, lengths, seeds), then the data sources, read."""
+    def validation_checks(self, file_checks: list[dict] | None = None) -> list[dict]:
+        """`validate`: what resolving the job checked (model, lengths, seeds), then the data sources, read
+        (`file_checks`: those already made, by `file_checks` before the model was resolved)."""
         seeds = self.seeds()
         self.check_model()  # what `search` checks before any worker starts: validate promises no later surprise
         return [
@@ -255,8 +256,7 @@ class JobContext:
                 "lengths", self.target_length, "ok", f"target_length > original_length ({self.original_length})"
             ),
             validation_check("search.seeds", [seed.name for seed in seeds], "ok", "seeds and seed files resolved"),
-            *data_source_checks(self.config),
-            *tensorboard_checks(self.config),
+            *(file_checks if file_checks is not None else file_checks_of(self.config)),
         ]
 
     def check_model(self) -> None:
@@ -332,6 +332,13 @@ def data_source_checks(config: JobConfig, *, offline: bool = False) -> list[dict
         count = check_source(f"data.{name}", source, config.data.text_field)
         checks.append(validation_check(f"data.{name}", source, "ok", f"{count} documents read (not tokenized)"))
     return checks
+
+
+def file_checks_of(config: JobConfig) -> list[dict]:
+    """What `validate` checks without the model: the data sources read (not tokenized) and the tensorboard package.
+    Made before the model is resolved, so a missing data folder is named at once, before a `.gguf` model is
+    dequantized into the conversion cache (minutes, hundreds of MB)."""
+    return [*data_source_checks(config), *tensorboard_checks(config)]
 
 
 def offline_checks(config: JobConfig) -> list[dict]:
