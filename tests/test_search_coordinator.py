@@ -122,3 +122,18 @@ def test_another_runs_best_seeds_a_new_search(tmp_path):
     other_scale = first.target_length / 128  # the reference model's original length, as this job reads it
     expected = [1 + (f - 1) * (1024 / 128 - 1) / (other_scale - 1) for f in best.factors]
     assert moved.name == f"{seed.name}@1024" and moved.factors.tolist() == pytest.approx(expected)
+    # the same run exported: a factors file searched for another length seeds both as well (its
+    # max_position_embeddings is the length it was searched for), and one for this length seeds itself only
+    exported = tmp_path / "first.json"
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": best.factors, "short_factor": [1.0] * 16}
+    rope |= {"original_max_position_embeddings": 128, "factor": other_scale, "attention_factor": best.attention_factor}
+    provenance = {"created_by": "test", "method": "longrope", "method_rope_parameters": {}}
+    exported.write_text(
+        json.dumps({"rope_parameters": rope, "max_position_embeddings": first.target_length, "provenance": provenance})
+    )
+    from_file = load_job_config(None, ["target_length=1024", f"search.seed_files=[{exported}]"])
+    seeds = [s for s in JobContext.resolve(from_file).seeds() if s.name.startswith("file:")]
+    assert [s.name for s in seeds] == ["file:first.json", "file:first.json@1024"]
+    assert seeds[1].factors.tolist() == pytest.approx(expected)
+    same = load_job_config(None, [f"target_length={first.target_length}", f"search.seed_files=[{exported}]"])
+    assert [s.name for s in JobContext.resolve(same).seeds() if s.name.startswith("file:")] == ["file:first.json"]

@@ -215,13 +215,13 @@ class JobContext:
         return [Seed("ramp", np.concatenate([below, ramp]))]
 
     def seeds_from_file(self, path: str) -> list[Seed]:
-        """A factors file's long factors, or another run's best; a run at another target length also gives its
-        factors moved to this one as LongRoPE's dynamic form does, lambda' = 1 + (lambda - 1) (S' - 1) / (S - 1)
+        """A factors file's long factors, or another run's best; one searched for another target length also
+        gives its factors moved to this one as LongRoPE's dynamic form does, lambda' = 1 + (lambda - 1) (S' - 1) / (S - 1)
         (microsoft/LongRoPE, DynamicLongRoPEScaledRotaryEmbedding), which is how a progressive stage hands its
         best to the next."""
         seed = self.seed_from_file(path)
         other_length = _run_target_length(path)
-        if other_length is None or other_length == self.target_length or other_length <= self.original_length:
+        if other_length == self.target_length or other_length <= self.original_length:
             return [seed]
         ratio = (self.scale - 1) / (other_length / self.original_length - 1)
         moved = 1 + (seed.factors - 1) * ratio
@@ -411,9 +411,12 @@ def validation_check(what: str, value, result: str, detail: str) -> dict:
     return {"what": what, "value": value, "result": result, "detail": detail}
 
 
-def _run_target_length(path: str) -> int | None:
-    """The target length of a run directory (None for a factors file)."""
-    return RunDir(path).read_config().target_length if Path(path).is_dir() else None
+def _run_target_length(path: str) -> int:
+    """The target length a seed file was searched for: a run directory's, or a factors file's
+    max_position_embeddings (what `longrope export` writes: the run's target)."""
+    if Path(path).is_dir():
+        return RunDir(path).read_config().target_length
+    return read_factors_file(path, f"search.seed_files: {path}").max_position_embeddings
 
 
 def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
