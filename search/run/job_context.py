@@ -216,9 +216,9 @@ class JobContext:
 
     def seeds_from_file(self, path: str) -> list[Seed]:
         """A factors file's long factors, or another run's best; one searched for another target length also
-        gives its factors moved to this one as LongRoPE's dynamic form does, lambda' = 1 + (lambda - 1) (S' - 1) / (S - 1)
-        (microsoft/LongRoPE, DynamicLongRoPEScaledRotaryEmbedding), which is how a progressive stage hands its
-        best to the next."""
+        gives its factors moved to this one as LongRoPE's dynamic form does, lambda' = 1 + (lambda - 1) (S' - 1) /
+        (S - 1) (microsoft/LongRoPE, DynamicLongRoPEScaledRotaryEmbedding): how a progressive stage hands its best
+        to the next."""
         seed = self.seed_from_file(path)
         other_length = _run_target_length(path)
         if other_length == self.target_length or other_length <= self.original_length:
