@@ -34,30 +34,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def importable_package() -> None:
-    """`longrope.*` from this checkout without installing it: a folder on sys.path whose `longrope/` links to
-    search/, encodings/ and workers/ (pyproject.toml's package-dir mapping, made by hand)."""
-    try:
-        import longrope.workers  # noqa: F401 (installed, or already importable)
-
-        return
-    except ImportError:
-        pass
-    shim = Path(os.environ.get("TMPDIR", "/tmp")) / f"longrope-shim-{os.getuid()}" / "longrope"
-    shim.mkdir(parents=True, exist_ok=True)
-    for name in ("search", "encodings", "workers"):
-        link = shim / name
-        if not link.exists():
-            link.symlink_to(ROOT / name, target_is_directory=True)
-    sys.path.insert(0, str(shim.parent))
-
+from checkout_package import importable_package  # noqa: E402 (bench/ is on the path: the script's folder)
 
 importable_package()
 

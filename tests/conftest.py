@@ -127,9 +127,9 @@ def in_process_pool(monkeypatch):
     """The Ray WorkerPool under compare's real ComparePool replaced by InProcessPool."""
     from compare_fakes import InProcessPool
 
-    from longrope.search.reports import compare_scoring
+    from longrope.workers import pool
 
-    monkeypatch.setattr(compare_scoring, "WorkerPool", InProcessPool)
+    monkeypatch.setattr(pool, "WorkerPool", InProcessPool)  # compare_scoring imports it when a pool starts
 
 
 @pytest.fixture

@@ -16,13 +16,13 @@ from longrope.encodings import from_hf
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import factors_file_of_run, write_into_model
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.reports import compare_scoring
 from longrope.search.reports.compare import run_compare
 from longrope.search.reports.intervals import paired_difference
 from longrope.search.run.coordinator import SearchProblem
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir
+from longrope.workers import pool as pool_module
 from longrope.workers.models import load_model
 from longrope.workers.pool import WorkerPool
 from longrope.workers.reference_recipe import reference_model_dir
@@ -104,7 +104,7 @@ def test_best_beats_nominal_ntk_on_the_test_split(reference_model_run, tmp_path,
         pools.append(WorkerPool(*args, **kwargs))
         return pools[-1]
 
-    monkeypatch.setattr(compare_scoring, "WorkerPool", counted_pool)
+    monkeypatch.setattr(pool_module, "WorkerPool", counted_pool)
     result = run_compare(
         context, factors_files=[str(factors_path)], lengths=[128, 1024], out_dir=tmp_path / "cmp", log=lambda line: None
     )

@@ -14,7 +14,6 @@ import numpy as np
 from longrope.encodings import RopeMethod
 from longrope.search.run.job_context import JobContext, data_source_checks
 from longrope.workers.errors import DataError
-from longrope.workers.pool import WorkerPool
 from longrope.workers.windows import Windows
 
 Progress = Callable[[str, int, int], None]  # (phase, results done, results in the phase)
@@ -37,6 +36,8 @@ def score_all(
     objective: str = "perplexity",
 ) -> dict:
     """Every method on one window set, with a pool of its own (benches that score one set)."""
+    from longrope.workers.pool import WorkerPool  # Ray: only when a pool starts (summarize & co. run without Ray)
+
     windows = context.windows(source, length, count, objective)
     pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
     try:
@@ -74,6 +75,8 @@ class ComparePool:
     and objective."""
 
     def __init__(self, context: JobContext, sets: dict[tuple[str, int], Windows]):
+        from longrope.workers.pool import WorkerPool  # Ray: only when a pool starts (summarize & co. run without Ray)
+
         self.pool = WorkerPool(
             context.model_spec(),
             [w.tokens for w in sets.values()],

@@ -1,0 +1,216 @@
+"""bench/gpu_table.py and bench/gpu_parts.py cannot rot: the parts a GPU run joins are the file split here, a part
+missing, out of order or damaged is refused with one line and exit 2 and nothing written, the window rule and the
+plan are what their docstrings say, bench/README.md gives the runs the script makes, and (slow) the whole sequence
+runs on tiny shapes on the CPU, as on the GPU machine (no install, no Ray), to a table with every row."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gpu_table_parts.bundle import ONE_PER_DOCUMENT, SPREAD, cut_windows, spread_windows
+from gpu_table_parts.plan import TABLE_ROWS, Timing, make_plan, search_seconds
+
+from longrope.search.optimizers.history_record import HistoryRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ROOT / "bench" / "gpu_parts.py"
+
+
+def parts_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(PARTS), *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture
+def split_file(tmp_path):
+    """A 100,000-byte file cut into 4 parts of at most 30,000 bytes: (the file, the parts' folder, the part paths)."""
+    data = np.random.default_rng(0).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    source = tmp_path / "model.gguf"
+    source.write_bytes(data)
+    done = parts_cli("split", source, "--into", tmp_path / "parts", "--max-bytes", 30_000)
+    assert done.returncode == 0, done.stderr
+    parts = sorted((tmp_path / "parts").glob("model.gguf.*"))
+    return source, tmp_path / "parts", parts
+
+
+def test_the_parts_join_to_the_file_in_order(split_file, tmp_path):
+    source, folder, parts = split_file
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [p.name for p in parts] == [f"model.gguf.00{k}" for k in range(4)]
+    assert [p.stat().st_size for p in parts] == [25_000] * 4  # equal parts: ceil(100000 / 30000) = 4
+    assert manifest["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    into = tmp_path / "there"
+    for number, part in enumerate(parts, 1):
+        done = parts_cli("join", part, "--into", into)
+        assert done.returncode == 0, done.stderr
+        assert (into / "model.gguf").exists() == (number == 4)
+    assert hashlib.sha256((into / "model.gguf").read_bytes()).hexdigest() == manifest["sha256"]
+    assert json.loads((into / "model.gguf.join.json").read_text())["complete"] is True
+    again = parts_cli("join", parts[0], "--into", into)  # a run repeated after a failed transfer: nothing to do
+    assert again.returncode == 0 and "already appended" in again.stdout
+
+
+def refused(done: subprocess.CompletedProcess, *words: str) -> None:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert all(word in lines[0] for word in words), lines[0]
+
+
+def test_a_missing_part_is_refused_naming_it_and_nothing_is_written(split_file, tmp_path):
+    _, _, parts = split_file
+    parts[0].unlink()
+    into = tmp_path / "there"
+    refused(parts_cli("join", parts[0], "--into", into), "part model.gguf.000", "missing")
+    assert not into.exists()
+
+
+def test_a_part_out_of_order_is_refused_naming_the_next_and_nothing_is_written(split_file, tmp_path):
+    _, _, parts = split_file
+    into = tmp_path / "there"
+    refused(
+        parts_cli("join", parts[1], "--into", into), "part model.gguf.001", "out of order", "model.gguf.000 is next"
+    )
+    assert not into.exists()  # a fresh machine: the first part must come first
+    assert parts_cli("join", parts[0], "--into", into).returncode == 0
+    before = {p.name: p.read_bytes() for p in into.iterdir()}
+    refused(parts_cli("join", parts[2], "--into", into), "part model.gguf.002", "1 of 4", "model.gguf.001 is next")
+    assert {p.name: p.read_bytes() for p in into.iterdir()} == before
+
+
+def test_a_damaged_part_is_refused_and_a_killed_append_is_cut_back(split_file, tmp_path):
+    source, _, parts = split_file
+    into = tmp_path / "there"
+    assert parts_cli("join", parts[0], "--into", into).returncode == 0
+    good = parts[1].read_bytes()
+    parts[1].write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    refused(parts_cli("join", parts[1], "--into", into), "part model.gguf.001", "sha256")
+    parts[1].write_bytes(good)
+    with open(into / "model.gguf.partial", "ab") as partial:  # a run killed mid-append left bytes past part 000
+        partial.write(b"half a part")
+    for part in parts[1:]:
+        assert parts_cli("join", part, "--into", into).returncode == 0
+    assert (into / "model.gguf").read_bytes() == source.read_bytes()
+
+
+def test_the_windows_rule_one_per_document_else_spread_over_the_longest():
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 50, n) for n in (40, 100, 35, 10, 64)]
+    names = [f"d{k}" for k in range(5)]
+    meta, tokens = cut_windows(docs, names, split="test", length=31, count=3, seed=0)
+    assert meta.rule == ONE_PER_DOCUMENT and len(set(meta.names)) == 3 and tokens.shape == (3, 32)
+    meta, tokens = cut_windows(docs, names, split="test", length=31, count=6, seed=0)  # 4 documents of 32
+    assert meta.rule == SPREAD and tokens.shape == (6, 32)
+    counts = {name: meta.names.count(name) for name in set(meta.names)}
+    assert set(counts) == {"d0", "d1", "d2", "d4"} and counts["d1"] == 2 and counts["d4"] == 2  # all once, then twice
+    for name, offset, window in zip(meta.names, meta.offsets, tokens, strict=True):
+        assert np.array_equal(window, docs[names.index(name)][offset : offset + 32])
+    d1 = sorted(o for n, o in zip(meta.names, meta.offsets, strict=True) if n == "d1")
+    assert d1[1] - d1[0] >= 32  # disjoint
+    assert cut_windows(docs, names, split="test", length=31, count=6, seed=0)[0] == meta  # seeded
+    with pytest.raises(ValueError, match="8 disjoint windows of 32 tokens wanted, 7 fit in the 4 documents"):
+        spread_windows(docs, names, length=32, count=8, seed=0)
+
+
+def test_the_plan_puts_the_table_first_and_fits_the_searches_in_what_is_left():
+    timings = [
+        Timing(length=32768, forward_seconds=0.2, gradient_seconds=0.9),
+        Timing(length=65536, forward_seconds=0.7, gradient_seconds=3.0),
+    ]
+    tuning = {32768: 10, 65536: 10}
+    plan = make_plan(timings, 480, tuning_settings=tuning, search_windows=4, test_windows=16)
+    assert plan.table_seconds == pytest.approx(0.2 * (40 + TABLE_ROWS * 16) + 0.7 * (40 + TABLE_ROWS * 16))
+    left = 480 - plan.table_seconds
+    ga, descent = plan.ga, plan.descent
+    assert ga.search["surrogate"] == {"enabled": True} and ga.search["population"] == 16
+    assert ga.seconds == pytest.approx(search_seconds(ga.candidates, 0, timings, 4)) and ga.seconds <= left * 2 / 3
+    one_more = ga.candidates + 8  # a generation scores half of its 16 children (the surrogate keeps the rest out)
+    assert search_seconds(one_more, 0, timings, 4) > left * 2 / 3
+    # descent: 3 seeds, a gradient pass on 3 windows and a forward on 1 per step, the rounded point
+    step = 3 * 3.9 + 0.9
+    assert descent.seconds == pytest.approx((3 + 1) * 4 * 0.9 + descent.backward_steps * step)
+    assert ga.seconds + descent.seconds <= left < ga.seconds + descent.seconds + step  # no room for one more step
+    starved = make_plan(timings, 100, tuning_settings=tuning, search_windows=4, test_windows=16)
+    assert starved.ga is None and starved.descent is None and "no search" in starved.note
+
+
+def test_the_readme_gives_the_runs_the_script_makes():
+    import gpu_table
+    from gpu_table_parts.device_runs import PART_BYTES, device_runs
+
+    runs = device_runs(gpu_table.part_names(gpu_table.GGUF_SIZE, PART_BYTES, gpu_table.GGUF_NAME), gpu_table.GGUF_NAME)
+    assert len(runs) == 4 and all(len(run.command) <= 2000 and len(run.carry) <= 8 for run in runs)
+    readme = (ROOT / "bench" / "README.md").read_text()
+    for run in runs:
+        assert run.command in readme and ", ".join(f'"{c}"' for c in run.carry) in readme
+    assert f"timeout_s {runs[-1].timeout_s}" in readme
+
+
+@pytest.mark.slow
+def test_dry_run_gives_every_row_at_both_targets_and_refuses_bad_input(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "dry.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_table.py"), "dry-run", "--work", str(work), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["finished"] and result["dry_run"] and "longrope-shim" in result["package"]  # nothing installed
+    assert (work / "gpu" / "tiny.gguf").read_bytes() == (work / "tiny.gguf").read_bytes()
+    rows = {"none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned", "yarn_tuned"}
+    rows |= {"searched: GA + surrogate", "searched: descent"}
+    assert result["plan"]["ga"] and result["plan"]["descent"]
+    for target in ("256", "512"):
+        entry = result["targets"][target]
+        assert set(entry["per_window"]) == rows and all(len(v) == 16 for v in entry["per_window"].values())
+        methods = entry["compare"]["methods"]
+        assert set(methods) == rows and entry["compare"]["windows"] == {target: 16}
+        best = entry["compare"]["best_baseline"]
+        assert methods[best]["paired_difference_to_best_baseline"] == pytest.approx([0.0, 0.0, 0.0])
+        assert all(f"| {row} |" in entry["table"] for row in rows)
+        ga, descent = entry["searches"]["dim_mono"], entry["searches"]["gradient"]
+        assert ga["search"]["surrogate"] == {"enabled": True} and ga["scored"] == len(ga["history"]) >= 4
+        assert descent["backward_steps"] >= 1
+        for record in ga["history"] + descent["history"]:
+            HistoryRecord.model_validate(record)  # what history.jsonl would hold
+        assert ga["best_search_nll"] == min(r["mean_nll"] for r in ga["history"])
+
+    run = [sys.executable, str(ROOT / "bench" / "gpu_table.py"), "run", "--device", "cpu", "--out"]
+    damaged = tmp_path / "damaged.gguf"
+    data = bytearray((work / "tiny.gguf").read_bytes())
+    data[-1] ^= 1
+    damaged.write_bytes(bytes(data))
+    bundle = work / "stage" / "bundle"
+    done = subprocess.run(
+        [*run, str(tmp_path / "a.json"), "--gguf", str(damaged), "--bundle", str(bundle)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "has sha256" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "a.json").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "windows.safetensors").write_bytes((bundle / "windows.safetensors").read_bytes())
+    record = json.loads((bundle / "bundle.json").read_text()) | {"weights_digest": "0" * 64}
+    (other / "bundle.json").write_text(json.dumps(record))
+    done = subprocess.run(
+        [
+            *run,
+            str(tmp_path / "b.json"),
+            "--gguf",
+            str(work / "gpu" / "tiny.gguf"),
+            "--bundle",
+            str(other),
+            "--work",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "weights hash to" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "w").exists()
