@@ -33,8 +33,9 @@ from longrope.search.optimizers.factory import load_job_config, search_plan
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.needle_report import needle_table
-from longrope.search.run.job_context import JobContext, file_checks_of, offline_checks
+from longrope.search.run.job_context import JobContext
 from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError
+from longrope.search.run.validation_checks import file_checks_of, offline_checks
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError
 
@@ -176,6 +177,10 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_text(plan) -> str:
+    return f"{plan.candidates} candidates at most ({plan.text})"
+
+
 def validation_summary(config: JobConfig, original: int | None, checks: list[dict]) -> list[str]:
     """`validate`'s verdict and the few facts a user checks by eye: the model and lengths, the search's size and
     seeds, the data and its windows, and what --offline left unchecked."""
@@ -189,7 +194,7 @@ def validation_summary(config: JobConfig, original: int | None, checks: list[dic
         seeds = [*search.seeds, *(f"file:{Path(path).name}" for path in search.seed_files)]
     lines = [
         f"validate: ok — {config.name}: model {config.model.path}, {lengths}{scale}",
-        f"  search: {search.optimizer}, population {search.population}, {search.generations} generations, "
+        f"  search: {search.optimizer}, {_plan_text(search_plan(search, len(seeds)))}, "
         f"{search.factor} factors, seeds {', '.join(seeds)}",
         f"  search data: {_source_line(by_what['data.search_source'])}; {data.search_windows} search windows of "
         f"{window_length or '(from the model)'} tokens per objective ({', '.join(data.objective_weights())})",

@@ -11,7 +11,7 @@ import numpy as np
 
 from longrope.encodings import LongRope, RopeMethod
 from longrope.encodings.baselines import baseline_methods
-from longrope.search.config.factors_file import long_factor_problem, read_factors_file
+from longrope.search.config.factors_file import read_factors_file
 from longrope.search.config.job_config import JobConfig, check_lengths_message
 from longrope.search.config.strict import JobConfigError
 from longrope.search.optimizers.genome import SearchSpace, Seed, resolve_space
@@ -19,8 +19,13 @@ from longrope.search.run.job_record import RopeShape
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir, RunStoreError
 from longrope.search.run.stages import last_stage
-from longrope.search.run.tensorboard_scalars import check_tensorboard
-from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
+from longrope.search.run.validation_checks import (
+    check_seed_factors,
+    file_checks_of,
+    validation_check,
+    window_supply_checks,
+)
+from longrope.workers.documents import TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
 from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
 from longrope.workers.specs import ModelSpec, PoolSpec
@@ -257,6 +262,9 @@ class JobContext:
             ),
             validation_check("search.seeds", [seed.name for seed in seeds], "ok", "seeds and seed files resolved"),
             *(file_checks if file_checks is not None else file_checks_of(self.config)),
+            *window_supply_checks(
+                self.config, self.tokenizer, search_length=self.search_length + 1, test_length=self.target_length + 1
+            ),
         ]
 
     def check_model(self) -> None:
@@ -300,84 +308,6 @@ def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
-def check_seed_factors(where: str, factors: np.ndarray, pairs: int | None) -> None:
-    """A seed's long factors: one per rotary pair (when the model's pair count is known), and what every reader of
-    long factors checks (`long_factor_problem`: >= 1, bounded, non-decreasing)."""
-    if pairs is not None and len(factors) != pairs:
-        raise JobConfigError(f"{where}: expected {pairs} factors (rotary_dim / 2), got {len(factors)}")
-    problem = long_factor_problem([float(f) for f in factors])
-    if problem:
-        raise JobConfigError(f"{where}: {problem}")
-
-
-def check_source(field: str, source: str, text_field: str) -> int:
-    """A data source read as the search reads it (`read_source`: it exists and holds readable documents; every
-    file parsed), but not tokenized: the windows are cut by the search. Returns the number of documents. The
-    error names the field and the value, as a bad model.path does: "data.test_source: '/d' does not exist"."""
-    try:
-        return len(read_source(source, text_field=text_field))
-    except DataError as exc:
-        raise DataError(f"{field}: {str(exc).removeprefix('data source: ')}") from exc
-
-
-def data_source_checks(config: JobConfig, *, offline: bool = False) -> list[dict]:
-    """The data sources' entries of `validate`'s checks. `--offline` skips the ones on disk (they may be on the
-    cluster only); `corpus:` sources ship with the package and are checked either way."""
-    checks = []
-    for name in ("search_source", "test_source"):
-        source = getattr(config.data, name)
-        if offline and not source.startswith(CORPUS_PREFIX):
-            checks.append(validation_check(f"data.{name}", source, "skipped", "--offline: not read"))
-            continue
-        count = check_source(f"data.{name}", source, config.data.text_field)
-        checks.append(validation_check(f"data.{name}", source, "ok", f"{count} documents read (not tokenized)"))
-    return checks
-
-
-def file_checks_of(config: JobConfig) -> list[dict]:
-    """What `validate` checks without the model: the data sources read (not tokenized) and the tensorboard package.
-    Made before the model is resolved, so a missing data folder is named at once, before a `.gguf` model is
-    dequantized into the conversion cache (minutes, hundreds of MB)."""
-    return [*data_source_checks(config), *tensorboard_checks(config)]
-
-
-def offline_checks(config: JobConfig) -> list[dict]:
-    """`validate --offline`: a cluster's config on a machine without its model or data. The config itself is
-    checked (it is loaded before this runs), and every factors file present here; what needs the model or the
-    cluster's files is listed as skipped. Imports neither torch nor Ray."""
-    original = config.original_length
-    lengths = (
-        validation_check("lengths", config.target_length, "ok", f"target_length > original_length ({original})")
-        if original
-        else validation_check("lengths", config.target_length, "skipped", "original_length comes from the model")
-    )
-    return [
-        validation_check("config", None, "ok", "fields, types, ranges and cross-field rules"),
-        validation_check("model.path", config.model.path, "skipped", "--offline: not read (config.json, tokenizer)"),
-        lengths,
-        validation_check("search.seeds", list(config.search.seeds), "skipped", "computed from the model's RoPE"),
-        *[_offline_factors_check(field, path) for field, path in _factors_paths(config)],
-        *data_source_checks(config, offline=True),
-        *tensorboard_checks(config, offline=True),
-    ]
-
-
-def _factors_paths(config: JobConfig) -> list[tuple[str, str]]:
-    search = config.search
-    paths = [("search.seed_files", path) for path in search.seed_files]
-    return paths + ([("search.long_factors", search.long_factors)] if search.long_factors else [])
-
-
-def _offline_factors_check(field: str, path: str) -> dict:
-    """A factors file present here is read and its long factors checked (>= 1, non-decreasing; their count
-    needs the model); a run directory or a path that exists only on the cluster is skipped."""
-    if not Path(path).is_file():
-        return validation_check(field, path, "skipped", "--offline: not a factors file on this machine")
-    block = read_factors_file(path, f"{field}: {path}").rope_parameters
-    check_seed_factors(f"{field}: {path}: rope_parameters.long_factor", np.asarray(block.long_factor), None)
-    return validation_check(field, path, "ok", "long factors >= 1 and non-decreasing (their count needs the model)")
-
-
 def tokenizer_source(config: JobConfig, model_dir: Path) -> str | Path:
     """Where the job's tokenizer comes from: `data.tokenizer` "bytes" (and always for the byte-level reference
     model), "model" (the model directory), or a directory of its own."""
@@ -389,26 +319,6 @@ def tokenizer_source(config: JobConfig, model_dir: Path) -> str | Path:
     if not Path(choice).is_dir():
         raise DataError(f"data.tokenizer: {choice!r} is neither 'model', 'bytes' nor a tokenizer directory")
     return Path(choice)
-
-
-def tensorboard_checks(config: JobConfig, *, offline: bool = False) -> list[dict]:
-    """`search.tensorboard: true` needs the tensorboard package on the machine that runs `longrope search`
-    (--offline: maybe not this one, so a missing package is a skip there, not an error)."""
-    if not config.search.tensorboard:
-        return []
-    try:
-        check_tensorboard(config)
-    except JobConfigError as exc:
-        if not offline:
-            raise
-        return [validation_check("search.tensorboard", True, "skipped", f"--offline: {exc}")]
-    detail = "the tensorboard package is installed (scalars go to RUN/tensorboard/)"
-    return [validation_check("search.tensorboard", True, "ok", detail)]
-
-
-def validation_check(what: str, value, result: str, detail: str) -> dict:
-    """One entry of `validate`'s "checks" list: what was looked at, its value, "ok" or "skipped", and how."""
-    return {"what": what, "value": value, "result": result, "detail": detail}
 
 
 def _run_target_length(path: str) -> int:

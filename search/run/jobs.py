@@ -25,13 +25,14 @@ from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.optimizers.searcher import Searcher
 from longrope.search.run.coordinator import Coordinator, SearchProblem, load_searcher
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
-from longrope.search.run.job_context import JobContext, check_source
+from longrope.search.run.job_context import JobContext
 from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.run.reporting import SearchReporter, SilentReporter
 from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError, final_count, write_json_atomic
 from longrope.search.run.stages import is_staged, stage_configs
 from longrope.search.run.tensorboard_scalars import check_tensorboard, check_tensorboard_folder
+from longrope.search.run.validation_checks import check_source
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.documents import CORPUS_PREFIX
 from longrope.workers.errors import DataError
