@@ -220,13 +220,14 @@ def test_validate_offline_needs_neither_the_model_nor_the_data_nor_torch(tmp_pat
 
 def test_validate_lists_what_it_checked(tmp_path, capsys):
     source = tmp_path / "docs.jsonl"
-    source.write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(3)))
+    # the demo's 24 test windows of 1025 tokens (the reference model reads bytes): 24 documents of about 1300
+    source.write_text("".join(json.dumps({"text": f"document {i:02d} " * 100}) + "\n" for i in range(24)))
     assert main(["validate", str(CONFIGS / "demo.yaml"), "--json", "--set", f"data.test_source={source}"]) == 0
     document = json.loads(capsys.readouterr().out)
     checks = {c["what"]: c for c in document["checks"]}
     assert {"config", "model.path", "lengths", "search.seeds", "data.search_source", "data.test_source"} <= set(checks)
     assert all(c["result"] == "ok" for c in checks.values())
-    assert checks["data.test_source"]["value"] == str(source) and "3 documents" in checks["data.test_source"]["detail"]
+    assert checks["data.test_source"]["value"] == str(source) and "24 documents" in checks["data.test_source"]["detail"]
     assert document["original_length"] == 128 and document["config"]["data"]["test_source"] == str(source)
 
 

@@ -233,7 +233,8 @@ def test_a_gguf_with_rope_scaling_is_refused_as_a_model_path(tmp_path, capsys, t
 
 def test_a_config_for_a_longer_trained_model_is_refused_on_the_toy_model(capsys):
     config = DEMO.with_name("smollm2-135m-16k.yaml")
-    line = refused(capsys, "validate", config, "--set", "model.path=reference")
+    shipped = ["--set", "data.search_source=corpus:search", "--set", "data.test_source=corpus:test"]  # data there
+    line = refused(capsys, "validate", config, "--set", "model.path=reference", *shipped)
     assert "original_length: 8192, but the model at 'reference' was pre-trained at 128 tokens" in line
 
 
