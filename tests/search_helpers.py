@@ -85,21 +85,37 @@ def make_coordinator(
     """A quiet coordinator for `config` with its searcher built as `longrope search` builds it, complete: with
     `resume`, the run directory's history and state loaded first (`coordinator.restore`); `options` go to the
     Coordinator (a watcher, a backward_cost)."""
-    from longrope.search.optimizers.factory import make_searcher
     from longrope.search.run.coordinator import Coordinator, restore
 
     search_problem = search_problem or problem(getattr(evaluator, "windows", 1))
-    searcher = make_searcher(
+    searcher = built_searcher(config, search_problem)
+    if resume:
+        history, state = restore(run_dir, searcher)
+        options |= {"history": history.records, "state": state}
+    return Coordinator(config.search, search_problem, run_dir, evaluator, searcher, **options)
+
+
+def built_searcher(config, search_problem: SearchProblem):
+    """`config`'s searcher on the known problem, built as `longrope search` builds it."""
+    from longrope.search.optimizers.factory import make_searcher
+
+    return make_searcher(
         config.search,
         pairs=search_problem.pairs,
         scale=search_problem.scale,
         seeds=search_problem.seeds,
         mix=search_problem.mix,
     )
-    if resume:
-        history, state = restore(run_dir, searcher)
-        options |= {"history": history.records, "state": state}
-    return Coordinator(config.search, search_problem, run_dir, evaluator, searcher, **options)
+
+
+def replayed_state(config, run_dir, windows: int = 1) -> dict:
+    """The searcher's state as a resume rebuilds it (state.json keeps none since format 3): a fresh searcher told
+    history.jsonl's results as it asks for them (`replay.replay`), as JSON."""
+    from longrope.search.run.replay import replay
+
+    searcher = built_searcher(config, problem(windows))
+    replay(run_dir, searcher, run_dir.read_history())
+    return searcher.state().model_dump(mode="json")
 
 
 class FunctionEvaluator:

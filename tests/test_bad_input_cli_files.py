@@ -116,7 +116,7 @@ CASES = [
             "--resume",
             str(deleted(known_problem_run(t / "run") / "history.jsonl").parent),
         ],
-        "history.jsonl: lacks",
+        "history.jsonl: holds no scored candidate, but state.json has reached generation",
         id="resume-history-deleted",
     ),
     pytest.param(

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from known_problem import TARGET, problem
-from search_helpers import FunctionEvaluator, make_coordinator, write_job_record
+from search_helpers import FunctionEvaluator, make_coordinator, replayed_state, write_job_record
 
 from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.factory import load_job_config
@@ -47,8 +47,8 @@ def test_a_non_finite_point_is_refused_and_the_state_round_trips():
     )
 
 
-def hybrid_run(run_dir, evaluator, *extra: str) -> None:
-    """A hybrid on the known problem (4 generations), polished once at its end in 6 steps."""
+def hybrid_run(run_dir, evaluator, *extra: str):
+    """A hybrid on the known problem (4 generations), polished once at its end in 6 steps; returns its config."""
     settings = [
         "target_length=256",
         f"data.search_windows={WINDOWS}",
@@ -62,7 +62,12 @@ def hybrid_run(run_dir, evaluator, *extra: str) -> None:
     config = load_job_config(None, settings)
     RunDir(run_dir).create(config)
     write_job_record(run_dir, config, search_windows={"count": WINDOWS, "tokens": TARGET + 1})
-    make_coordinator(config, RunDir(run_dir), evaluator, problem(WINDOWS)).run()
+    try:
+        make_coordinator(config, RunDir(run_dir), evaluator, problem(WINDOWS)).run()
+    except RuntimeError as crash:
+        crash.config = config  # a simulated crash: the test reads the run it left
+        raise
+    return config
 
 
 def polish_lines(run_dir, method: str, wobble: float) -> list[dict]:
@@ -88,11 +93,11 @@ def test_mid_polish_the_anchor_is_the_best_step_told_and_alpha_follows_the_verdi
     refusal, in the order told."""
     run_dir = tmp_path / "run"
     evaluator = FunctionEvaluator(windows=WINDOWS, wobble=0.05, fail_on_call=fail_on_call)
-    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+    with pytest.raises(RuntimeError, match="simulated coordinator crash") as crash:
         hybrid_run(run_dir, evaluator)
     lines = (run_dir / "history.jsonl").read_text().splitlines()
     records = {record["key"]: record for record in map(json.loads, lines)}
-    polish = json.loads((run_dir / "state.json").read_text())["optimizer"]["state"]["polish"]
+    polish = replayed_state(crash.value.config, RunDir(run_dir), WINDOWS)["polish"]  # as a resume rebuilds it
     scores = [records[key]["mean_nll"] for key, _ in polish["told"]]  # the steps the polish was told, in order
     line_search = polish["descent"]["line_search"]
     first_alpha = GradientConfig().polish_learning_rate

@@ -158,7 +158,8 @@ def test_racing_crash_then_resume_equals_a_clean_run_and_scores_no_window_twice(
     assert resumed_best == clean_best
     clean_state = json.loads(clean_dir.file("state.json").read_text())
     crashed_state = json.loads(crash_dir.file("state.json").read_text())
-    assert crashed_state["optimizer"]["state"] == clean_state["optimizer"]["state"]
+    assert crashed_state["optimizer"] == clean_state["optimizer"]
+    assert crashed_state["progress"] == clean_state["progress"]
     assert crash_dir.read_history() == clean_dir.read_history()
     assert crashing.window_evaluations + resumed.window_evaluations == clean_evaluator.window_evaluations
 

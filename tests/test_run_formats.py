@@ -9,7 +9,8 @@ import json
 import shutil
 
 import pytest
-from run_dir_helpers import cheap_config, stopped_run
+from run_dir_helpers import GRADIENT, HYBRID, cheap_config, descent_run, stopped_run
+from search_helpers import known_problem_run
 from test_old_run_dirs import FIXTURES
 
 from longrope.search.cli.main import main
@@ -30,7 +31,7 @@ def test_config_json_and_state_json_carry_the_format_and_the_hash_of_what_is_wri
     run = stopped_run(tmp_path / "run")
     config = json.loads((run / "config.json").read_text())
     state = json.loads((run / "state.json").read_text())
-    assert config["format"] == state["format"] == FORMAT == 2
+    assert config["format"] == state["format"] == FORMAT == 3
     identity = {k: v for k, v in config["config"].items() if k not in ("output_dir", "workers")}
     identity["search"] = {k: v for k, v in identity["search"].items() if k != "tensorboard"}
     assert config["config_hash"] == sha16(identity) == state["config_hash"]
@@ -149,3 +150,51 @@ def test_a_resume_with_another_config_names_the_field_that_differs(tmp_path):
     other = cheap_config(run, "search.generations=4")
     with pytest.raises(RunStoreError, match=r"holds a run of another config \(search\.generations differs\)"):
         RunDir(run).check_matches(other)
+
+
+@pytest.mark.parametrize(
+    "make_run",
+    [
+        lambda t: known_problem_run(t / "run", "search.generations=2"),
+        lambda t: known_problem_run(t / "run", "search.generations=2", "search.optimizer=cmaes"),
+        lambda t: descent_run(t / "run", GRADIENT),
+        lambda t: descent_run(t / "run", HYBRID),
+    ],
+    ids=["ga", "cmaes", "gradient", "hybrid"],
+)
+def test_state_json_keeps_no_copy_of_what_the_history_holds(tmp_path, make_run):
+    """Format 3: a searcher that a replay rebuilds has no state in state.json, only where it stands (progress),
+    how it stopped and its timings; `status` reads the generation from there."""
+    run = make_run(tmp_path)
+    state = json.loads((run / "state.json").read_text())
+    assert state["optimizer"]["state"] is None and state["progress"]["generation"] > 0
+    kept = {"format", "config_hash", "optimizer", "progress", "generation_seconds", "polish_seconds", "finished"}
+    assert set(state) <= kept | {"stopped_early", "total_generations"}
+    assert main(["status", "--json", str(run)]) == 0
+
+
+def test_the_steady_ga_keeps_its_own_state(tmp_path):
+    """Its parents depend on the order results arrived in, which no replay of the history recovers."""
+    run = known_problem_run(tmp_path / "run", "search.schedule=steady", "search.generations=2")
+    own = json.loads((run / "state.json").read_text())["optimizer"]["state"]
+    assert own["rng"] and own["population"] and own["pending"] == []
+
+
+def test_an_older_state_jsons_copies_are_not_what_a_resume_goes_by(tmp_path, capsys):
+    """A format-2 GA state.json's told scores and early-stop bests edited (each a copy of history.jsonl): every
+    reader takes the run as it was, with the best the history holds (a replay rebuilds the GA on resume)."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "013706b-killed", run)
+    state = json.loads((run / "state.json").read_text())
+    evolution = state["optimizer"]["state"]
+    evolution["told"] = [[genome, 0.001] for genome, _ in evolution["told"]]
+    evolution["early_stop"]["best_by_generation"] = [0.001]
+    (run / "state.json").write_text(json.dumps(state))
+    assert main(["status", "--json", str(run)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    old = json.loads((FIXTURES / "013706b-killed.status.json").read_text())
+    assert (status["best_perplexity"], status["best_key"], status["generation"]) == (
+        old["best_perplexity"],
+        old["best_key"],
+        old["generation"],
+    )

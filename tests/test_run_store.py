@@ -17,6 +17,7 @@ from search_helpers import FunctionEvaluator, make_coordinator
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.run.coordinator import Coordinator
+from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir, RunStoreError, write_json_atomic
 
 
@@ -129,12 +130,13 @@ def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_free(tmp_path):
         pass
 
 
-def test_resume_with_history_missing_writes_nothing(tmp_path, clean):
+def test_a_run_with_history_missing_is_refused_and_nothing_written(tmp_path, clean):
+    """What `--resume` and every command read the directory through (`read_run`) refuses it."""
     run_dir, _ = clean
     run_dir.file("history.jsonl").unlink()
     before = snapshot(run_dir.path)
-    with pytest.raises(RunStoreError, match=r"history\.jsonl: lacks \d+ of the \d+ candidates that state\.json"):
-        coordinator(job(run_dir.path), run_dir, resume=True)
+    with pytest.raises(RunStoreError, match=r"history\.jsonl: holds no scored candidate, but state\.json has reached"):
+        read_run(run_dir)
     assert snapshot(run_dir.path) == before
 
 

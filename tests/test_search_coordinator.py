@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from known_problem import OPTIMUM, objective, problem
-from search_helpers import JOB_RECORD, FunctionEvaluator, run_job
+from search_helpers import JOB_RECORD, FunctionEvaluator, replayed_state, run_job
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.run.run_store import RunDir, RunStoreError
@@ -32,7 +32,8 @@ def test_finds_the_known_optimum(tmp_path):
     assert best.mean_nll < 0.05 * seed_best
     assert np.abs(np.asarray(best.factors) - OPTIMUM).max() < 0.35
     state = json.loads((tmp_path / "state.json").read_text())
-    assert state["finished"] and len(state["optimizer"]["state"]["early_stop"]["best_by_generation"]) == 41
+    early_stop = replayed_state(config, RunDir(tmp_path))["early_stop"]
+    assert state["finished"] and len(early_stop["best_by_generation"]) == 41
     coordinator_best = min(
         (json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()),
         key=lambda record: record["mean_nll"],
@@ -54,7 +55,8 @@ def test_crash_then_resume_reaches_the_uninterrupted_result(tmp_path):
     assert resumed_best == clean_best
     clean_state = json.loads(clean_dir.file("state.json").read_text())
     resumed_state = json.loads(crash_dir.file("state.json").read_text())
-    assert resumed_state["optimizer"]["state"] == clean_state["optimizer"]["state"]
+    assert resumed_state["optimizer"] == clean_state["optimizer"]
+    assert resumed_state["progress"] == clean_state["progress"]
     assert clean_dir.read_history().keys() == crash_dir.read_history().keys()
     assert crashing.evaluated + resumed_evaluator.evaluated == len(clean_dir.read_history()), "nothing scored twice"
 
@@ -77,7 +79,7 @@ def test_early_stop_after_patience_without_improvement(tmp_path):
     run_job(config, RunDir(tmp_path), FunctionEvaluator())
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["stopped_early"] and state["finished"]
-    best_by_generation = state["optimizer"]["state"]["early_stop"]["best_by_generation"]
+    best_by_generation = replayed_state(config, RunDir(tmp_path))["early_stop"]["best_by_generation"]
     assert len(best_by_generation) == 3, "stops once 2 generations failed to improve by 10 nats"
 
 

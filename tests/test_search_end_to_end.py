@@ -59,7 +59,7 @@ def reference_model_run(tmp_path_factory):
 def test_run_directory_is_complete(reference_model_run):
     _, run_dir, best = reference_model_run
     state = run_dir.read_state()
-    assert state.finished and state.searcher.generation == 3
+    assert state.finished and state.progress.generation == 3 and state.searcher is None  # the GA is replayed
     history = run_dir.read_history()
     assert len(history) == 8 + 2 * 6 and best == run_dir.best_record()
     assert {r.seed for r in history.values()} >= {"pi", "ntk", "yarn"}

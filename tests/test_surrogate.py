@@ -148,7 +148,7 @@ def test_a_generation_scores_the_children_a_surrogate_fitted_by_hand_ranks_best(
     predicted = ((by_hand(proposals) - mean) / scale) @ weights
     best = {proposals[i].key for i in np.argsort(predicted, kind="stable")[:3]}
     assert {c.key for c in asked} == best
-    assert evolution.state().screening() == (12, 9)
+    assert (evolution.progress().proposed, evolution.progress().screened_out) == (12, 9)
 
 
 # ---- a run: counts, determinism, resume ----
@@ -214,7 +214,7 @@ def test_a_crash_anywhere_resumes_to_the_uninterrupted_run(tmp_path, fail_on_cal
     assert best == clean_best
     clean_state = json.loads((tmp_path / "clean" / "state.json").read_text())
     state = json.loads((crashed / "state.json").read_text())
-    assert state["optimizer"] == clean_state["optimizer"]
+    assert state["optimizer"] == clean_state["optimizer"] and state["progress"] == clean_state["progress"]
     assert sorted(r["key"] for r in history(crashed)) == sorted(r["key"] for r in history(tmp_path / "clean"))
 
 
@@ -223,9 +223,8 @@ def test_the_hybrid_screens_its_evolution(tmp_path):
         tmp_path, "search.optimizer=hybrid", "search.gradient.polish_steps=2", "search.gradient.holdout_windows=1"
     )
     run(config, tmp_path)
-    state = json.loads((tmp_path / "state.json").read_text())
-    evolution = state["optimizer"]["state"]["evolution"]
-    assert evolution["proposed"] - evolution["screened_out"] == 6 * 4
+    progress = json.loads((tmp_path / "state.json").read_text())["progress"]
+    assert progress["proposed"] - progress["screened_out"] == 6 * 4
 
 
 @pytest.mark.parametrize(

@@ -61,10 +61,6 @@ class CmaesState(SearcherState):
     def told_scores(self) -> dict[str, float]:
         return told_from_json(self.told)[1]
 
-    def recorded_bests(self) -> list[float | None]:
-        """The best score after each generation the early stop recorded (null: none finite)."""
-        return self.early_stop.best_by_generation
-
     @property
     def stopped_early(self) -> bool:
         return self.early_stop.stopped

@@ -1,6 +1,6 @@
-"""state.json's record of a descent (`GradientDescent.state().descent`): typed and finite, so that a resumed
-run never believes a value nobody wrote. Its lengths and its agreement with history.jsonl are checked where the
-run's parameter space is known (search/run/descent_check.py)."""
+"""A descent's state (`GradientDescent.state().descent`), typed and finite: what the optimizer hands around in
+memory (a polish is a descent inside the hybrid), and what a format-1/2 state.json held. Format 3 writes none: a
+descent is a function of its recorded points, NLLs and gradients, so a resume replays history.jsonl instead."""
 
 from __future__ import annotations
 

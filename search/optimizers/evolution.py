@@ -40,6 +40,7 @@ from longrope.search.optimizers.searcher import (
     Searcher,
     SearcherState,
     SearchPlan,
+    SearchProgress,
     best_score,
     json_score,
     rank_score,
@@ -74,10 +75,6 @@ class EvolutionState(SearcherState):
     def recorded_bests(self) -> list[float | None]:
         """The best score after each generation the early stop recorded (null: none finite)."""
         return self.early_stop.best_by_generation
-
-    def screening(self) -> tuple[int, int]:
-        """search.surrogate's counts so far: children proposed, and of those screened out before scoring."""
-        return self.proposed, self.screened_out
 
     @property
     def stopped_early(self) -> bool:
@@ -114,6 +111,16 @@ class DimMonoEvolution(Searcher):
         self._arrived: dict[str, float] = {}  # scores of the generation out, until all of it is in
         self.screen = ChildScreen(settings.surrogate, grid) if settings.surrogate.enabled else None
         self.proposals_per_child = settings.surrogate.proposals if self.screen else 1
+
+    @property
+    def replays(self) -> bool:
+        return not self.steady  # a steady run's parents depend on the order results arrived in
+
+    def progress(self) -> SearchProgress:
+        proposed, screened_out = self.screen.counts() if self.screen else (0, 0)
+        return SearchProgress(
+            generation=self.generation, proposed=proposed, screened_out=screened_out, stopped_early=self.stopped_early
+        )
 
     @staticmethod
     def plan(search: SearchConfig, seeds: int) -> SearchPlan:

@@ -24,7 +24,15 @@ from longrope.search.optimizers.gradient import GradientDescent, GradientState
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import generation_label, polish_position
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher, SearcherState, SearchPlan
+from longrope.search.optimizers.searcher import (
+    Candidate,
+    GenerationEnd,
+    PolishProgress,
+    Searcher,
+    SearcherState,
+    SearchPlan,
+    SearchProgress,
+)
 
 
 class HybridState(SearcherState):
@@ -37,19 +45,6 @@ class HybridState(SearcherState):
     @property
     def generation(self) -> int:
         return self.evolution.generation
-
-    def told_scores(self) -> dict[str, float]:
-        polish = self.polish.told_scores() if self.polish is not None else {}
-        return {**self.evolution.told_scores(), **polish}
-
-    def parent_keys(self) -> list[str]:
-        return self.evolution.parent_keys()
-
-    def recorded_bests(self) -> list[float | None]:
-        return self.evolution.recorded_bests()
-
-    def screening(self) -> tuple[int, int]:
-        return self.evolution.screening()
 
     @property
     def stopped_early(self) -> bool:
@@ -144,7 +139,9 @@ class HybridSearch(Searcher):
         return None if self.polish is not None else self.evolution.threshold()
 
     def outstanding(self) -> list[Candidate]:
-        return self.polish.outstanding() if self.polish is not None else self.evolution.outstanding()
+        if self.polish is None:
+            return self.evolution.outstanding()
+        return [replace(c, generation=self.evolution.generation) for c in self.polish.outstanding()]  # as `ask`'s
 
     def position(self) -> str:
         """Where the run goes on from: its next generation, or the polish between two generations, as "the polish
@@ -160,6 +157,17 @@ class HybridSearch(Searcher):
     @property
     def stopped_early(self) -> bool:
         return self.evolution.stopped_early
+
+    def progress(self) -> SearchProgress:
+        """The evolution's, with the polish under way or due now (its steps carry the generation after the one
+        it polishes)."""
+        polish = None
+        if self.polish_due():
+            steps = self.settings.gradient.polish_steps
+            done = 0 if self.polish is None else min(self.polish.generation - 1, steps)
+            rounded = self.polish is not None and self.polish.rounded
+            polish = PolishProgress(after_generation=self.generation - 1, steps_done=done, steps=steps, rounded=rounded)
+        return self.evolution.progress().model_copy(update={"polish": polish})
 
     def _evolution_best(self) -> Genome:
         return self.evolution.genomes[self.evolution.best()[0]]

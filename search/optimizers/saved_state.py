@@ -15,8 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny, create_model, model_validator
 
+from longrope.search.optimizers.evolution import EvolutionState
 from longrope.search.optimizers.factory import SEARCHERS
-from longrope.search.optimizers.searcher import Searcher, SearcherState
+from longrope.search.optimizers.hybrid import HybridState
+from longrope.search.optimizers.searcher import PolishProgress, Searcher, SearcherState, SearchProgress
 
 
 class OptimizerState(BaseModel):
@@ -25,12 +27,12 @@ class OptimizerState(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     kind: str
-    state: SerializeAsAny[SearcherState]
+    state: SerializeAsAny[SearcherState] | None = None  # format 3: only a searcher that does not replay (steady)
 
     @model_validator(mode="before")
     @classmethod
     def _typed(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("state"), dict):
+        if not isinstance(data, dict) or not isinstance(data.get("state"), dict):  # null: a replayed searcher
             return data  # not a mapping, or a state already typed: the fields' own checks say what is wrong
         kind = data.get("kind")
         if kind not in SEARCHERS:
@@ -76,3 +78,27 @@ def legacy_state(data: dict[str, Any]) -> dict[str, Any]:
 def _ga_fields(evolution: dict[str, Any]) -> dict[str, Any]:
     names = ("generation", "rng", "population", "told", "pending", "children_told", "generation_keys")
     return {name: evolution[name] for name in names if name in evolution}
+
+
+def legacy_progress(state: SearcherState, search: Any, last_generation: int) -> SearchProgress:
+    """A format-1/2 state.json's searcher state as the `progress` format 3 writes: the generation, the surrogate's
+    counts, the stop, and a hybrid's polish under way or due after the last generation done (by the rule the
+    hybrid polishes by, `GradientConfig.polishes_after`)."""
+    evolution = state.evolution if isinstance(state, HybridState) else state
+    counts = {}
+    if isinstance(evolution, EvolutionState):
+        counts = {"proposed": evolution.proposed, "screened_out": evolution.screened_out}
+    progress = SearchProgress(generation=state.generation, stopped_early=state.stopped_early, **counts)
+    if not isinstance(state, HybridState):
+        return progress
+    steps, done = search.gradient.polish_steps, state.generation - 1
+    if state.polish is not None:
+        steps_done, rounded = min(state.polish.generation - 1, steps), state.polish.descent.rounded
+        polish = PolishProgress(after_generation=done, steps_done=steps_done, steps=steps, rounded=rounded)
+    elif done > state.polished_through and search.gradient.polishes_after(
+        done, last_generation, evolution.stopped_early or evolution.exhausted
+    ):
+        polish = PolishProgress(after_generation=done, steps_done=0, steps=steps)
+    else:
+        return progress
+    return progress.model_copy(update={"polish": polish})

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import generation_label
@@ -69,25 +69,42 @@ class SearchPlan:
     text: str
 
 
+class PolishProgress(BaseModel):
+    """A hybrid's polish under way, or due now: after which generation, its steps told of `steps`, and whether its
+    best is rounded to the grid yet."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    after_generation: int = Field(ge=0)
+    steps_done: int = Field(ge=0)
+    steps: int = Field(ge=1)
+    rounded: bool = False
+
+
+class SearchProgress(BaseModel):
+    """Where a searcher stands, as `status` shows it (state.json's `progress`). Written after each generation and
+    never read back by the search: a resume rebuilds the searcher from history.jsonl, so this is a report, not a
+    second copy of anything the search decides by."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    generation: int = Field(ge=0)  # the generation being asked and scored (0: the initial population)
+    polish: PolishProgress | None = None
+    proposed: int = Field(default=0, ge=0)  # search.surrogate: children bred after generation 0
+    screened_out: int = Field(default=0, ge=0)  # of those, kept from scoring by the surrogate
+    stopped_early: bool = False  # its own stop rule ended it before its budget
+
+
 class SearcherState(BaseModel):
-    """What every searcher's state model (state.json's optimizer.state) is: strict JSON, and what a run's checks
-    and `status` ask of it, with defaults for a searcher that keeps no such thing. `generation` is every state's
-    (a field, or a property of a composed state)."""
+    """What every searcher's state model is: strict JSON. state.json holds it only for a searcher that cannot be
+    rebuilt by replaying history.jsonl (`Searcher.replays`); `generation` is every state's (a field, or a property
+    of a composed state)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
     def told_scores(self) -> dict[str, float]:
         """Every told candidate's score by key, when the state keeps them (history.jsonl must hold each)."""
         return {}
-
-    def parent_keys(self) -> list[str]:
-        return []  # the candidates it breeds from, when it has parents (each must be told)
-
-    def recorded_bests(self) -> list[float | None]:
-        return []  # the best score after each generation, when an early stop records them
-
-    def screening(self) -> tuple[int, int]:
-        return 0, 0  # search.surrogate: children proposed, and of those screened out
 
     @property
     def stopped_early(self) -> bool:
@@ -169,6 +186,17 @@ class Searcher(ABC):
 
     def threshold(self) -> str | None:
         return None  # the candidate a raced child is compared with (`supports_racing`)
+
+    @property
+    def replays(self) -> bool:
+        """Whether the searcher is rebuilt exactly by asking again and telling history.jsonl's results in the order
+        it asks for them (nothing in it depends on when a result arrived): then state.json holds none of its state
+        and a resume replays the history. A steady-state GA, whose parents depend on arrival order, does not."""
+        return True
+
+    def progress(self) -> SearchProgress:
+        """Where it stands, for `status` (state.json's `progress`)."""
+        return SearchProgress(generation=self.generation, stopped_early=self.stopped_early)
 
     def outstanding(self) -> list[Candidate]:
         return []  # asked and not told: out again on resume (a searcher whose asks are in its state says which)

@@ -37,8 +37,9 @@ from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Search
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.racing import clearly_worse, window_groups
+from longrope.search.run.replay import rebuild
 from longrope.search.run.reporting import Progress, ProgressWatcher, SearchReporter, SilentReporter
-from longrope.search.run.run_check import check_history_holds
+from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import (
     History,
     Records,
@@ -170,7 +171,7 @@ class Coordinator:
         """Send a candidate out, or tell it at once when history.jsonl holds its final record (a resumed run):
         nothing is scored twice. A partial record continues from its next window."""
         record = self.history.get(candidate.key)
-        if record is not None and record.final:
+        if record is not None and record.final:  # told again (asked before a stop), or a repeat (CMA-ES)
             self._tell(record)
             return
         method = self.problem.make_candidate(
@@ -278,7 +279,8 @@ class Coordinator:
     def _write_state(self) -> None:
         self.run_dir.write_state(
             {
-                "optimizer": {"kind": self.searcher.kind, "state": self.searcher.state().model_dump(mode="json")},
+                "optimizer": {"kind": self.searcher.kind, "state": self._own_state()},
+                "progress": self.searcher.progress().model_dump(mode="json"),
                 "generation_seconds": self.generation_seconds,
                 **({"polish_seconds": self.polish_seconds} if self.polish_seconds else {}),
                 "finished": self.finished,
@@ -286,6 +288,10 @@ class Coordinator:
                 "total_generations": self.searcher.total_generations,
             }
         )
+
+    def _own_state(self) -> dict | None:
+        """The searcher's state, for a searcher that a replay of the history cannot rebuild (else None)."""
+        return None if self.searcher.replays else self.searcher.state().model_dump(mode="json")
 
     def _best_perplexity_text(self) -> str:
         best = best_of(self.history)
@@ -327,20 +333,9 @@ def history_record(task: _Task, status: str, problem: SearchProblem) -> HistoryR
 
 
 def restore(run_dir: RunDir, searcher: Searcher) -> tuple[History, RunState | None]:
-    """What a resumed run starts from: history.jsonl as read, and state.json loaded into `searcher` (after checking
-    that history.jsonl holds every candidate the state counts as told). Writes nothing."""
+    """What a resumed run starts from: history.jsonl as read, state.json, and `searcher` brought to where the run
+    stood (`replay.rebuild`). Writes nothing. (`jobs` reads the directory through `read_run` first.)"""
     history = run_dir.load_history()
     state = run_dir.read_state()
-    if state is None:
-        return history, None
-    load_searcher(run_dir, searcher, state)
-    check_history_holds(run_dir, state, history.records)
+    rebuild(run_dir, searcher, state, history.records)
     return history, state
-
-
-def load_searcher(run_dir: RunDir, searcher: Searcher, state: RunState) -> None:
-    """state.json's searcher state into `searcher`; one RunStoreError when it does not load (the run is damaged)."""
-    try:
-        searcher.load_state(state.searcher)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise RunStoreError(f"{run_dir.file('state.json')}: corrupted ({exc})") from exc

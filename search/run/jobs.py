@@ -23,10 +23,11 @@ from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.optimizers.searcher import Searcher
-from longrope.search.run.coordinator import Coordinator, SearchProblem, load_searcher
+from longrope.search.run.coordinator import Coordinator, SearchProblem
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
+from longrope.search.run.replay import rebuild
 from longrope.search.run.reporting import SearchReporter, SilentReporter
 from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError, final_count, write_json_atomic
@@ -100,8 +101,7 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> His
         config = (config or checked.config).model_copy(update={"output_dir": str(run_dir.path)})
         context = _checked_context(config)
         searcher = _searcher(context)
-        if checked.state is not None:
-            load_searcher(run_dir, searcher, checked.state)
+        rebuild(run_dir, searcher, checked.state, checked.records)
         windows = _search_windows(context)
         record = job_record(context, windows, run_dir.config_hash())
         if check_job_record(run_dir, record):  # every check has passed: now the directory may be written

@@ -13,11 +13,11 @@ needs them to agree, and refuses in one line naming the file that disagrees:
 - history.jsonl: each line valid on its own (`HistoryRecord`), one final record per candidate, each carrying the
   job's windows (their hash and count, the same tokens per window as every other line), the model's pair count,
   and a mean NLL that is what its per-window NLLs give under the job's objective;
-- state.json: the config it belongs to, the optimizer the config names, its generation counts, and a final
-  record with the same score in history.jsonl for every candidate it counts as told;
-- a descent's state (gradient; a hybrid's polish): what history.jsonl's lines give when the descent is replayed
-  on them (`descent_check.check_descents`), and every descent step in history.jsonl one the descent asked for
-  (not for a finished format-1 run, whose descent nothing reads again).
+- state.json: the config it belongs to, the optimizer the config names, its generation counts against the
+  config and the history; and for a steady GA, whose own state it holds, a final record with the same score in
+  history.jsonl for every candidate that state counts as told. Nothing else in it copies the history (format 3):
+  a resume rebuilds every other searcher by replaying history.jsonl, and refuses a line the search does not ask
+  for (`coordinator.check_replayed`).
 
 status, export, compare and verify (run directories as factors), seeds from a run and `--resume` all read a run
 through `read_run`, so one directory gets one verdict. It writes nothing.
@@ -35,7 +35,7 @@ from longrope.search.optimizers.factory import search_plan, searcher_class
 from longrope.search.optimizers.gradient import WindowSplit
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.run.descent_check import check_descents
+from longrope.search.optimizers.searcher import SearchProgress
 from longrope.search.run.job_record import JOB_FILE, JobRecord, read_job_record
 from longrope.search.run.run_store import (
     HISTORY,
@@ -74,6 +74,13 @@ class CheckedRun:
         return bool(self.state and self.state.finished)
 
     @property
+    def progress(self) -> SearchProgress | None:
+        """Where the search stands (None: no generation has ended yet)."""
+        if self.state is None:
+            return None
+        return self.state.search_progress(self.config.search, self.last_generation)
+
+    @property
     def last_generation(self) -> int:
         """The run's last generation, numbered as the search numbers them: 0 is the initial population, so a
         20-generation run ends at generation 20 (CMA-ES: as many as its evaluation budget gives)."""
@@ -83,7 +90,7 @@ class CheckedRun:
     @property
     def generation_done(self) -> int | None:
         """The last generation whose every candidate is scored (0: the initial population); None before that."""
-        done = self.state.searcher.generation if self.state else 0
+        done = self.progress.generation if self.state else 0
         return done - 1 if done else None
 
 
@@ -96,10 +103,6 @@ def read_run(run_dir: RunDir) -> CheckedRun:
     state_model = run_dir.read_state()
     _check_history(run_dir, config, job, history)
     _check_state(run_dir, config, state_model, history.records)
-    if not (state_model and state_model.finished and run_dir.config_format == 1):
-        # a finished format-1 run's descent is never replayed: nothing reads it again, and a descent of 2026-12-01
-        # (d217474 to bd5fdce) started its seeds by another rule than today's replay follows
-        check_descents(run_dir, config, job, state_model, history)
     return CheckedRun(run_dir, config, job, state_model, history)
 
 
@@ -237,12 +240,17 @@ def _check_state(run_dir: RunDir, config: JobConfig, state: RunState | None, rec
     problem = _state_problem(config, run_dir.config_hash(), state)
     if problem:
         raise RunStoreError(f"{where}: {problem}")
-    check_history_holds(run_dir, state, records)
+    generation = state.search_progress(config.search, (state.total_generations or 1 + config.search.generations) - 1)
+    _check_progress(run_dir, generation.generation, records)
+    if config.search.schedule == "steady":  # the one searcher whose own state state.json holds
+        if state.searcher is None:
+            raise RunStoreError(f"{where}: optimizer.state is null, but a steady search keeps its state here")
+        check_history_holds(run_dir, state, records)
 
 
 def _state_problem(config: JobConfig, config_hash: str, state: RunState) -> str | None:
     """What makes state.json disagree with config.json; None if nothing does."""
-    kind, generation = state.optimizer.kind, state.searcher.generation
+    kind = state.optimizer.kind
     if state.config_hash is not None and state.config_hash != config_hash:
         return (
             f"belongs to another run (config hash {state.config_hash}, config.json's {config_hash}); was it "
@@ -255,17 +263,30 @@ def _state_problem(config: JobConfig, config_hash: str, state: RunState) -> str 
     if total is not None and not low <= total <= high:
         expected = str(low) if low == high else f"{low} to {high}"
         return f"total_generations is {total}, but config.json gives {expected} (generation 0 included)"
-    if generation > (total or high):
-        return f"generation {generation} is past the run's {total or high} generations"
-    if len(state.generation_seconds) != generation:
-        return f"{len(state.generation_seconds)} generation times for {generation} generations done"
     return None
 
 
+def _check_progress(run_dir: RunDir, generation: int, records: Records) -> None:
+    """state.json's generation against the history: a generation done means scored candidates, and no candidate
+    is of a generation not yet asked (state.json is written whenever candidates go out)."""
+    if generation > 0 and not any(r.final for r in records.values()):
+        raise RunStoreError(
+            f"{run_dir.file(HISTORY)}: holds no scored candidate, but state.json has reached generation "
+            f"{generation}; the run directory is damaged"
+        )
+    ahead = [r.generation for r in records.values() if r.generation > generation]
+    if ahead:
+        raise RunStoreError(
+            f"{run_dir.file(HISTORY)}: holds candidates of generation {max(ahead)}, but state.json has reached "
+            f"generation {generation} (a state.json from earlier in the run, or another run's?)"
+        )
+
+
 def check_history_holds(run_dir: RunDir, state: RunState, records: Records) -> None:
-    """Every candidate state.json counts as told has a final record in history.jsonl (the one source of truth for
-    scores and the best) with the score state.json holds for it, and the records are of generations the state
-    has reached; otherwise the run directory is damaged, and every reader says so rather than go on."""
+    """A steady GA's state (the one searcher state state.json holds; its parents depend on arrival order, which
+    no replay recovers): every candidate it counts as told has a final record in history.jsonl (the one source
+    of truth for scores and the best) with the same score, and its parents are told candidates; otherwise the
+    run directory is damaged, and every reader says so rather than go on."""
     try:
         scores = state.searcher.told_scores()
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -287,13 +308,6 @@ def check_history_holds(run_dir: RunDir, state: RunState, records: Records) -> N
     unknown = [key for key in state.searcher.parent_keys() if key not in scores]
     if unknown:
         raise RunStoreError(f"{run_dir.file(STATE)}: population holds {unknown[0]}, which was never told")
-    generation = state.searcher.generation
-    ahead = [r.generation for r in records.values() if r.generation > generation]
-    if ahead:
-        raise RunStoreError(
-            f"{run_dir.file(HISTORY)}: holds candidates of generation {max(ahead)}, but state.json has reached "
-            f"generation {generation} (a state.json from earlier in the run, or another run's?)"
-        )
 
 
 def check_recorded_bests(run_dir: RunDir, bests: list[float | None], scores: dict[str, float]) -> None:

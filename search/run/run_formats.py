@@ -3,12 +3,18 @@
 A run directory lives for weeks of GPU time and outlives the code that wrote it, so every file a run holds is read
 by every later release. config.json and state.json carry `format`:
 
-- format 2 (this release): config.json is `{"format": 2, "config_hash", "config"}`, and `config_hash` is the
-  sha256 of the config as written (`JobConfig.hash`), less what never changes a run's result (where it is
-  written, who scores it, whether TensorBoard watches it). A reader recomputes it from the stored JSON, never from
-  the config as today's code re-reads it, so a field added later with a default, or a default changed later,
-  leaves every older run's hash as it was. job.json's `record_hash` is taken the same way, over its fields as
-  written.
+- format 3 (this release): state.json holds only what history.jsonl cannot give: `optimizer: {kind, state}` with
+  `state` null for every searcher a replay of the history rebuilds (all but the steady GA, whose generator,
+  parents and asks out it keeps), `progress` (where the search stands, for `status`), how it stopped, and its
+  timings. config.json and job.json are as in format 2.
+- format 2 (2026-12-04, e52c1d0 to 013706b): config.json is `{"format": 2, "config_hash", "config"}`, and
+  `config_hash` is the sha256 of the config as written (`JobConfig.hash`), less what never changes a run's
+  result (where it is written, who scores it, whether TensorBoard watches it). A reader recomputes it from the
+  stored JSON, never from the config as today's code re-reads it, so a field added later with a default, or a
+  default changed later, leaves every older run's hash as it was. job.json's `record_hash` is taken the same
+  way, over its fields as written. state.json held every searcher's whole state, told scores and a descent's
+  Adam moments included: copies of the history. Today's code reads them and uses only the steady GA's; the rest
+  is replayed.
 - format 1 (no `format` key; every commit from the first search, 2026-11-30, to 2026-12-04): the hash was taken
   over the config re-dumped by the code of the day, with the fields added after the first release (a hand-kept
   list, `LATER_SEARCH_FIELDS` and `LATER_DATA_FIELDS`) left out where they held their defaults. The list missed
@@ -27,7 +33,7 @@ from typing import Any
 from longrope.search.config.job_config import JobConfig, digest, identity_fields, identity_hash
 from longrope.search.optimizers.factory import SEARCHERS
 
-FORMAT = 2  # what this code writes, and the newest it reads
+FORMAT = 3  # what this code writes, and the newest it reads
 # the fields the format-1 hash left out where they held their default: the last version of that hand-kept list
 # (it only ever grew), section by section
 FORMAT_1_LATER_FIELDS = {

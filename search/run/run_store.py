@@ -7,10 +7,11 @@
   ("stopped"; see HistoryRecord). It is the one source of truth for scores and for the best candidate: a crash
   in the middle of a generation loses no evaluation, and a resumed run takes those scores instead of
   recomputing them;
-- state.json: the optimizer's whole state (population, generator, asked-but-untold candidates), written
-  atomically after every generation (generational schedule) or every result (steady schedule).
-  Without it (a kill before the first generation ended) a resumed run starts the optimizer afresh from the same
-  seed, which asks for exactly the candidates already in history.jsonl, so none of them is scored again.
+- state.json: what the history cannot give (`RunState`), written atomically whenever a generation ends or new
+  candidates go out: where the search stands, how it stopped, its timings, and only for the steady GA its
+  generator, parents and asks out. A resumed run builds its searcher afresh from the same seed and replays the
+  history: it asks for exactly the candidates already in history.jsonl, each told its recorded result, none
+  scored again.
 - heartbeat.json: who holds the run (pid, host), its last sign of life, and how it stopped (`heartbeat.py`);
   read only by `status`, never by the search, so no time reaches the files above.
 
@@ -35,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import config_problem
 from longrope.search.optimizers.history_record import HistoryRecord
-from longrope.search.optimizers.saved_state import OptimizerState, legacy_state
-from longrope.search.optimizers.searcher import SearcherState
+from longrope.search.optimizers.saved_state import OptimizerState, legacy_progress, legacy_state
+from longrope.search.optimizers.searcher import SearcherState, SearchProgress
 from longrope.search.run.run_formats import FORMAT, format_problem, hash_matches, with_older_behaviour
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.errors import LongRopeError
@@ -49,13 +50,20 @@ Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic cl
 
 
 class RunState(BaseModel):
-    """state.json: the searcher's state (written when a generation ends, or new candidates went out) and the run's
-    timings. A state.json written before the searchers had states of their own (`{"evolution": ...}`) is read
-    as the same state in the new shape (`legacy_state`), so a run in progress resumes across the upgrade."""
+    """state.json: what history.jsonl cannot give. Format 3 holds the searcher's own state only for a searcher
+    that cannot be rebuilt by replaying the history (`Searcher.replays`: the steady GA's generator, parents and
+    asks out); every other searcher is rebuilt on resume by asking again and telling the recorded results. Beside
+    it: where the search stands (`progress`, for `status`), how it stopped, and its timings (for the ETA).
+
+    Formats 1 and 2 held every searcher's state (told scores, a descent's point and Adam moments, the early stop's
+    bests: copies of what history.jsonl holds). They are read, and only the steady GA's state is used: a resume
+    replays the others, and `progress` is derived from the state (`legacy_progress`). A format-1 state.json
+    (`{"evolution": ...}`) is first moved into the format-2 shape (`legacy_state`)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     optimizer: OptimizerState
+    progress: SearchProgress | None = None  # absent before format 3
     generation_seconds: list[Seconds]
     polish_seconds: list[Seconds] = []  # hybrid: each polish step's (and its rounding's), for status's ETA
     finished: bool = False
@@ -70,8 +78,14 @@ class RunState(BaseModel):
         return legacy_state(data) if isinstance(data, dict) and "evolution" in data else data
 
     @property
-    def searcher(self) -> SearcherState:  # the searcher's own state, typed
+    def searcher(self) -> SearcherState | None:  # the searcher's own state, when state.json holds it
         return self.optimizer.state
+
+    def search_progress(self, search: Any, last_generation: int) -> SearchProgress:
+        """Where the search stands: format 3's `progress`, or what an older state's searcher state says."""
+        if self.progress is not None:
+            return self.progress
+        return legacy_progress(self.optimizer.state, search, last_generation)
 
 
 def first_error(exc: ValidationError) -> str:

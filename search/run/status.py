@@ -16,7 +16,6 @@ from typing import Any
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import searcher_class
-from longrope.search.optimizers.hybrid import HybridState
 from longrope.search.optimizers.labels import polish_position
 from longrope.search.run import heartbeat as heartbeats
 from longrope.search.run.generation_log import screening_text
@@ -88,8 +87,8 @@ def screening_fields(run: CheckedRun) -> dict[str, int | None]:
     scoring (null when the surrogate is off)."""
     if not run.config.search.surrogate.enabled:
         return {"proposed": None, "screened_out": None}
-    proposed, screened_out = run.state.searcher.screening() if run.state else (0, 0)
-    return {"proposed": proposed, "screened_out": screened_out}
+    progress = run.progress
+    return {"proposed": progress.proposed if progress else 0, "screened_out": progress.screened_out if progress else 0}
 
 
 def _descent_steps(run: CheckedRun) -> int | None:
@@ -100,25 +99,9 @@ def _descent_steps(run: CheckedRun) -> int | None:
 def polish_status(run: CheckedRun) -> dict[str, Any] | None:
     """A hybrid's polish under way or due now (between generation `after_generation` and the next): its steps
     done of `steps`, and whether its best is rounded to the grid; None for other optimizers, or no polish now."""
-    state = run.state
-    if state is None or run.finished or not isinstance(state.searcher, HybridState):
+    if run.finished or run.progress is None or run.progress.polish is None:
         return None
-    hybrid, steps = state.searcher, run.config.search.gradient.polish_steps
-    if hybrid.polish is not None:
-        rounded = bool(hybrid.polish.descent.rounded)
-        done = min(hybrid.polish.generation - 1, steps)
-        return {"after_generation": hybrid.generation - 1, "steps_done": done, "steps": steps, "rounded": rounded}
-    done = hybrid.generation - 1
-    if done > hybrid.polished_through and _polish_due_after(run, done):
-        return {"after_generation": done, "steps_done": 0, "steps": steps, "rounded": False}
-    return None
-
-
-def _polish_due_after(run: CheckedRun, generation: int) -> bool:
-    """Whether the hybrid polishes after `generation` (`GradientConfig.polishes_after`, the rule it runs by)."""
-    evolution = run.state.searcher.evolution
-    ending = evolution.stopped_early or evolution.exhausted
-    return run.config.search.gradient.polishes_after(generation, run.last_generation, ending)
+    return run.progress.polish.model_dump()
 
 
 def _eta_seconds(run: CheckedRun, polish: dict[str, Any] | None) -> float | None:
@@ -132,7 +115,7 @@ def _eta_seconds(run: CheckedRun, polish: dict[str, Any] | None) -> float | None
     per_generation = statistics.median(seconds[1:] or seconds)
     done = -1 if run.generation_done is None else run.generation_done
     eta = per_generation * (run.last_generation - done)
-    if isinstance(run.state.searcher, HybridState):
+    if searcher_class(run.config.search.optimizer).polishes:
         search = run.config.search
         per_step = statistics.median(run.state.polish_seconds) if run.state.polish_seconds else None
         if per_step is None:
@@ -148,6 +131,12 @@ def _polish_steps_left(run: CheckedRun, polish: dict[str, Any] | None, done: int
     now = 0 if polish is None else per_polish - polish["steps_done"] - polish["rounded"]
     later = sum(1 for g in range(done + 1, run.last_generation + 1) if _polish_due_after(run, g))
     return now + later * per_polish
+
+
+def _polish_due_after(run: CheckedRun, generation: int) -> bool:
+    """Whether the hybrid polishes after `generation` (`GradientConfig.polishes_after`, the rule it runs by)."""
+    ending = bool(run.progress and run.progress.stopped_early)
+    return run.config.search.gradient.polishes_after(generation, run.last_generation, ending)
 
 
 def _staged_status(
