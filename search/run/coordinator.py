@@ -39,7 +39,6 @@ from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.racing import clearly_worse, window_groups
 from longrope.search.run.replay import rebuild
 from longrope.search.run.reporting import Progress, ProgressWatcher, SearchReporter, SilentReporter
-from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import (
     History,
     Records,
