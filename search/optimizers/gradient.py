@@ -38,7 +38,7 @@ from pydantic import Field
 from longrope.search.config.search_section import GradientConfig
 from longrope.search.optimizers.descent_state import DescentState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
-from longrope.search.optimizers.history_record import HistoryRecord
+from longrope.search.optimizers.history_record import RECORDED_DECIMALS, HistoryRecord, recorded_factors
 from longrope.search.optimizers.labels import generation_label
 from longrope.search.optimizers.line_search import BacktrackingLineSearch
 from longrope.search.optimizers.objective import ObjectiveMix, subset_mix
@@ -55,7 +55,6 @@ from longrope.search.optimizers.searcher import (
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 SMALLEST_SHARE = 1e-6  # the attention factor's share kept off 0 and 1, where a logit is infinite
-RECORDED_DECIMALS = 6  # history.jsonl's precision for factors: a point is scored exactly as it is recorded
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,7 @@ class Adam:
 
 def point_key(factors: np.ndarray, attention_factor: float | None) -> str:
     """A descent point's identity: its recorded values (a grid candidate's key hashes its grid steps instead)."""
-    payload = json.dumps(["descent", [round(float(f), RECORDED_DECIMALS) for f in factors], attention_factor])
+    payload = json.dumps(["descent", recorded_factors(factors), attention_factor])
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 

@@ -10,6 +10,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+RECORDED_DECIMALS = 6  # history.jsonl's precision for factors: a point is scored exactly as it is recorded
+
+
+def recorded_factors(factors) -> list[float]:
+    """Factors as a history.jsonl line holds them (RECORDED_DECIMALS): what is written, and what a resume's replay
+    compares an asked candidate with."""
+    return [round(float(f), RECORDED_DECIMALS) for f in factors]
+
 
 class HistoryRecord(BaseModel):
     """One line of history.jsonl: a scored candidate (mean_nll / perplexity null when the score was not finite).

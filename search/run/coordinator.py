@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from longrope.encodings import RopeMethod
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import search_plan
-from longrope.search.optimizers.history_record import HistoryRecord
+from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
 from longrope.search.optimizers.objective import objective_gradient, subset_mix
 from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher
 from longrope.search.run.generation_log import generation_line, polish_line
@@ -309,7 +309,7 @@ def history_record(task: _Task, status: str, problem: SearchProblem) -> HistoryR
         "status": status,
         "generation": candidate.generation,
         "seed": candidate.seed,
-        "factors": [round(float(f), 6) for f in candidate.factors],
+        "factors": recorded_factors(candidate.factors),
         "n_hat": candidate.n_hat,
         "attention_factor": task.method.attention_factor,
         "mean_nll": mean_nll if finite else None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from longrope.search.optimizers.history_record import HistoryRecord
+from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
 from longrope.search.optimizers.searcher import Candidate, Searcher
 from longrope.search.run.run_store import HISTORY, STATE, Records, RunDir, RunState, RunStoreError
 
@@ -78,7 +78,7 @@ def _told_from(run_dir: RunDir, searcher: Searcher, candidate: Candidate, record
 def check_replayed(run_dir: RunDir, candidate: Candidate, record: HistoryRecord) -> None:
     """The recorded result told in place of scoring `candidate` is that candidate's: the same factors (recorded to
     6 decimals), attention factor (when the candidate sets one) and gradient windows."""
-    factors = [round(float(f), 6) for f in candidate.factors]
+    factors = recorded_factors(candidate.factors)
     attention, recorded = candidate.attention_factor, record.attention_factor
     moved = attention is not None and (recorded is None or not math.isclose(attention, recorded))
     windows = None if candidate.gradient_windows is None else list(candidate.gradient_windows)

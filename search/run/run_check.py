@@ -17,7 +17,7 @@ needs them to agree, and refuses in one line naming the file that disagrees:
   config and the history; and for a steady GA, whose own state it holds, a final record with the same score in
   history.jsonl for every candidate that state counts as told. Nothing else in it copies the history (format 3):
   a resume rebuilds every other searcher by replaying history.jsonl, and refuses a line the search does not ask
-  for (`coordinator.check_replayed`).
+  for (`replay.check_replayed`).
 
 status, export, compare and verify (run directories as factors), seeds from a run and `--resume` all read a run
 through `read_run`, so one directory gets one verdict. It writes nothing.
@@ -82,16 +82,21 @@ class CheckedRun:
 
     @property
     def last_generation(self) -> int:
-        """The run's last generation, numbered as the search numbers them: 0 is the initial population, so a
-        20-generation run ends at generation 20 (CMA-ES: as many as its evaluation budget gives)."""
-        total = self.state.total_generations if self.state and self.state.total_generations else None
-        return (total or 1 + self.config.search.generations) - 1
+        """The run's last generation (`last_generation`)."""
+        return last_generation(self.config, self.state)
 
     @property
     def generation_done(self) -> int | None:
         """The last generation whose every candidate is scored (0: the initial population); None before that."""
         done = self.progress.generation if self.state else 0
         return done - 1 if done else None
+
+
+def last_generation(config: JobConfig, state: RunState | None) -> int:
+    """A run's last generation, numbered as the search numbers them: 0 is the initial population, so a
+    20-generation run ends at generation 20 (CMA-ES: as many as its evaluation budget gives)."""
+    total = state.total_generations if state and state.total_generations else None
+    return (total or 1 + config.search.generations) - 1
 
 
 def read_run(run_dir: RunDir) -> CheckedRun:
@@ -240,8 +245,8 @@ def _check_state(run_dir: RunDir, config: JobConfig, state: RunState | None, rec
     problem = _state_problem(config, run_dir.config_hash(), state)
     if problem:
         raise RunStoreError(f"{where}: {problem}")
-    generation = state.search_progress(config.search, (state.total_generations or 1 + config.search.generations) - 1)
-    _check_progress(run_dir, generation.generation, records)
+    progress = state.search_progress(config.search, last_generation(config, state))
+    _check_progress(run_dir, progress.generation, records)
     if config.search.schedule == "steady":  # the one searcher whose own state state.json holds
         if state.searcher is None:
             raise RunStoreError(f"{where}: optimizer.state is null, but a steady search keeps its state here")
