@@ -297,7 +297,8 @@ def test_a_non_empty_out_dir_is_refused_without_overwrite(tmp_path, fake_pool, c
 
 
 def test_coarse_tuning_and_no_needles_are_recorded(tmp_path, fake_pool, capsys, monkeypatch):
-    """--tuning-grid coarse tries 3 x 2 NTK and 2 x 2 YaRN settings, --no-needles cuts no needle windows; both
+    """--tuning-grid coarse tries 3 x 3 NTK and 2 x 3 YaRN settings (LongRoPE's attention factor among each),
+    --no-needles cuts no needle windows; both
     show in compare.json, and compare.md says no needle was scored instead of a column of "cannot run"."""
     from compare_fakes import FakePool
 
@@ -312,7 +313,7 @@ def test_coarse_tuning_and_no_needles_are_recorded(tmp_path, fake_pool, capsys, 
     assert main(run_compare_cli(tmp_path, "--tuning-grid", "coarse", "--no-needles")) == 0
     (path,) = (tmp_path / "out").glob("compare*/compare.json")
     result = json.loads(path.read_text())
-    assert result["tuning_grid"] == {"name": "coarse", "settings": 3 * 2 + 2 * 2}
+    assert result["tuning_grid"] == {"name": "coarse", "settings": 3 * 3 + 2 * 3}
     assert result["yarn_tuned"]["yarn_factor"] in {
         result["target_length"] / result["original_length"] * m for m in (1.0, 1.5)
     }
@@ -352,11 +353,11 @@ def test_a_vllm_twin_takes_its_rows_score_only_where_it_applies_the_same_numbers
 def test_a_job_under_2x_tries_the_settings_whose_factor_is_at_least_1(tmp_path, fake_pool, capsys):
     """At 128 -> 160 tokens (scale 1.25) the full grid's NTK multiplier 0.5 (factor 0.625) and 0.75 (0.9375) and
     YaRN's 0.75 would stretch the frequencies past the plain model's, which NtkRope and YarnRope refuse: they are
-    left out, 5 x 7 NTK and 4 x 7 YaRN settings are tried, and compare.json counts those."""
+    left out, 5 x 8 NTK and 4 x 8 YaRN settings are tried, and compare.json counts those."""
     args = run_compare_cli(tmp_path)
     assert main([*args[: args.index("--lengths")], "--set", "target_length=160", "--lengths", "128,160"]) == 0
     (path,) = (tmp_path / "out").glob("compare*/compare.json")
     result = json.loads(path.read_text())
-    assert result["tuning_grid"] == {"name": "full", "settings": 5 * 7 + 4 * 7}
+    assert result["tuning_grid"] == {"name": "full", "settings": 5 * 8 + 4 * 8}
     assert result["ntk_tuned"]["ntk_factor"] >= 1.0 and result["yarn_tuned"]["yarn_factor"] >= 1.0
-    assert "(full grid, 63 settings)" in capsys.readouterr().err
+    assert "(full grid, 72 settings)" in capsys.readouterr().err

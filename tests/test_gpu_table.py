@@ -163,7 +163,7 @@ def test_dry_run_gives_every_row_at_both_targets_and_refuses_bad_input(tmp_path)
     assert result["finished"] and result["dry_run"] and "longrope-shim" in result["package"]  # nothing installed
     assert (work / "gpu" / "tiny.gguf").read_bytes() == (work / "tiny.gguf").read_bytes()
     rows = {"none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned", "yarn_tuned"}
-    rows |= {"searched: GA + surrogate", "searched: descent"}
+    rows |= {"ntk_longrope_attention", "yarn_longrope_attention", "searched: GA + surrogate", "searched: descent"}
     assert result["plan"]["ga"] and result["plan"]["descent"]
     for target in ("256", "512"):
         entry = result["targets"][target]

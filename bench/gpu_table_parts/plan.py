@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 SEEDS = ("pi", "ntk", "yarn")
 HOLDOUT_WINDOWS = 1  # descent's windows held out for its stopping rule
-TABLE_ROWS = 10  # none, pi, ntk, dynamic, yarn, llama3, ntk_tuned, yarn_tuned, GA best, descent best
+TABLE_ROWS = 12  # the 10 baselines (compare_result.BASELINES), the GA best, the descent best
 GA_SHARE = 2 / 3
 GA_SHAPES = ((16, 8, 8), (8, 4, 4), (4, 2, 2))  # (population, parents, mutations = crossovers)
 

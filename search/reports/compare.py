@@ -39,7 +39,7 @@ from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.reports.needle_report import needle_cell, needle_table, plot_needle_heatmap
 from longrope.search.reports.tuned_baselines import tuned_baselines, tuning_grids
-from longrope.search.run.job_context import JobContext
+from longrope.search.run.job_context import LONGROPE_ATTENTION_ROWS, JobContext
 from longrope.search.run.run_store import write_json_atomic, write_text_atomic
 
 OUTPUT_FILES = ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png", "needle_heatmap.png")
@@ -62,10 +62,11 @@ def check_lengths(lengths: list[int]) -> None:
 def with_vllm_rows(methods: dict[str, RopeMethod]) -> dict[str, RopeMethod]:
     """Each LongRoPE method (searched factors, tuned NTK) once more as a vLLM engine with max_model_len = the
     target applies it: long factors and long_mscale at every length. The other methods have no regimes and
-    apply the same in both runtimes."""
+    apply the same in both runtimes; the closed forms read with LongRoPE's attention factor are analysis rows, never
+    exported, so they get no twin."""
     rows = dict(methods)
     for name, method in methods.items():
-        if isinstance(method, LongRope):
+        if isinstance(method, LongRope) and name not in LONGROPE_ATTENTION_ROWS:
             rows[f"{name} {VLLM_SUFFIX}"] = method.vllm_regime()
     return rows
 

@@ -16,7 +16,18 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-BASELINES = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned", "yarn_tuned")
+BASELINES = (
+    "none",
+    "pi",
+    "ntk",
+    "dynamic",
+    "yarn",
+    "llama3",
+    "ntk_longrope_attention",
+    "yarn_longrope_attention",
+    "ntk_tuned",
+    "yarn_tuned",
+)
 VLLM_SUFFIX = "(vLLM)"  # a row as a vLLM engine with max_model_len = the target applies the method
 
 Interval = list[float]  # [value, low, high]: a 95% interval

@@ -8,8 +8,10 @@ rotations within the original length, beta_fast 32 / beta_slow 1, attention fact
 its factor and its temperature are tried over a grid. compare scores every setting of both grids on the search
 split at the target length and keeps each method's lowest mean NLL; the test split never sees the choice.
 
-Two grids: `full` (the default; 49 NTK and 35 YaRN settings) and `coarse` (6 and 4), for models where every
-setting is a long forward. A setting whose factor (the job's scale x its multiplier) would be below 1 is left out:
+Two grids: `full` (the default; 56 NTK and 40 YaRN settings) and `coarse` (9 and 6), for models where every
+setting is a long forward. Both try LongRoPE's own attention factor, sqrt(1 + ln s / ln L0) at the job's scale, as
+a point of the attention dimension (`LONGROPE_ATTENTION`): a searched row carries it, so a tuned closed form may too.
+A setting whose factor (the job's scale x its multiplier) would be below 1 is left out:
 both methods need a factor of at least 1 (below it they would stretch the frequencies beyond the plain model's),
 so a job under 2x tries fewer settings, and compare.json's `tuning_grid` counts those tried.
 """
@@ -19,23 +21,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from longrope.encodings import NtkRope, RopeMethod, YarnRope
 from longrope.search.reports.compare_scoring import ComparePool, Progress, no_progress
 from longrope.search.run.job_context import JobContext
 
+# An attention-factor point that stands for LongRoPE's own, sqrt(1 + ln s / ln L0) at the job's scale s (Ding et al.
+# 2024; transformers' `_compute_longrope_parameters`): 1.0742 at 4x of 8k. Every grid has it, so a tuned closed form
+# can take the temperature a searched LongRoPE row carries.
+LONGROPE_ATTENTION = "longrope"
 NTK_SCALE_MULTIPLIERS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
-NTK_ATTENTION_FACTORS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3)
+NTK_ATTENTION_FACTORS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, LONGROPE_ATTENTION)
+
+AttentionPoint = float | str | None
 
 
 @dataclass(frozen=True)
 class TuningGrid:
     """The settings tried: scale multipliers (the method's factor = the job's scale x multiplier) and attention
-    factors; None among YaRN's attention factors is YaRN's own, 0.1 ln(factor) + 1."""
+    factors; None among YaRN's attention factors is YaRN's own, 0.1 ln(factor) + 1, and `LONGROPE_ATTENTION`
+    LongRoPE's at the job's scale."""
 
     ntk_multipliers: tuple[float, ...]
-    ntk_attention: tuple[float, ...]
+    ntk_attention: tuple[AttentionPoint, ...]
     yarn_multipliers: tuple[float, ...]
-    yarn_attention: tuple[float | None, ...]
+    yarn_attention: tuple[AttentionPoint, ...]
 
     @property
     def size(self) -> int:
@@ -45,10 +56,20 @@ class TuningGrid:
 
 TUNING_GRIDS = {
     "full": TuningGrid(
-        NTK_SCALE_MULTIPLIERS, NTK_ATTENTION_FACTORS, (0.75, 1.0, 1.5, 2.0, 3.0), (None, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3)
+        NTK_SCALE_MULTIPLIERS,
+        NTK_ATTENTION_FACTORS,
+        (0.75, 1.0, 1.5, 2.0, 3.0),
+        (None, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, LONGROPE_ATTENTION),
     ),
-    "coarse": TuningGrid((1.0, 1.5, 2.0), (1.0, 1.1), (1.0, 1.5), (None, 1.0)),
+    "coarse": TuningGrid((1.0, 1.5, 2.0), (1.0, 1.1, LONGROPE_ATTENTION), (1.0, 1.5), (None, 1.0, LONGROPE_ATTENTION)),
 }
+
+
+def attention_value(context: JobContext, point: AttentionPoint) -> float | None:
+    """A grid point's attention factor: LongRoPE's at the job's scale for `LONGROPE_ATTENTION`, else the point."""
+    if point == LONGROPE_ATTENTION:
+        return context.longrope(np.ones(context.pairs)).attention_factor
+    return point
 
 
 def baseline_shape(context: JobContext) -> dict:
@@ -66,7 +87,9 @@ def ntk_grid(context: JobContext, grid: TuningGrid = TUNING_GRIDS["full"]) -> di
     for multiplier in usable(context, grid.ntk_multipliers):
         factors = NtkRope(factor=context.scale * multiplier, **shape).factors().double()
         for attention in grid.ntk_attention:
-            methods[(multiplier, attention)] = context.longrope(factors, attention_factor=attention)
+            methods[(multiplier, attention)] = context.longrope(
+                factors, attention_factor=attention_value(context, attention)
+            )
     return methods
 
 
@@ -77,7 +100,7 @@ def yarn_grid(context: JobContext, grid: TuningGrid) -> dict[tuple[float, float 
         (multiplier, attention): YarnRope(
             factor=context.scale * multiplier,
             original_max_position_embeddings=context.original_length,
-            attention_factor=attention,
+            attention_factor=attention_value(context, attention),
             **shape,
         )
         for multiplier in usable(context, grid.yarn_multipliers)

@@ -32,6 +32,12 @@ from longrope.workers.specs import ModelSpec, PoolSpec
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 from longrope.workers.windows import Windows, interleave_windows, load_windows
 
+# Rows that take a closed form's per-pair factors with LongRoPE's default attention factor, sqrt(1 + ln s / ln L0)
+# (Ding et al. 2024, as transformers' `_compute_longrope_parameters` applies it; 1.0742 at 4x of 8k), in place of
+# the method's own (NTK-aware: none; YaRN: 0.1 ln s + 1). A searched LongRoPE row carries that factor, so these rows
+# tell what the searched per-pair factors win from what the attention factor alone wins.
+LONGROPE_ATTENTION_ROWS = {"ntk_longrope_attention": "ntk", "yarn_longrope_attention": "yarn"}
+
 
 @dataclass
 class JobContext:
@@ -174,14 +180,20 @@ class JobContext:
         return self.shape.longrope(factors, short_factor=short_factor, attention_factor=attention_factor, n_hat=n_hat)
 
     def baselines(self) -> dict[str, RopeMethod]:
-        """The closed-form methods at their nominal settings for this job's scale."""
-        return baseline_methods(
+        """The closed-form methods at their nominal settings for this job's scale, and NTK's and YaRN's factors with
+        LongRoPE's attention factor instead of their own (`LONGROPE_ATTENTION_ROWS`)."""
+        closed = baseline_methods(
             head_dim=self.method.head_dim,
             rope_theta=self.method.rope_theta,
             partial_rotary_factor=self.method.partial_rotary_factor,
             original=self.original_length,
             target=self.target_length,
         )
+        borrowed = {
+            row: self.longrope(closed[source].factors(self.target_length).double())
+            for row, source in LONGROPE_ATTENTION_ROWS.items()
+        }
+        return {**closed, **borrowed}
 
     def seeds(self) -> list[Seed]:
         """Resolved once per job (seed files and other runs' directories are read once): the check, the search
