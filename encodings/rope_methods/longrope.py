@@ -38,7 +38,9 @@ def longrope_inv_freq(factors: torch.Tensor, rotary_dim: int, rope_theta: float)
     gradient scorer (workers/scorer.py `score_with_gradient`) differentiates through it. The result has the
     factors' dtype when it is wider than float32 (a float64 finite-difference check), float32 otherwise."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
-    return 1.0 / (factors * rope_theta**exponents)
+    # the powers on the CPU, as transformers computes them, then on the factors' device (a GPU's pow may differ in the
+    # last bit; the gradient scorer's factors live on the model's device)
+    return 1.0 / (factors * (rope_theta**exponents).to(factors.device))
 
 
 def float_list(values) -> list[float]:
