@@ -120,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
 def dry_run(args: argparse.Namespace) -> int:
     """The README's sequence on tiny shapes: the tiny GGUF and its reference directory made, `prepare`'s stage
     (3 parts), then each device run's steps executed here as on the GPU machine (GPU_LIKE), with local folders for
-    /tmp/longrope-gpu and $OUT. With `--device cuda` it is the first GPU run's smoke test: a CUDA-only failure shows
-    there in seconds, before the table's run spends the lease."""
+    /tmp/longrope-gpu and $OUT."""
     from gpu_table_parts import dry
     from gpu_table_parts.prepare import prepare_stage
 
@@ -145,7 +144,7 @@ def dry_run(args: argparse.Namespace) -> int:
         max_bytes=max_bytes,
     )
     # capped searches, and room for a busy CPU: the test asks that both searches run, not how fast
-    extra = ("--device", args.device, "--max-generations", "2", "--max-steps", "2", "--slack", "4")
+    extra = ("--device", "cpu", "--max-generations", "2", "--max-steps", "2", "--slack", "4")
     runs = device_runs(
         part_names(gguf.stat().st_size, max_bytes, gguf.name),
         gguf.name,
@@ -154,7 +153,6 @@ def dry_run(args: argparse.Namespace) -> int:
         out=str(out),
         deadline_s=args.deadline_s,
         extra=extra,
-        smoke=False,
     )
     for number, device_run in enumerate(runs, 1):
         print(f"run {number} of {len(runs)} (carry {', '.join(Path(c).name for c in device_run.carry)})", flush=True)
@@ -198,9 +196,6 @@ def main(argv: list[str] | None = None) -> int:
     dry.add_argument("--work", help="default: a new temporary folder")
     dry.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_table_dry_run.json"))
     dry.add_argument("--deadline-s", type=int, default=300, help="the searches are capped at 2 generations or steps")
-    dry.add_argument(
-        "--device", default="cpu", help="cuda: the same tiny run on the GPU machine, a smoke test before the table's"
-    )
     dry.set_defaults(call=dry_run)
     args = parser.parse_args(argv)
     return args.call(args)

@@ -3,9 +3,8 @@ for bench/README.md by `gpu_table.py sequence` (tests/test_gpu_table.py checks t
 step for step with local paths, by `gpu_table.py dry-run`, so the sequence the README gives is the one CI runs.
 
 Each run installs the carried wheels (pydantic for the project's models, gguf for reading the GGUF) into /tmp/site,
-appends its part to the GGUF assembled under /tmp/longrope-gpu (bench/gpu_parts.py join); the first also runs the
-dry run on the GPU (a smoke test: the tiny shapes CI runs, on CUDA), the last also carries the bundle (bundle.json,
-windows.safetensors) and runs the table. The machine stays warm 30 s after a run: call the next
+appends its part to the GGUF assembled under /tmp/longrope-gpu (bench/gpu_parts.py join); the last also carries the
+bundle (bundle.json, windows.safetensors) and runs the table. The machine stays warm 30 s after a run: call the next
 at once. A refusal names the part and what is next (a fresh machine starts again at part 000).
 """
 
@@ -24,10 +23,6 @@ INTO = "/tmp/longrope-gpu"
 PART_BYTES = 30_000_000  # a part: 64 MiB a run, less the checkout (~30 MB), the wheels (~3 MB) and the bundle
 STAGE = "runs/gpu-table"  # here: ignored by git (runs/), so only what `carry` names travels
 PART_TIMEOUT_S = 120
-# the first run's smoke test: the CI dry run's tiny shapes on the GPU, so a CUDA-only failure costs a minute of the
-# lease rather than the table's run; its deadline caps a hang, its tiny searches take seconds
-SMOKE = ["bench/gpu_table.py", "dry-run", "--device", "cuda", "--work", "/tmp/longrope-smoke", "--deadline-s", "120"]
-SMOKE_TIMEOUT_S = 240
 TABLE_TIMEOUT_S = 570
 # the table's own deadline, from its start: 8 minutes leave the lease (15 minutes: the machine's start, three short
 # runs, this one) about a minute and a half to spare; the run's timeout only stops a hang
@@ -61,18 +56,13 @@ def device_runs(
     out: str = "$OUT",
     deadline_s: int = DEADLINE_S,
     extra: tuple[str, ...] = (),
-    smoke: bool = True,
 ) -> list[DeviceRun]:
-    """The runs for `parts` (stage/parts/NAME.000 ...): each joins one part; the first also runs the dry run on the
-    GPU (`smoke`: the dry run's own sequence has none, since it is that step), the last the table."""
+    """The runs for `parts` (stage/parts/NAME.000 ...): each joins one part; the last also runs the table."""
     runs = []
     for index, part in enumerate(parts):
         steps = [["bench/gpu_parts.py", "join", f"{stage}/parts/{part}", "--into", into]]
         carry = [WHEELS, f"{stage}/parts/manifest.json", f"{stage}/parts/{part}"]
         timeout = PART_TIMEOUT_S
-        if index == 0 and smoke:
-            steps.append([*SMOKE, "--out", f"{out}/smoke.json"])
-            timeout = SMOKE_TIMEOUT_S
         if index == len(parts) - 1:
             table = ["bench/gpu_table.py", "run", "--gguf", f"{into}/{gguf_name}", "--bundle", f"{stage}/bundle"]
             steps.append([*table, "--out", f"{out}/gpu_table.json", "--deadline-s", str(deadline_s), *extra])
