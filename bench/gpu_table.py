@@ -168,6 +168,17 @@ def dry_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def plot(args: argparse.Namespace) -> int:
+    """The paired-difference plot of each target of a saved result (the run draws them there; this redraws)."""
+    from gpu_table_parts.run_table import TableResult, draw_paired_difference
+
+    result = TableResult.model_validate_json(Path(args.result).read_text())
+    for entry in result.targets.values():
+        if entry.compare is not None:
+            print(f"wrote {draw_paired_difference(entry, Path(args.result))}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -197,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     dry.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_table_dry_run.json"))
     dry.add_argument("--deadline-s", type=int, default=300, help="the searches are capped at 2 generations or steps")
     dry.set_defaults(call=dry_run)
+    redraw = verbs.add_parser("plot", help="here: the paired-difference plots beside a saved gpu_table.json")
+    redraw.add_argument("result", help="e.g. bench/results/gpu_table.json")
+    redraw.set_defaults(call=plot)
     args = parser.parse_args(argv)
     return args.call(args)
 

@@ -21,7 +21,7 @@ from matplotlib.container import ErrorbarContainer
 
 from longrope.search.cli.main import main
 from longrope.search.reports import compare
-from longrope.search.reports.compare_plots import plot_factors, plot_perplexity
+from longrope.search.reports.compare_plots import plot_factors, plot_paired_difference, plot_perplexity
 from longrope.search.reports.compare_result import BASELINES
 from longrope.search.reports.compare_rows import factors_rows
 from longrope.search.reports.compare_tables import markdown_table
@@ -67,6 +67,7 @@ def synthetic_result() -> dict:
         "original_length": 128,
         "lengths": LENGTHS,
         "rope": {"rope_theta": 10000.0, "pairs": 16},
+        "windows": {str(n): WINDOWS for n in LENGTHS},
         "best_baseline": "yarn",
         "ntk_tuned": {"ntk_factor": 32.0, "attention_factor": 1.2},
         "methods": methods,
@@ -154,6 +155,26 @@ def test_factors_plot_names_the_attention_factor_and_uses_plain_log_ticks():
     # pair i has wavelength 2 pi 10000^(i/16): 128 tokens at i = 5.24, 1024 at i = 8.85
     assert wavelengths["original_length"] == pytest.approx(16 * math.log(128 / (2 * math.pi)) / math.log(1e4))
     assert wavelengths["target_length"] == pytest.approx(16 * math.log(1024 / (2 * math.pi)) / math.log(1e4))
+
+
+def test_paired_difference_plot_draws_each_rows_interval_and_marks_the_far_ones():
+    """Each row at its mean paired difference with its interval as the bar (file:factors.json at -0.1523, bars to
+    -0.1623 and -0.1423); PI's +1.8856 lies past the 0.5 span, so it is a triangle on the right edge with its value
+    written; the top axis reads exp(difference) (0.1 nats: a ratio of 1.105)."""
+    result = synthetic_result()
+    fig = plot_paired_difference(result)
+    ax = fig.axes[0]
+    bars = error_bar_lines(ax)
+    assert set(bars) == set(result["methods"]) - {"pi"}  # the others at +0.3 or less: within the span, drawn
+    (segment,) = bars["file:factors.json"].lines[2][0].get_segments()
+    assert bars["file:factors.json"].lines[0].get_xdata()[0] == pytest.approx(-0.1523)
+    assert sorted(x for x, _ in segment) == pytest.approx([-0.1623, -0.1423])
+    (marker,) = [line for line in ax.get_lines() if line.get_gid() == "pi"]
+    assert marker.get_xdata()[0] == pytest.approx(ax.get_xlim()[1]) and ax.get_xlim()[1] <= 0.5
+    assert "+1.886" in [text.get_text() for text in ax.texts]
+    assert tick_texts(ax.get_yticklabels()) == list(result["methods"])
+    top = next(child for child in ax.get_children() if type(child).__name__ == "SecondaryAxis")
+    assert top._functions[0](0.1) == pytest.approx(math.exp(0.1))
 
 
 def test_needle_heatmap_names_the_original_and_target_columns():

@@ -173,6 +173,7 @@ def test_dry_run_gives_every_row_at_both_targets_and_refuses_bad_input(tmp_path)
         best = entry["compare"]["best_baseline"]
         assert methods[best]["paired_difference_to_best_baseline"] == pytest.approx([0.0, 0.0, 0.0])
         assert all(f"| {row} |" in entry["table"] for row in rows)
+        assert (work / "out" / f"gpu_table_paired_difference_{target}.png").stat().st_size > 0
         ga, descent = entry["searches"]["dim_mono"], entry["searches"]["gradient"]
         assert ga["search"]["surrogate"] == {"enabled": True} and ga["scored"] == len(ga["history"]) >= 4
         assert descent["backward_steps"] >= 1

@@ -16,7 +16,7 @@ from longrope.encodings import from_hf
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import factors_file_of_run, write_into_model
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.reports.compare import run_compare
+from longrope.search.reports.compare import OUTPUT_FILES, run_compare
 from longrope.search.reports.intervals import paired_difference
 from longrope.search.run.coordinator import SearchProblem
 from longrope.search.run.job_context import JobContext
@@ -119,7 +119,7 @@ def test_best_beats_nominal_ntk_on_the_test_split(reference_model_run, tmp_path,
     best, ntk = methods["file:factors.json"], methods["ntk"]
     mean, low, high = paired_difference(best["nll_per_window"]["1024"], ntk["nll_per_window"]["1024"])
     assert high < 0, (mean, low, high)
-    for name in ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png", "needle_heatmap.png"):
+    for name in OUTPUT_FILES:
         assert (tmp_path / "cmp" / name).stat().st_size > 0
     assert set(methods) >= {"none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned"}
     for row in methods.values():

@@ -208,6 +208,7 @@ class TableRun:
                 methods[row] = searched_method(context, found)
                 entry.per_window[row] = self.test_scores(target).per_window(methods[row])
         entry.compare, entry.table = finish(context, methods, entry.per_window, dict(entry.tuned))
+        draw_paired_difference(entry, Path(self.args.out))
         print(entry.table, flush=True)
         self.phase(f"rows {target}", since)
 
@@ -216,6 +217,15 @@ class TableRun:
         from longrope.search.reports.tuned_baselines import pick_tuned, tuning_grids
 
         return pick_tuned(context, tuning_grids(context, self.bundle.grid), entry.tuning)
+
+
+def draw_paired_difference(entry: TargetResult, out: Path) -> Path:
+    """compare's paired-difference plot of one target's rows, beside the result file (STEM_paired_difference_N.png)."""
+    from longrope.search.reports.compare_plots import plot_paired_difference
+
+    path = out.with_name(f"{out.stem}_paired_difference_{entry.target_length}.png")
+    plot_paired_difference(entry.compare, path)
+    return path
 
 
 def seconds(call, repeats: int) -> float:

@@ -25,7 +25,7 @@ import numpy as np
 from longrope.encodings import LongRope, RopeMethod
 from longrope.search.config.strict import JobConfigError
 from longrope.search.reports.compare_out import CompareOut
-from longrope.search.reports.compare_plots import plot_factors, plot_perplexity
+from longrope.search.reports.compare_plots import plot_factors, plot_paired_difference, plot_perplexity
 from longrope.search.reports.compare_result import BASELINES, VLLM_SUFFIX, CompareResult, MethodRow, base_method
 from longrope.search.reports.compare_rows import factors_rows, given_methods
 from longrope.search.reports.compare_scoring import (
@@ -42,7 +42,14 @@ from longrope.search.reports.tuned_baselines import tuned_baselines, tuning_grid
 from longrope.search.run.job_context import LONGROPE_ATTENTION_ROWS, JobContext
 from longrope.search.run.run_store import write_json_atomic, write_text_atomic
 
-OUTPUT_FILES = ("compare.json", "compare.md", "perplexity_vs_length.png", "factors.png", "needle_heatmap.png")
+OUTPUT_FILES = (
+    "compare.json",
+    "compare.md",
+    "perplexity_vs_length.png",
+    "paired_difference.png",
+    "factors.png",
+    "needle_heatmap.png",
+)
 
 
 def default_lengths(original: int, target: int) -> list[int]:
@@ -172,6 +179,7 @@ def write_outputs(result: CompareResult, directory: Path) -> None:
     write_json_atomic(directory / "compare.json", result)
     write_text_atomic(directory / "compare.md", markdown_table(result) + "\n\n" + needle_table(result) + "\n")
     plot_perplexity(result, directory / "perplexity_vs_length.png")
+    plot_paired_difference(result, directory / "paired_difference.png")
     plot_factors(result, directory / "factors.png")
     plot_needle_heatmap(result, directory / "needle_heatmap.png")
 
