@@ -4,15 +4,17 @@ cost at 16k in float32 and bfloat16.
 
 Why a script of its own and not `longrope compare`: on this 2-core CPU every (method, window) at 16k is a 95 s
 forward and the table is about 200 of them, more than one sitting. So every score is appended to a log as it lands
-(bench/results/smollm2_scores.jsonl, one JSON line per set, length, method and window), a killed run resumes where
+(bench/results/smollm2_16k_scores.jsonl, one JSON line per set, length, method and window), a killed run resumes where
 it stopped, and the table is built from the log with compare's own code (`compare.summarize`, `write_outputs`:
 the same intervals, the same paired difference to the best baseline, the same plots). The methods are compare's:
 the job's nominal baselines, NTK and YaRN tuned on the search split's windows at the target (the `coarse` grid of
-search/reports/tuned_baselines.py: 10 settings, each a 16k forward per search window), and the factors file given.
+search/reports/tuned_baselines.py: 15 settings, each a 16k forward per search window), and the factors files given.
 
 Parts:
 - `table`: scores what the log lacks, then writes bench/results/smollm2_16k/ (compare.json, compare.md, plots)
-  and smollm2_16k.json (the table with provenance and the search's cost, read from the run directory);
+  and smollm2_16k.json (the table with provenance and the search's cost, read from the run directory); `--config`
+  another target's config (configs/smollm2-135m-32k-cpu.yaml: 8k, 16k and 32k, its own log smollm2_32k_scores.jsonl
+  and table smollm2_32k), `--factors` once per searched row (several arms in one table);
 - `ranking`: does bfloat16 rank the table's methods as float32 does (the search keeps the lowest score, so the
   order is what must hold)? The methods again on the first `--windows` test windows at the target in float32,
   against their bfloat16 scores from the log (`bench/rank_agreement.py`: Kendall's tau, the best the same,
@@ -23,6 +25,8 @@ Parts:
 Run (after `make real-model` and the search, `longrope search configs/smollm2-135m-16k.yaml`):
   .venv/bin/python bench/real_model.py table --run runs/smollm2-135m-16k \
     --factors bench/results/smollm2_16k_factors.json
+  .venv/bin/python bench/real_model.py table --config configs/smollm2-135m-32k-cpu.yaml --windows 6 \
+    --short-windows 4 --factors bench/results/smollm2_32k_factors.json --factors bench/results/smollm2_16k_factors.json
   .venv/bin/python bench/real_model.py ranking --factors bench/results/smollm2_16k_factors.json
   .venv/bin/python bench/real_model.py speed
 """
@@ -41,7 +45,7 @@ from benchlib import RESULTS, ROOT, provenance, save_json
 from pydantic import BaseModel
 
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.reports.compare import summarize, write_outputs
+from longrope.search.reports.compare import default_lengths, summarize, write_outputs
 from longrope.search.reports.compare_rows import factors_rows, given_methods
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.tuned_baselines import TUNING_GRIDS, pick_tuned, setting_label, tuning_grids
@@ -50,7 +54,16 @@ from longrope.workers.models import load_model
 from longrope.workers.scorer import Scorer
 
 CONFIG = ROOT / "configs" / "smollm2-135m-16k.yaml"
-SCORES = RESULTS / "smollm2_scores.jsonl"
+
+
+def stem(context: JobContext) -> str:
+    """The name of a target's results: smollm2_16k (its score log smollm2_16k_scores.jsonl, its table smollm2_16k/
+    and smollm2_16k.json), smollm2_32k..."""
+    return f"smollm2_{context.target_length // 1024}k"
+
+
+def score_log(results: str, context: JobContext) -> ScoreLog:
+    return ScoreLog(Path(results) / f"{stem(context)}_scores.jsonl", LogSetup.of(context))
 
 
 def window_ids(windows) -> list[str]:
@@ -59,7 +72,7 @@ def window_ids(windows) -> list[str]:
 
 
 class LogSetup(BaseModel):
-    """The score log's setup record (smollm2_scores.setup.json beside it): what its scores were scored with. A log
+    """The score log's setup record (smollm2_16k_scores.setup.json beside it): what its scores were scored with. A log
     is added to and read only under the same setup, so a re-exported factors file at the same path, another dtype,
     model or data seed can never borrow another setup's scores (the rows' keys name a method by its label alone)."""
 
@@ -211,7 +224,7 @@ def tuned(context: JobContext, scorer: WindowScorer, grid: str, partial: bool = 
 
 def table_methods(context: JobContext, scorer: WindowScorer, args: argparse.Namespace) -> tuple[dict, dict, dict]:
     """(methods, the tuned ones' settings, the factors file's searched length): the table's rows."""
-    files, searched_lengths = given_methods(context, factors_rows([args.factors]), print)
+    files, searched_lengths = given_methods(context, factors_rows(args.factors), print)
     scorer.log.check_methods({**context.baselines(), **files})  # before any forward: a stale log stops here
     tuned_methods, settings = tuned(context, scorer, args.grid, partial=getattr(args, "partial", False))
     methods = {**context.baselines(), **tuned_methods, **files}
@@ -220,12 +233,16 @@ def table_methods(context: JobContext, scorer: WindowScorer, args: argparse.Name
 
 
 def run_table(args: argparse.Namespace) -> None:
-    config = load_job_config(CONFIG, [f"data.test_windows={args.windows}", *args.set])
+    config = load_job_config(Path(args.config), [f"data.test_windows={args.windows}", *args.set])
     context = JobContext.resolve(config)
-    log = ScoreLog(Path(args.results) / SCORES.name, LogSetup.of(context))
+    log = score_log(args.results, context)
     scorer = WindowScorer(context, log)
     methods, settings, searched_lengths = table_methods(context, scorer, args)
-    lengths = [int(n) for n in args.lengths.split(",")]
+    lengths = (
+        [int(n) for n in args.lengths.split(",")]
+        if args.lengths
+        else default_lengths(context.original_length, context.target_length)
+    )
     ids = {}
     for length in sorted(lengths, reverse=True):  # the target first: the headline figure
         count = args.windows if length == context.target_length else args.short_windows or args.windows
@@ -239,7 +256,7 @@ def run_table(args: argparse.Namespace) -> None:
     lengths = [n for n in lengths if ids[n]]
     per_window = {name: {str(n): log.means("perplexity", n, name, ids[n]) for n in lengths} for name in methods}
     result = summarize(context, methods, per_window, lengths, settings, searched_lengths)
-    out = Path(args.results) / "smollm2_16k"
+    out = Path(args.results) / stem(context)
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(result, out)
     saved = {
@@ -249,7 +266,7 @@ def run_table(args: argparse.Namespace) -> None:
         "table": markdown_table(result),
     }
     saved |= {"tuned": settings, "search": search_cost(Path(args.run)) if args.run else None, "result": result}
-    save_json(Path(args.results) / "smollm2_16k.json", saved)
+    save_json(Path(args.results) / f"{stem(context)}.json", saved)
     print(markdown_table(result))
 
 
@@ -259,7 +276,7 @@ def run_ranking(args: argparse.Namespace) -> None:
 
     config = load_job_config(CONFIG, [f"data.test_windows={args.table_windows}", *args.set])
     context = JobContext.resolve(config)
-    log = ScoreLog(Path(args.results) / SCORES.name, LogSetup.of(context))
+    log = score_log(args.results, context)
     table_scorer = WindowScorer(context, log)  # bfloat16: the table's own scores, logged once
     methods, _, _ = table_methods(context, table_scorer, args)
     windows = context.windows(config.data.test_source, context.target_length, args.table_windows)
@@ -336,17 +353,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parts = parser.add_subparsers(dest="part", required=True)
     table = parts.add_parser("table")
-    table.add_argument("--factors", required=True, help="the search's export (longrope export RUN -o FILE)")
+    table.add_argument("--config", default=str(CONFIG), help="the search's config: its model, data and lengths")
+    table.add_argument(
+        "--factors", action="append", required=True, help="a search's export (longrope export RUN -o FILE); repeatable"
+    )
     table.add_argument("--run", help="the search's run directory, for its cost")
     table.add_argument("--windows", type=int, default=8, help="test windows at the target length")
     table.add_argument("--short-windows", type=int, help="test windows at the shorter lengths (default: --windows)")
-    table.add_argument("--lengths", default="8192,16384")
+    table.add_argument("--lengths", help="default: the original length, doubled up to the target (compare's)")
     table.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
     table.add_argument("--partial", action="store_true", help="the table of the windows scored so far; score none")
     table.add_argument("--set", action="append", default=[])
     table.set_defaults(run_part=run_table)
     ranking = parts.add_parser("ranking")
-    ranking.add_argument("--factors", required=True)
+    ranking.add_argument("--factors", action="append", required=True)
     ranking.add_argument("--windows", type=int, default=2, help="the table's first test windows, also in float32")
     ranking.add_argument("--table-windows", type=int, default=8, help="the table's test windows per length")
     ranking.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
