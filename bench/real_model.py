@@ -256,7 +256,8 @@ def run_table(args: argparse.Namespace) -> None:
     lengths = [n for n in lengths if ids[n]]
     per_window = {name: {str(n): log.means("perplexity", n, name, ids[n]) for n in lengths} for name in methods}
     result = summarize(context, methods, per_window, lengths, settings, searched_lengths)
-    out = Path(args.results) / stem(context)
+    name = args.name or stem(context)
+    out = Path(args.results) / name
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(result, out)
     saved = {
@@ -266,7 +267,7 @@ def run_table(args: argparse.Namespace) -> None:
         "table": markdown_table(result),
     }
     saved |= {"tuned": settings, "search": search_cost(Path(args.run)) if args.run else None, "result": result}
-    save_json(Path(args.results) / f"{stem(context)}.json", saved)
+    save_json(Path(args.results) / f"{name}.json", saved)
     print(markdown_table(result))
 
 
@@ -360,6 +361,7 @@ def main() -> None:
     table.add_argument("--run", help="the search's run directory, for its cost")
     table.add_argument("--windows", type=int, default=8, help="test windows at the target length")
     table.add_argument("--short-windows", type=int, help="test windows at the shorter lengths (default: --windows)")
+    table.add_argument("--name", help="the table's name in --results (default: the log's stem, smollm2_16k)")
     table.add_argument("--lengths", help="default: the original length, doubled up to the target (compare's)")
     table.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
     table.add_argument("--partial", action="store_true", help="the table of the windows scored so far; score none")
