@@ -223,13 +223,26 @@ def tuned(context: JobContext, scorer: WindowScorer, grid: str, partial: bool = 
 
 
 def table_methods(context: JobContext, scorer: WindowScorer, args: argparse.Namespace) -> tuple[dict, dict, dict]:
-    """(methods, the tuned ones' settings, the factors file's searched length): the table's rows."""
+    """(methods by their label in the log, the tuned ones' settings, the factors file's searched length): the table's
+    rows. A tuned row's log label carries its method's fingerprint (`tuned_label`): which setting wins can change
+    with the grid, and a new pick must not read the old one's scores (a pick scored before, under the bare name,
+    is found by its fingerprint and copied, `ScoreLog.copied_twin`)."""
     files, searched_lengths = given_methods(context, factors_rows(args.factors), print)
     scorer.log.check_methods({**context.baselines(), **files})  # before any forward: a stale log stops here
     tuned_methods, settings = tuned(context, scorer, args.grid, partial=getattr(args, "partial", False))
-    methods = {**context.baselines(), **tuned_methods, **files}
+    methods = {**context.baselines(), **{tuned_label(n, m): m for n, m in tuned_methods.items()}, **files}
     scorer.log.check_methods(methods)
     return methods, settings, searched_lengths
+
+
+def tuned_label(name: str, method) -> str:
+    return f"{name} {fingerprint(method)}"
+
+
+def table_name(label: str) -> str:
+    """A log label's row in the table: a tuned row's without its fingerprint."""
+    name, _, rest = label.partition(" ")
+    return name if name in ("ntk_tuned", "yarn_tuned") and rest else label
 
 
 def run_table(args: argparse.Namespace) -> None:
@@ -254,7 +267,12 @@ def run_table(args: argparse.Namespace) -> None:
         else:
             scorer.score("perplexity", length, windows, methods)
     lengths = [n for n in lengths if ids[n]]
-    per_window = {name: {str(n): log.means("perplexity", n, name, ids[n]) for n in lengths} for name in methods}
+    if not lengths:
+        raise SystemExit("--partial: no test window has a score of every method yet; run the table without it")
+    per_window = {
+        table_name(label): {str(n): log.means("perplexity", n, label, ids[n]) for n in lengths} for label in methods
+    }
+    methods = {table_name(label): method for label, method in methods.items()}
     result = summarize(context, methods, per_window, lengths, settings, searched_lengths)
     name = args.name or stem(context)
     out = Path(args.results) / name
@@ -288,7 +306,7 @@ def run_ranking(args: argparse.Namespace) -> None:
     bf16 = [float(np.mean(log.means("perplexity", n, name, ids))) for name in methods]
     fp32 = [float(np.mean(log.means("float32", n, name, ids))) for name in methods]
     agreement = rank_agreement(fp32, bf16, best_k=3).as_dict()
-    rows = {name: {"float32": a, "bfloat16": b} for name, a, b in zip(methods, fp32, bf16, strict=True)}
+    rows = {table_name(name): {"float32": a, "bfloat16": b} for name, a, b in zip(methods, fp32, bf16, strict=True)}
     save_json(
         Path(args.results) / "smollm2_bf16_ranking.json",
         {**provenance(), "windows": ids, "mean_nll": rows, **agreement},
