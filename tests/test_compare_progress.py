@@ -53,16 +53,17 @@ def test_terminal_progress_keeps_count_and_eta_at_80_columns():
 @pytest.mark.slow
 def test_compare_from_the_cli_reports_its_progress(tmp_path, in_process_pool, capsys):
     """The demo config, small (2 search and 4 test windows at 128 and 256 tokens), piped: both phases counted to
-    their end: the full grid's 49 NTK and 35 YaRN settings, then 9 methods (6 baselines, tuned NTK and YaRN, and
-    tuned NTK's vLLM twin; no factors given) on the 2 window sets at 128 tokens (perplexity and needles) and 8 on
-    the 2 at 256, where the twin is its transformers row (past the original length both apply the long factors)."""
+    their end: the full grid's 56 NTK and 40 YaRN settings, then 11 methods (6 closed forms, NTK's and YaRN's factors
+    with LongRoPE's attention factor, tuned NTK and YaRN, and tuned NTK's vLLM twin; no factors given) on the 2 window
+    sets at 128 tokens (perplexity and needles) and 10 on the 2 at 256, where the twin is its transformers row (past
+    the original length both apply the long factors)."""
     settings = [f"output_dir={tmp_path / 'out'}", "data.search_windows=2", "data.test_windows=4"]
     args = ["compare", str(CONFIGS / "demo.yaml"), *[p for s in settings for p in ("--set", s)], "--lengths", "128,256"]
     assert main(args) == 0
     err = capsys.readouterr().err
-    assert "compare: 84/84 NTK and YaRN settings tried (100%)" in err
+    assert "compare: 96/96 NTK and YaRN settings tried (100%)" in err
     scored = re.search(r"compare: (\d+)/(\d+) method x window sets scored \(100%\)", err)
-    assert scored and scored.group(1) == scored.group(2) == str(9 * 2 + 8 * 2), err
+    assert scored and scored.group(1) == scored.group(2) == str(11 * 2 + 10 * 2), err
 
 
 class _Windows:
