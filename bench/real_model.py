@@ -44,6 +44,7 @@ import torch
 from benchlib import RESULTS, ROOT, provenance, save_json
 from pydantic import BaseModel
 
+from longrope.encodings.rope_methods.batch import candidate_rows
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare import default_lengths, summarize, write_outputs
 from longrope.search.reports.compare_rows import factors_rows, given_methods
@@ -102,6 +103,13 @@ class LogSetup(BaseModel):
         )
 
 
+def applied(method, length: int) -> bytes:
+    """What a forward of `length` tokens applies: the frequencies in force, the attention factor and n_hat, as the
+    scorer stacks them (`candidate_rows`)."""
+    rows = candidate_rows([method], length)
+    return b"".join(t.numpy().tobytes() for t in (rows.inv_freq, rows.attention_factor, rows.n_hat))
+
+
 def fingerprint(method) -> str:
     """A method's identity: its class and every field (the factors, theta, attention factor...)."""
     payload = type(method).__name__ + method.model_dump_json()
@@ -154,14 +162,20 @@ class ScoreLog:
             out.write(json.dumps({**row, "seconds": round(seconds, 1)}) + "\n")
 
     def copied_twin(self, key: tuple, methods: dict) -> bool:
-        """Log, under `key`, the score of a method with the same fingerprint on the same set, length and window
-        (tuned YaRN's best is often YaRN's own setting), instead of scoring it again; whether there was one."""
+        """Log, under `key`, the score of a method that applies the same numbers on the same set, length and window,
+        instead of scoring it again; whether there was one. The same numbers: a label of the same fingerprint, of
+        this run or recorded before (a tuned pick logged under its bare name by older code), or a method of this run
+        whose frequencies and attention factor in force at that length are equal (`applied`: tuned YaRN's pick is
+        often YaRN itself, or YaRN's factors with LongRoPE's attention factor, a LongRope of another fingerprint)."""
         kind, length, label, window = key
-        for other in methods:
+        mine = applied(methods[label], length)
+        for other, known in self.setup.methods.items():
             twin = (kind, length, other, window)
-            if other != label and self.setup.methods.get(other) == self.setup.methods[label] and twin in self.scores:
+            if other == label or twin not in self.scores:
+                continue
+            if known == self.setup.methods[label] or (other in methods and applied(methods[other], length) == mine):
                 self.add(key, *self.scores[twin], seconds=0.0)
-                print(f"{kind} {length} {window} {label}: the same method as {other}, its score", flush=True)
+                print(f"{kind} {length} {window} {label}: the same numbers as {other}, its score", flush=True)
                 return True
         return False
 
@@ -225,8 +239,8 @@ def tuned(context: JobContext, scorer: WindowScorer, grid: str, partial: bool = 
 def table_methods(context: JobContext, scorer: WindowScorer, args: argparse.Namespace) -> tuple[dict, dict, dict]:
     """(methods by their label in the log, the tuned ones' settings, the factors file's searched length): the table's
     rows. A tuned row's log label carries its method's fingerprint (`tuned_label`): which setting wins can change
-    with the grid, and a new pick must not read the old one's scores (a pick scored before, under the bare name,
-    is found by its fingerprint and copied, `ScoreLog.copied_twin`)."""
+    with the grid, and a new pick must not read the old one's scores (a pick scored before under the bare name is
+    found by its recorded fingerprint and copied, `ScoreLog.copied_twin`)."""
     files, searched_lengths = given_methods(context, factors_rows(args.factors), print)
     scorer.log.check_methods({**context.baselines(), **files})  # before any forward: a stale log stops here
     tuned_methods, settings = tuned(context, scorer, args.grid, partial=getattr(args, "partial", False))

@@ -27,7 +27,7 @@
 2. 16x: the reference model (trained at 128 tokens) read at 2048 (`target_length=2048`, nothing else changed: the
    search split has 32 documents of at least 2049 bytes for the 8 search windows, the test split 112 for the 24 test
    windows). Every closed form at its nominal setting (none, pi, ntk, dynamic, yarn, llama3); NTK tuned on the search
-   split over compare's grid (`ntk_tuned`: scale x 0.5..4, attention factor 1.0..1.3) and over a wider grid
+   split over compare's grid (`ntk_tuned`: scale x 0.5..4, attention 1.0..1.3 and LongRoPE's) and over a wider grid
    (`ntk_tuned_wide`: scale x 0.5..16, attention factor 1.0..1.6, the GA's own range); YaRN with its factor and
    attention factor (temperature) tuned the same way (`yarn_tuned`, wide grid); then the GA's, gradient's and
    hybrid's bests per seed. Test perplexity at 2048 (24 windows), paired interval and ratio to the best baseline

@@ -25,7 +25,7 @@ def demo_context(target: int = 1024) -> JobContext:
 
 def test_the_rows_take_transformers_yarn_and_ntk_frequencies_with_longropes_attention_factor():
     """At 8x of 128 tokens: the YaRN row's frequencies are transformers' own `yarn` ones, the NTK row's those of
-    theta x 8^(d/(d-2)) worked by hand, and both rows' attention factor is sqrt(1 + ln 8 / ln 128) = 1.1902, not
+    theta x 8^(d/(d-2)) worked by hand, and both rows' attention factor is sqrt(1 + ln 8 / ln 128) = 1.1952, not
     YaRN's 0.1 ln 8 + 1 = 1.2079 nor NTK's 1."""
     context = demo_context()
     rows = context.baselines()
@@ -48,8 +48,22 @@ def test_the_rows_take_transformers_yarn_and_ntk_frequencies_with_longropes_atte
     assert {"ntk_longrope_attention", "yarn_longrope_attention"} <= set(BASELINES)
 
 
+def test_the_rows_apply_the_closed_forms_factors_at_and_below_the_original_length_too():
+    """YaRN and NTK-aware apply their factors at every length, so the rows do as well (their short factors are
+    the same factors): at 64 and 128 tokens (the reference model's original length) each row's frequencies are its
+    closed form's, not the unscaled model's."""
+    rows = demo_context().baselines()
+    for length in (64, 128):
+        for name in ("ntk", "yarn"):
+            row, closed = rows[f"{name}_longrope_attention"], rows[name]
+            torch.testing.assert_close(
+                row.inv_freq(length).double(), closed.inv_freq(length).double(), rtol=1e-6, atol=0
+            )
+            assert not torch.equal(row.inv_freq(length), rows["none"].inv_freq(length)), (name, length)
+
+
 def test_every_grid_tries_longropes_attention_factor_at_the_jobs_scale():
-    """At 4x of 128 tokens the point is sqrt(1 + ln 4 / ln 128) = 1.1330 for every multiplier of both methods, in
+    """At 4x of 128 tokens the point is sqrt(1 + ln 4 / ln 128) = 1.1339 for every multiplier of both methods, in
     both grids, beside the grid's numeric points."""
     context = demo_context(512)
     expected = math.sqrt(1 + math.log(4) / math.log(128))

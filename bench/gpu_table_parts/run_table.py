@@ -208,9 +208,9 @@ class TableRun:
                 methods[row] = searched_method(context, found)
                 entry.per_window[row] = self.test_scores(target).per_window(methods[row])
         entry.compare, entry.table = finish(context, methods, entry.per_window, dict(entry.tuned))
-        draw_paired_difference(entry, Path(self.args.out))
         print(entry.table, flush=True)
-        self.phase(f"rows {target}", since)
+        self.phase(f"rows {target}", since)  # saved before the plot: a lease's numbers never wait on matplotlib
+        draw_paired_difference(entry, Path(self.args.out))
 
     def tuned_methods(self, context, entry: TargetResult):
         """The tuned rows again from the recorded tuning scores (pick_tuned is deterministic: nothing is scored)."""

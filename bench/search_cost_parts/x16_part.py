@@ -40,8 +40,9 @@ def tune_on_search_split(context: JobContext, grids: dict[str, dict]) -> dict[st
     tuned = {}
     for name, grid in grids.items():
         best = min(grid, key=lambda key: scores[f"{name}/{key}"].mean_nll)
-        multiplier, attention = best
-        values = sorted({k[0] for k in grid}), sorted({k[1] for k in grid})
+        # attention factors as applied: a grid point may be None (YaRN's own) or "longrope" (LongRoPE's at the scale)
+        multiplier, attention = best[0], grid[best].attention_factor
+        values = sorted({k[0] for k in grid}), sorted({method.attention_factor for method in grid.values()})
         tuned[name] = {
             "method": grid[best],
             "scale_multiplier": multiplier,

@@ -136,8 +136,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "--tuning-grid",
         choices=("full", "coarse"),
         default="full",
-        help="the settings NTK and YaRN are tuned over on the search split: full (84) or coarse (10, for a model "
-        "where every setting is a long forward)",
+        help="the settings NTK and YaRN are tuned over on the search split: full (96) or coarse (15, for a model "
+        "where every setting is a long forward); both try LongRoPE's attention factor",
     )
     compare.add_argument("--no-needles", action="store_true", help="perplexity only: no needle retrieval windows")
     compare.set_defaults(handler=run_compare_command)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from longrope.search.reports.compare_result import CompareResult, is_given
+from longrope.search.reports.compare_tables import window_counts
 from longrope.search.reports.plot_axes import log_axis, method_colours, save_figure
 
 PPL_BAND = 3.0  # the perplexity plot shows every point within this factor of the best method at its length
@@ -233,7 +234,7 @@ def plot_paired_difference(result: CompareResult, path: Path | None = None):
     for y, name in enumerate(names):
         mean, low, high = rows[name]
         if mean > right:
-            ax.plot([right], [y], marker=">", color=colours[name], gid=name)
+            ax.plot([right], [y], marker=">", color=colours[name], gid=name, clip_on=False)
             ax.annotate(f"{mean:+.3f}", (right, y), xytext=(-6, 0), textcoords="offset points", ha="right", va="center")
             continue
         bars = ax.errorbar(
@@ -254,7 +255,7 @@ def plot_paired_difference(result: CompareResult, path: Path | None = None):
     ratio = ax.secondary_xaxis("top", functions=(np.exp, lambda r: np.log(np.clip(r, 1e-300, None))))
     ratio.set_xlabel("perplexity ratio to the best baseline, exp(difference)")
     fig.suptitle(
-        f"at {target} tokens, {result['windows'].get(str(target), 'no')} test windows; bars: paired 95% intervals",
+        f"at {target} tokens, {window_counts(result).get(str(target), 'no')} test windows; bars: paired 95% intervals",
         fontsize=10,
     )
     ax.grid(True, axis="x", alpha=0.3)

@@ -34,8 +34,9 @@ from longrope.workers.windows import Windows, interleave_windows, load_windows
 
 # Rows that take a closed form's per-pair factors with LongRoPE's default attention factor, sqrt(1 + ln s / ln L0)
 # (Ding et al. 2024, as transformers' `_compute_longrope_parameters` applies it; 1.0742 at 4x of 8k), in place of
-# the method's own (NTK-aware: none; YaRN: 0.1 ln s + 1). A searched LongRoPE row carries that factor, so these rows
-# tell what the searched per-pair factors win from what the attention factor alone wins.
+# the method's own (NTK-aware: none; YaRN: 0.1 ln s + 1), at every length (the short factors are the same factors, as
+# the closed forms apply theirs below the original length too). A searched LongRoPE row carries that attention factor,
+# so these rows tell what the searched per-pair factors win from what the attention factor alone wins.
 LONGROPE_ATTENTION_ROWS = {"ntk_longrope_attention": "ntk", "yarn_longrope_attention": "yarn"}
 
 
@@ -189,10 +190,10 @@ class JobContext:
             original=self.original_length,
             target=self.target_length,
         )
-        borrowed = {
-            row: self.longrope(closed[source].factors(self.target_length).double())
-            for row, source in LONGROPE_ATTENTION_ROWS.items()
-        }
+        borrowed = {}
+        for row, source in LONGROPE_ATTENTION_ROWS.items():
+            factors = closed[source].factors(self.target_length).double()
+            borrowed[row] = self.longrope(factors, short_factor=factors)  # the closed form's factors at every length
         return {**closed, **borrowed}
 
     def seeds(self) -> list[Seed]:
