@@ -96,6 +96,18 @@ def git_output(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def run_status(run: Path) -> dict[str, Any]:
+    """A run directory's `longrope status --json`: what its search spent (window evaluations, forward and backward
+    window passes) and found, as users read it."""
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "longrope"), "status", str(run), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
 def save_json(path: Path, result: dict[str, Any]) -> Path:
     """`result` as indented JSON at `path` (its folder made), with the load average at the end of the run."""
     result.setdefault("machine", {})["load_average_at_end"] = list(os.getloadavg())

@@ -10,8 +10,8 @@ results file that recorded its status instead (the shipped descent run: `smollm2
 hours are not known and are written as null.
 
   .venv/bin/python bench/optimizer_arms.py \\
-    --arm descent gradient file:smollm2_16k_factors.json bench/results/smollm2_16k.json \\
-    --arm ga dim_mono file:smollm2_16k_ga_factors.json bench/results/smollm2_16k_ga_run
+    --arm descent gradient bench/results/smollm2_16k_factors.json bench/results/smollm2_16k.json \\
+    --arm ga dim_mono bench/results/smollm2_16k_ga_factors.json bench/results/smollm2_16k_ga_run
 
 writes bench/results/smollm2_16k_optimizers.json and smollm2_16k_optimizers.png (test perplexity at 16k against
 window-equivalents, a point per arm with its paired interval to YaRN carried onto perplexity).
@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import numpy as np
-from benchlib import RESULTS, ROOT, provenance, save_json
+from benchlib import RESULTS, provenance, run_status, save_json
 
+from longrope.search.reports.compare_rows import factors_rows
 from longrope.search.reports.intervals import paired_difference
 
 TARGET, SHORT = "16384", "8192"
@@ -38,13 +38,7 @@ def arm_cost(source: Path) -> dict:
     """The arm's status (a run directory's `longrope status --json`, or the `search` a results file recorded) and
     its hours of scoring (state.json's generation and polish seconds; null where no run directory is left)."""
     if source.is_dir():
-        done = subprocess.run(
-            [str(ROOT / ".venv" / "bin" / "longrope"), "status", str(source), "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        status, state = json.loads(done.stdout), json.loads((source / "state.json").read_text())
+        status, state = run_status(source), json.loads((source / "state.json").read_text())
         seconds = sum(state.get("generation_seconds") or []) + sum(state.get("polish_seconds") or [])
         return {**status, "hours": seconds / 3600}
     return {**json.loads(source.read_text())["search"], "hours": None}
@@ -58,14 +52,14 @@ def paired(methods: dict, row: str, other: str, length: str) -> list[float] | No
     return list(paired_difference(a, b))
 
 
-def arm_entry(name: str, optimizer: str, row: str, source: Path, methods: dict, reference_row: str) -> dict:
+def arm_entry(name: str, optimizer: str, row: str, factors: str, source: Path, methods: dict, reference_row: str):
     cost = arm_cost(source)
     forward, backward = cost["forward_windows"], cost["backward_windows"]
     return {
         "arm": name,
         "optimizer": optimizer,
         "row": row,
-        "factors": str(Path("bench/results") / row.removeprefix("file:")),
+        "factors": factors,
         "run": str(source),
         "candidates": cost["evaluations"],
         "forward_windows": forward,
@@ -110,19 +104,22 @@ def main() -> None:
         nargs=4,
         action="append",
         required=True,
-        metavar=("NAME", "OPTIMIZER", "ROW", "RUN"),
-        help="an arm: its name, optimizer, its row in the table, and its run directory (or a results JSON)",
+        metavar=("NAME", "OPTIMIZER", "FACTORS", "RUN"),
+        help="an arm: its name, optimizer, its export (a --factors of the table) and its run directory (or a results "
+        "JSON)",
     )
     parser.add_argument("--table", default=str(RESULTS / "smollm2_16k_arms.json"))
     parser.add_argument("--out", default=str(RESULTS / "smollm2_16k_optimizers.json"))
     args = parser.parse_args()
     table = json.loads(Path(args.table).read_text())
     methods = table["result"]["methods"]
-    reference_row = args.arm[0][2]  # the first arm is the one the others are compared with (the shipped descent)
-    missing = [row for _, _, row, _ in args.arm if row not in methods]
+    # each export's row as the table labelled it: compare's labels of the same --factors paths (`factors_rows`)
+    rows = {path: label for label, path in factors_rows([factors for _, _, factors, _ in args.arm]).items()}
+    missing = [path for path, label in rows.items() if label not in methods]
     if missing:
         raise SystemExit(f"--arm: {missing[0]!r} is not a row of {args.table} (rows: {', '.join(methods)})")
-    entries = [arm_entry(n, o, row, Path(run), methods, reference_row) for n, o, row, run in args.arm]
+    reference_row = rows[args.arm[0][2]]  # the first arm is the one the others are compared with (shipped descent)
+    entries = [arm_entry(n, o, rows[f], f, Path(run), methods, reference_row) for n, o, f, run in args.arm]
     out = Path(args.out)
     save_json(out, {**provenance(), "table": args.table, "windows": table["windows"], "arms": entries})
     plot(entries, methods, out.with_suffix(".png"))

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from benchlib import RESULTS, ROOT, provenance, save_json
+from benchlib import RESULTS, ROOT, provenance, run_status, save_json
 from pydantic import BaseModel
 
 from longrope.encodings.rope_methods.batch import candidate_rows
@@ -298,7 +298,7 @@ def run_table(args: argparse.Namespace) -> None:
         "lengths": lengths,
         "table": markdown_table(result),
     }
-    saved |= {"tuned": settings, "search": search_cost(Path(args.run)) if args.run else None, "result": result}
+    saved |= {"tuned": settings, "search": run_status(Path(args.run)) if args.run else None, "result": result}
     save_json(Path(args.results) / f"{name}.json", saved)
     print(markdown_table(result))
 
@@ -326,19 +326,6 @@ def run_ranking(args: argparse.Namespace) -> None:
         {**provenance(), "windows": ids, "mean_nll": rows, **agreement},
     )
     print(json.dumps(agreement, indent=1))
-
-
-def search_cost(run: Path) -> dict:
-    """What the search spent: window evaluations, backward passes and wall time (status --json's figures)."""
-    import subprocess
-
-    status = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "longrope"), "status", str(run), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(status.stdout)
 
 
 def run_speed(args: argparse.Namespace) -> None:
