@@ -14,7 +14,14 @@ hours are not known and are written as null.
     --arm ga dim_mono bench/results/smollm2_16k_ga_factors.json bench/results/smollm2_16k_ga_run
 
 writes bench/results/smollm2_16k_optimizers.json and smollm2_16k_optimizers.png (test perplexity at 16k against
-window-equivalents, a point per arm with its paired interval to YaRN carried onto perplexity).
+window-equivalents, a point per arm with its paired interval to YaRN carried onto perplexity, and a line per arm
+through its best-so-far: `arm_curves.py`, which also writes the earlier bests as files for the table to score).
+
+Each entry also reads its curve at equal cost (the cheapest arm's total: what each arm had found by then) and at the
+cost where it first beat YaRN on the search windows (YaRN: the run's own YaRN seed). An arm that continues another
+(`--continues hybrid=ga`: the hybrid's polish starts from the GA's end) is charged the other's cost as well, and its
+curve starts with the other's. An arm known only by a results file has no history: its curve is its best seed and
+its end (each descent candidate reads the same windows, so its seeds cost seeds x forward_windows / candidates).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+from arm_curves import CurvePoint, arm_curve, seed_row
 from benchlib import RESULTS, provenance, run_status, save_json
 
 from longrope.search.reports.compare_rows import factors_rows
@@ -53,6 +61,7 @@ def paired(methods: dict, row: str, other: str, length: str) -> list[float] | No
 
 
 def arm_entry(name: str, optimizer: str, row: str, factors: str, source: Path, methods: dict, reference_row: str):
+    """The arm's cost and test scores (its curve is added by `with_curve`)."""
     cost = arm_cost(source)
     forward, backward = cost["forward_windows"], cost["backward_windows"]
     return {
@@ -75,26 +84,88 @@ def arm_entry(name: str, optimizer: str, row: str, factors: str, source: Path, m
     }
 
 
+def results_file_curve(source: Path, methods: dict, end: dict) -> list[CurvePoint]:
+    """An arm known only by its results file: its best seed (from the closed form's row; the default attention mode
+    is LongRoPE's) at what the seeds cost, and its end."""
+    search = json.loads(source.read_text())["search"]
+    seeds = search["seed_perplexities"]
+    seed = min(seeds, key=seeds.get)
+    per_candidate = search["forward_windows"] / search["evaluations"]
+    row = seed_row(seed, "longrope", methods)
+    first = CurvePoint(len(seeds) * per_candidate, seeds[seed], "", seed, row, methods[row]["perplexity"][TARGET][0])
+    last = CurvePoint(end["window_equivalents"], end["search_ppl"], search["best_key"], None, end["row"])
+    return [first, CurvePoint(**{**last.as_json(), "test_ppl_16k": end["test_ppl_16k"][0]})]
+
+
+def with_curve(entry: dict, methods: dict, before: list[CurvePoint], equal_cost: float) -> list[CurvePoint]:
+    """The entry gains its curve, its point at `equal_cost` and where it first beat its YaRN seed on the search
+    windows; returns the curve (for an arm that continues this one)."""
+    source, export = Path(entry["run"]), Path(entry["factors"])
+    if source.is_dir():
+        curve = arm_curve(source, export, methods, TARGET, before)
+    else:
+        curve = results_file_curve(source, methods, entry)
+    yarn = next((p.search_ppl for p in curve if p.seed == "yarn"), None)
+    entry["curve"] = [point.as_json() for point in curve]
+    entry["at_equal_cost"] = [p for p in curve if p.window_equivalents <= equal_cost][-1].as_json()
+    beaten = [p for p in curve if yarn is not None and p.search_ppl < yarn]
+    entry["first_beat_yarn"] = beaten[0].as_json() if beaten else None
+    if before:
+        entry["window_equivalents"] += before[-1].window_equivalents
+        entry["continues_window_equivalents"] = before[-1].window_equivalents
+    return curve
+
+
 def plot(entries: list[dict], methods: dict, path: Path) -> None:
-    """Test perplexity at 16k against window-equivalents, a point per arm; the bar is the paired interval to YaRN
-    moved onto perplexity (YaRN's perplexity x exp(interval)), and YaRN's own perplexity is a dotted line."""
+    """Left: each arm's best so far on the search windows against window-equivalents (a step line from its
+    history). Right: the same bests on the test windows at 16k where the table scored them, a line per arm, the last
+    point with its paired interval to YaRN moved onto perplexity (YaRN's perplexity x exp(interval)); YaRN, and
+    YaRN with LongRoPE's attention factor, as dotted lines."""
     from matplotlib.figure import Figure
 
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    search_ax, test_ax = fig.subplots(1, 2)
     yarn = methods["yarn"]["perplexity"][TARGET][0]
-    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
-    ax = fig.add_subplot()
     for entry in entries:
-        ppl = entry["test_ppl_16k"][0]
-        _, low, high = entry["delta_vs_yarn"]
+        curve = entry["curve"]
+        costs, search = [p["window_equivalents"] for p in curve], [p["search_ppl"] for p in curve]
+        search_ax.step([*costs, entry["window_equivalents"]], [*search, search[-1]], where="post", label=entry["arm"])
+        tested = [p for p in curve if p["test_ppl_16k"] is not None]
+        line = test_ax.plot([p["window_equivalents"] for p in tested], [p["test_ppl_16k"] for p in tested], "o-")[0]
+        line.set_label(entry["arm"])
+        ppl, (_, low, high) = entry["test_ppl_16k"][0], entry["delta_vs_yarn"]
         bounds = np.array([[ppl - yarn * math.exp(low)], [yarn * math.exp(high) - ppl]]).clip(0)
-        ax.errorbar([entry["window_equivalents"]], [ppl], yerr=bounds, fmt="o", capsize=3, label=entry["arm"])
-    ax.axhline(yarn, color="0.4", linestyle=":", label=f"YaRN ({yarn:.3f})")
-    ax.set_xscale("log")
-    ax.set_xlabel("window-equivalents spent (forward + 2 x backward window passes; log scale)")
-    ax.set_ylabel("test perplexity at 16k (8 windows; lower is better)")
-    ax.set_title("SmolLM2-135M 8k -> 16k: each arm's best; bars: paired 95% interval to YaRN", fontsize=10)
-    ax.legend(fontsize=8)
+        test_ax.errorbar([curve[-1]["window_equivalents"]], [ppl], yerr=bounds, color=line.get_color(), capsize=3)
+    test_ax.axhline(yarn, color="0.4", linestyle=":", label=f"YaRN ({yarn:.3f})")
+    if "yarn_longrope_attention" in methods:
+        attention = methods["yarn_longrope_attention"]["perplexity"][TARGET][0]
+        test_ax.axhline(attention, color="0.6", linestyle="--", label=f"YaRN, LongRoPE's attention ({attention:.3f})")
+    yarn_seeds = [p["search_ppl"] for e in entries for p in e["curve"] if p["seed"] == "yarn"]
+    if yarn_seeds:  # PI's seed reads several times worse and would flatten the rest
+        lowest = min(p["search_ppl"] for e in entries for p in e["curve"])
+        top = max(yarn_seeds) * 1.005
+        search_ax.set_ylim(lowest - 0.2 * (top - lowest), top)
+    for ax, what in ((search_ax, "search windows"), (test_ax, "test windows, 16k")):
+        ax.set_xscale("log")
+        ax.set_xlabel("window-equivalents spent (forward + 2 x backward; log)")
+        ax.set_ylabel(f"best so far: perplexity on the {what}")
+        ax.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M 8k -> 16k: each arm's best so far against its cost; bar: paired 95% to YaRN")
     fig.savefig(path, dpi=120)
+
+
+def add_curves(entries: list[dict], methods: dict, continues: dict[str, str]) -> None:
+    """Each entry's curve (`with_curve`), in the order given, so that an arm that continues another finds its
+    curve; equal cost is the cheapest total among arms that continue none."""
+    equal_cost = min(e["window_equivalents"] for e in entries if e["arm"] not in continues)
+    curves, by_name = {}, {entry["arm"]: entry for entry in entries}
+    for entry in entries:
+        earlier = continues.get(entry["arm"])
+        if earlier is not None and earlier not in curves:
+            raise SystemExit(f"--continues {entry['arm']}={earlier}: no earlier --arm {earlier}")
+        curves[entry["arm"]] = with_curve(entry, methods, curves.get(earlier, []), equal_cost)
+        if earlier is not None and entry["hours"] is not None and by_name[earlier]["hours"] is not None:
+            entry["hours"] += by_name[earlier]["hours"]
 
 
 def main() -> None:
@@ -108,6 +179,13 @@ def main() -> None:
         help="an arm: its name, optimizer, its export (a --factors of the table) and its run directory (or a results "
         "JSON)",
     )
+    parser.add_argument(
+        "--continues",
+        action="append",
+        default=[],
+        metavar="ARM=EARLIER",
+        help="ARM started from EARLIER's end (the hybrid's polish from the GA): charged EARLIER's cost too",
+    )
     parser.add_argument("--table", default=str(RESULTS / "smollm2_16k_arms.json"))
     parser.add_argument("--out", default=str(RESULTS / "smollm2_16k_optimizers.json"))
     args = parser.parse_args()
@@ -120,6 +198,7 @@ def main() -> None:
         raise SystemExit(f"--arm: {missing[0]!r} is not a row of {args.table} (rows: {', '.join(methods)})")
     reference_row = rows[args.arm[0][2]]  # the first arm is the one the others are compared with (shipped descent)
     entries = [arm_entry(n, o, rows[f], f, Path(run), methods, reference_row) for n, o, f, run in args.arm]
+    add_curves(entries, methods, dict(pair.split("=", 1) for pair in args.continues))
     out = Path(args.out)
     save_json(out, {**provenance(), "table": args.table, "windows": table["windows"], "arms": entries})
     plot(entries, methods, out.with_suffix(".png"))
@@ -129,6 +208,14 @@ def main() -> None:
             f"test ppl 16k {entry['test_ppl_16k'][0]:.3f}, vs YaRN {entry['delta_vs_yarn'][0]:+.4f} "
             f"[{entry['delta_vs_yarn'][1]:+.4f}, {entry['delta_vs_yarn'][2]:+.4f}]"
         )
+        for what in ("at_equal_cost", "first_beat_yarn"):
+            point = entry[what]
+            if point is not None:
+                test = "not scored" if point["test_ppl_16k"] is None else f"{point['test_ppl_16k']:.3f}"
+                print(
+                    f"  {what}: {point['window_equivalents']:g} window-equivalents, search ppl "
+                    f"{point['search_ppl']:.4f}, test ppl 16k {test}"
+                )
 
 
 if __name__ == "__main__":

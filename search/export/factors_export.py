@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 from longrope.search.config.factors_file import FactorsFile, LongRopeParameters, Provenance, read_factors_file
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.run.job_record import read_job_record
 from longrope.search.run.output_paths import check_not_run_directory, check_output_path, write_output
-from longrope.search.run.run_check import read_run
+from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import (
     CONFIG,
     RunDir,
@@ -44,9 +45,15 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
             raise ExportError(f"{run_dir.path}: its last stage ({last.path.name}) has not started; nothing to export")
         return factors_file_of_run(last, allow_n_hat=allow_n_hat)
     run = read_run(run_dir)
-    best = run.best
-    if best is None:
+    if run.best is None:
         raise ExportError(f"{run_dir.path}: no candidate has a finite score yet; nothing to export")
+    return candidate_factors_file(run, run.best, allow_n_hat=allow_n_hat)
+
+
+def candidate_factors_file(run: CheckedRun, best: HistoryRecord, *, allow_n_hat: bool = False) -> FactorsFile:
+    """One scored candidate of a run as a factors file, its provenance naming it (`best_key`, `best_perplexity`):
+    the export of the run's best, and what a benchmark reads an earlier best-so-far as (bench/optimizer_arms.py)."""
+    run_dir, config = run.run_dir, run.config
     job = run.job or read_job_record(run_dir)  # the model's shape is in job.json alone: its absence is the error
     method = job.candidate(best)
     if method.n_hat and not allow_n_hat:
