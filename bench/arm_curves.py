@@ -111,7 +111,10 @@ def arm_curve(run_dir: Path, export: Path, methods: dict, target: str, before: l
     added to this arm's, and its points come first)."""
     offset = before[-1].window_equivalents if before else 0.0
     mode = read_run(RunDir(run_dir)).config.search.attention_factor.mode
-    own = with_test_scores(best_so_far(run_dir, offset), export, mode, methods, target)
+    own = best_so_far(run_dir, offset)
+    if before:  # its start is the earlier arm's best, scored again: only what improves on it is this arm's
+        own = [point for point in own if point.search_ppl < before[-1].search_ppl]
+    own = with_test_scores(own, export, mode, methods, target)
     return [*before, *own]
 
 
