@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -106,12 +107,11 @@ def with_test_scores(points: list[CurvePoint], export: Path, attention_mode: str
     return scored
 
 
-def arm_curve(run_dir: Path, export: Path, methods: dict, target: str, before: list[CurvePoint] = ()):
-    """The arm's curve, test scores included; `before`: the curve of the arm this one continues (its cost is
-    added to this arm's, and its points come first)."""
-    offset = before[-1].window_equivalents if before else 0.0
+def arm_curve(run_dir: Path, export: Path, methods: dict, target: str, before: Sequence[CurvePoint] = (), spent=0.0):
+    """The arm's curve, test scores included; `before`: the curve of the arm this one continues, which had spent
+    `spent` window-equivalents in all (its points come first, and this arm's costs start where it ended)."""
     mode = read_run(RunDir(run_dir)).config.search.attention_factor.mode
-    own = best_so_far(run_dir, offset)
+    own = best_so_far(run_dir, spent)
     if before:  # its start is the earlier arm's best, scored again: only what improves on it is this arm's
         own = [point for point in own if point.search_ppl < before[-1].search_ppl]
     own = with_test_scores(own, export, mode, methods, target)

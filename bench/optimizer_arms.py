@@ -97,12 +97,23 @@ def results_file_curve(source: Path, methods: dict, end: dict) -> list[CurvePoin
     return [first, CurvePoint(**{**last.as_json(), "test_ppl_16k": end["test_ppl_16k"][0]})]
 
 
-def with_curve(entry: dict, methods: dict, before: list[CurvePoint], equal_cost: float) -> list[CurvePoint]:
+CHARGED = ("candidates", "forward_windows", "backward_windows", "window_equivalents", "hours")
+
+
+def with_curve(entry: dict, methods: dict, earlier: dict | None, equal_cost: float) -> None:
     """The entry gains its curve, its point at `equal_cost` and where it first beat its YaRN seed on the search
-    windows; returns the curve (for an arm that continues this one)."""
+    windows. An arm that continues an `earlier` one is charged its costs too, and its curve starts with the
+    earlier's."""
     source, export = Path(entry["run"]), Path(entry["factors"])
-    if source.is_dir():
-        curve = arm_curve(source, export, methods, TARGET, before)
+    if earlier is not None:
+        before = [CurvePoint(**point) for point in earlier["curve"]]
+        curve = arm_curve(source, export, methods, TARGET, before, earlier["window_equivalents"])
+        entry["continues"] = {"arm": earlier["arm"], **{field: earlier[field] for field in CHARGED}}
+        for field in CHARGED:
+            both = (entry[field], earlier[field])
+            entry[field] = None if None in both else sum(both)
+    elif source.is_dir():
+        curve = arm_curve(source, export, methods, TARGET)
     else:
         curve = results_file_curve(source, methods, entry)
     yarn = next((p.search_ppl for p in curve if p.seed == "yarn"), None)
@@ -110,36 +121,45 @@ def with_curve(entry: dict, methods: dict, before: list[CurvePoint], equal_cost:
     entry["at_equal_cost"] = [p for p in curve if p.window_equivalents <= equal_cost][-1].as_json()
     beaten = [p for p in curve if yarn is not None and p.search_ppl < yarn]
     entry["first_beat_yarn"] = beaten[0].as_json() if beaten else None
-    if before:
-        entry["window_equivalents"] += before[-1].window_equivalents
-        entry["continues_window_equivalents"] = before[-1].window_equivalents
-    return curve
+
+
+def own_part(entry: dict) -> list[dict]:
+    """The curve as drawn: an arm that continues another starts where the other ended, from its best (the rest is
+    drawn already, as the other's)."""
+    curve = entry["curve"]
+    if "continues" not in entry:
+        return curve
+    spent = entry["continues"]["window_equivalents"]
+    start = max(i for i, p in enumerate(curve) if p["window_equivalents"] <= spent)
+    return [{**curve[start], "window_equivalents": spent}, *curve[start + 1 :]]
 
 
 def plot(entries: list[dict], methods: dict, path: Path) -> None:
     """Left: each arm's best so far on the search windows against window-equivalents (a step line from its
     history). Right: the same bests on the test windows at 16k where the table scored them, a line per arm, the last
-    point with its paired interval to YaRN moved onto perplexity (YaRN's perplexity x exp(interval)); YaRN, and
-    YaRN with LongRoPE's attention factor, as dotted lines."""
+    point with its paired interval to the best closed form (YaRN with LongRoPE's attention factor; an older table:
+    YaRN) moved onto perplexity (that row's perplexity x exp(interval)); both closed forms as horizontal lines."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     search_ax, test_ax = fig.subplots(1, 2)
-    yarn = methods["yarn"]["perplexity"][TARGET][0]
+    reference = "yarn_longrope_attention" if "yarn_longrope_attention" in methods else "yarn"
+    reference_ppl = methods[reference]["perplexity"][TARGET][0]
     for entry in entries:
-        curve = entry["curve"]
+        curve = own_part(entry)
         costs, search = [p["window_equivalents"] for p in curve], [p["search_ppl"] for p in curve]
         search_ax.step([*costs, entry["window_equivalents"]], [*search, search[-1]], where="post", label=entry["arm"])
         tested = [p for p in curve if p["test_ppl_16k"] is not None]
         line = test_ax.plot([p["window_equivalents"] for p in tested], [p["test_ppl_16k"] for p in tested], "o-")[0]
         line.set_label(entry["arm"])
-        ppl, (_, low, high) = entry["test_ppl_16k"][0], entry["delta_vs_yarn"]
-        bounds = np.array([[ppl - yarn * math.exp(low)], [yarn * math.exp(high) - ppl]]).clip(0)
+        ppl, (_, low, high) = entry["test_ppl_16k"][0], entry[f"delta_vs_{reference}"]
+        bounds = np.array([[ppl - reference_ppl * math.exp(low)], [reference_ppl * math.exp(high) - ppl]]).clip(0)
         test_ax.errorbar([curve[-1]["window_equivalents"]], [ppl], yerr=bounds, color=line.get_color(), capsize=3)
+    yarn = methods["yarn"]["perplexity"][TARGET][0]
     test_ax.axhline(yarn, color="0.4", linestyle=":", label=f"YaRN ({yarn:.3f})")
-    if "yarn_longrope_attention" in methods:
-        attention = methods["yarn_longrope_attention"]["perplexity"][TARGET][0]
-        test_ax.axhline(attention, color="0.6", linestyle="--", label=f"YaRN, LongRoPE's attention ({attention:.3f})")
+    if reference != "yarn":
+        label = f"YaRN, LongRoPE's attention ({reference_ppl:.3f})"
+        test_ax.axhline(reference_ppl, color="0.6", linestyle="--", label=label)
     yarn_seeds = [p["search_ppl"] for e in entries for p in e["curve"] if p["seed"] == "yarn"]
     if yarn_seeds:  # PI's seed reads several times worse and would flatten the rest
         lowest = min(p["search_ppl"] for e in entries for p in e["curve"])
@@ -150,22 +170,22 @@ def plot(entries: list[dict], methods: dict, path: Path) -> None:
         ax.set_xlabel("window-equivalents spent (forward + 2 x backward; log)")
         ax.set_ylabel(f"best so far: perplexity on the {what}")
         ax.legend(fontsize=8)
-    fig.suptitle("SmolLM2-135M 8k -> 16k: each arm's best so far against its cost; bar: paired 95% to YaRN")
+    bar = "YaRN, LongRoPE's attention" if reference != "yarn" else "YaRN"
+    fig.suptitle(f"SmolLM2-135M 8k -> 16k: each arm's best so far against its cost; bar: paired 95% to {bar}")
     fig.savefig(path, dpi=120)
 
 
 def add_curves(entries: list[dict], methods: dict, continues: dict[str, str]) -> None:
-    """Each entry's curve (`with_curve`), in the order given, so that an arm that continues another finds its
-    curve; equal cost is the cheapest total among arms that continue none."""
+    """Each entry's curve (`with_curve`), in the order given, so that an arm that continues another finds it done;
+    equal cost is the cheapest total among arms that continue none."""
     equal_cost = min(e["window_equivalents"] for e in entries if e["arm"] not in continues)
-    curves, by_name = {}, {entry["arm"]: entry for entry in entries}
+    done: dict[str, dict] = {}
     for entry in entries:
         earlier = continues.get(entry["arm"])
-        if earlier is not None and earlier not in curves:
+        if earlier is not None and earlier not in done:
             raise SystemExit(f"--continues {entry['arm']}={earlier}: no earlier --arm {earlier}")
-        curves[entry["arm"]] = with_curve(entry, methods, curves.get(earlier, []), equal_cost)
-        if earlier is not None and entry["hours"] is not None and by_name[earlier]["hours"] is not None:
-            entry["hours"] += by_name[earlier]["hours"]
+        with_curve(entry, methods, done.get(earlier), equal_cost)
+        done[entry["arm"]] = entry
 
 
 def main() -> None:
