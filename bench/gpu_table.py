@@ -1,6 +1,7 @@
 """SmolLM2-135M read at 32k and 64k (4x and 8x its 8k) on one H200 in one lease: every baseline on 16 test windows at
-each target, NTK and YaRN tuned, and a search: the GA screened by the surrogate (the mission's method) and descent,
-each at the budget the measured forward time allows, with compare's table of every row.
+each target, NTK and YaRN tuned, and a search: the GA screened by the surrogate (the mission's method) then polished
+(the hybrid: one run, a row for the GA's best and one for the polished best) and descent, each at the budget the
+measured forward time allows, with compare's table of every row.
 
 Why a script of its own: a run on the GPU machine carries at most 64 MiB, the checkout (about 30 MB) included, and
 the machine has neither Ray, pydantic nor gguf. So, here, `prepare` cuts the model's 98 MB GGUF into 4 parts of at

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gpu_table_parts.bundle import ONE_PER_DOCUMENT, SPREAD, cut_windows, spread_windows
-from gpu_table_parts.plan import TABLE_ROWS, Timing, make_plan, search_seconds
+from gpu_table_parts.plan import POLISH_STEPS, TABLE_ROWS, Timing, make_plan, search_seconds
 
 from longrope.search.optimizers.history_record import HistoryRecord
 
@@ -127,11 +127,15 @@ def test_the_plan_puts_the_table_first_and_fits_the_searches_in_what_is_left():
     left = 480 - plan.table_seconds
     ga, descent = plan.ga, plan.descent
     assert ga.search["surrogate"] == {"enabled": True} and ga.search["population"] == 16
-    assert ga.seconds == pytest.approx(search_seconds(ga.candidates, 0, timings, 4)) and ga.seconds <= left * 2 / 3
-    one_more = ga.candidates + 8  # a generation scores half of its 16 children (the surrogate keeps the rest out)
-    assert search_seconds(one_more, 0, timings, 4) > left * 2 / 3
-    # descent: 3 seeds, a gradient pass on 3 windows and a forward on 1 per step, the rounded point
+    # the GA then its polish (the hybrid): 6 steps, each a gradient pass on 3 windows and a forward on 1, and the
+    # polished point on the grid, a forward on all 4
     step = 3 * 3.9 + 0.9
+    assert ga.search["optimizer"] == "hybrid" and ga.backward_steps == POLISH_STEPS == 6
+    evolution = ga.candidates - POLISH_STEPS - 1
+    assert ga.seconds == pytest.approx((evolution + 1) * 4 * 0.9 + POLISH_STEPS * step) and ga.seconds <= left * 2 / 3
+    one_more = ga.candidates + 8  # a generation scores half of its 16 children (the surrogate keeps the rest out)
+    assert search_seconds(one_more, POLISH_STEPS, timings, 4) > left * 2 / 3
+    # descent: 3 seeds, a gradient pass on 3 windows and a forward on 1 per step, the rounded point
     assert descent.seconds == pytest.approx((3 + 1) * 4 * 0.9 + descent.backward_steps * step)
     assert ga.seconds + descent.seconds <= left < ga.seconds + descent.seconds + step  # no room for one more step
     starved = make_plan(timings, 100, tuning_settings=tuning, search_windows=4, test_windows=16)
@@ -164,6 +168,7 @@ def test_dry_run_gives_every_row_at_both_targets_and_refuses_bad_input(tmp_path)
     assert (work / "gpu" / "tiny.gguf").read_bytes() == (work / "tiny.gguf").read_bytes()
     rows = {"none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned", "yarn_tuned"}
     rows |= {"ntk_longrope_attention", "yarn_longrope_attention", "searched: GA + surrogate", "searched: descent"}
+    rows |= {"searched: hybrid"}
     assert result["plan"]["ga"] and result["plan"]["descent"]
     for target in ("256", "512"):
         entry = result["targets"][target]
@@ -174,12 +179,19 @@ def test_dry_run_gives_every_row_at_both_targets_and_refuses_bad_input(tmp_path)
         assert methods[best]["paired_difference_to_best_baseline"] == pytest.approx([0.0, 0.0, 0.0])
         assert all(f"| {row} |" in entry["table"] for row in rows)
         assert (work / "out" / f"gpu_table_paired_difference_{target}.png").stat().st_size > 0
-        ga, descent = entry["searches"]["dim_mono"], entry["searches"]["gradient"]
-        assert ga["search"]["surrogate"] == {"enabled": True} and ga["scored"] == len(ga["history"]) >= 4
+        hybrid, descent = entry["searches"]["hybrid"], entry["searches"]["gradient"]
+        assert hybrid["search"]["surrogate"] == {"enabled": True} and hybrid["scored"] == len(hybrid["history"]) >= 4
         assert descent["backward_steps"] >= 1
-        for record in ga["history"] + descent["history"]:
+        for record in hybrid["history"] + descent["history"]:
             HistoryRecord.model_validate(record)  # what history.jsonl would hold
-        assert ga["best_search_nll"] == min(r["mean_nll"] for r in ga["history"])
+        assert hybrid["best_search_nll"] == min(r["mean_nll"] for r in hybrid["history"])
+        # the GA's row: its best before the polish, whose steps (a backward pass each) come after every generation
+        generations = hybrid["search"]["generations"]
+        polish = [r for r in hybrid["history"] if r["generation"] > generations]
+        assert polish and all(r["generation"] == generations + 1 for r in polish)
+        assert sum(1 for r in polish if r.get("backward_windows")) == hybrid["backward_steps"] == 6
+        ga = [r for r in hybrid["history"] if r["generation"] <= generations]
+        assert hybrid["before_polish"]["mean_nll"] == min(r["mean_nll"] for r in ga)
 
     run = [sys.executable, str(ROOT / "bench" / "gpu_table.py"), "run", "--device", "cpu", "--out"]
     damaged = tmp_path / "damaged.gguf"

@@ -1,6 +1,7 @@
 """`gpu_table.py run`, on the GPU machine: the joined GGUF checked and dequantized, the model loaded, the forward and
 gradient timed at each target, the plan made (plan.py), then the table at every target (tuning, every baseline),
-then per target the GA with the surrogate and descent, their bests on the test windows, and compare's table.
+then per target the GA with the surrogate and its polish (the hybrid) and descent, their bests on the test windows,
+and compare's table.
 
 Every input is checked before anything is written (one line, exit 2): bundle.json, the GGUF's sha256, the weights'
 digest against the reference directory's, the windows' hashes. The result file is rewritten after each part, so a
@@ -197,16 +198,14 @@ class TableRun:
 
     def finish(self, target: int) -> None:
         """The searches' bests on the test windows, and compare's table of every row."""
-        from gpu_table_parts.table import DESCENT_ROW, GA_ROW, finish, searched_method
+        from gpu_table_parts.table import finish, searched_rows
 
         context, entry, since = self.context(target), self.result.targets[str(target)], time.monotonic()
         tuned, _ = self.tuned_methods(context, entry)
-        methods = {**context.baselines(), **tuned}
-        for row, optimizer in ((GA_ROW, "dim_mono"), (DESCENT_ROW, "gradient")):
-            found = entry.searches.get(optimizer)
-            if found and found["best_factors"] is not None:
-                methods[row] = searched_method(context, found)
-                entry.per_window[row] = self.test_scores(target).per_window(methods[row])
+        searched = searched_rows(context, entry.searches)
+        methods = {**context.baselines(), **tuned, **searched}
+        for row, method in searched.items():  # a polish that found nothing better: its row takes the GA's scores
+            entry.per_window[row] = self.test_scores(target).per_window(method)
         entry.compare, entry.table = finish(context, methods, entry.per_window, dict(entry.tuned))
         print(entry.table, flush=True)
         self.phase(f"rows {target}", since)  # saved before the plot: a lease's numbers never wait on matplotlib

@@ -39,6 +39,8 @@ class SearchSummary(BaseModel):
     best_factors: list[float] | None
     best_attention_factor: float | None
     best_n_hat: int = 0
+    # the hybrid: its best before the polish (the GA's own; a record of history), else None
+    before_polish: dict | None = None
     history: list[dict]  # the records, as history.jsonl lines
 
 
@@ -119,9 +121,24 @@ def run_search(context, scorer, windows: int, until: float, log=print) -> Search
     return summary(settings, records, time.monotonic() - started, stopped)
 
 
+def best_record(records) -> HistoryRecord | None:
+    """The lowest finite score, ties by key (`best_of`'s rule); None where none is finite."""
+    ranked = sorted(records, key=lambda r: (r.score, r.key))
+    return ranked[0] if ranked and math.isfinite(ranked[0].score) else None
+
+
+def before_polish(settings, records: dict[str, HistoryRecord]) -> dict | None:
+    """A hybrid's best among the GA's own candidates: those of its generations (a polish's steps and its point on the
+    grid carry the generation after the last, `HybridSearch.ask`). None for any other optimizer."""
+    if settings.optimizer != "hybrid":
+        return None
+    best = best_record(r for r in records.values() if r.generation <= settings.generations)
+    return best.model_dump(mode="json", exclude_unset=True) if best else None
+
+
 def summary(settings, records: dict[str, HistoryRecord], seconds: float, stopped: bool) -> SearchSummary:
     ranked = sorted(records.values(), key=lambda r: (r.score, r.key))
-    best = ranked[0] if ranked and math.isfinite(ranked[0].score) else None
+    best = best_record(ranked)
     seeds = [r for r in ranked if r.seed and math.isfinite(r.score)]
     return SearchSummary(
         optimizer=settings.optimizer,
@@ -137,5 +154,6 @@ def summary(settings, records: dict[str, HistoryRecord], seconds: float, stopped
         best_factors=best.factors if best else None,
         best_attention_factor=best.attention_factor if best else None,
         best_n_hat=best.n_hat if best else 0,
+        before_polish=before_polish(settings, records),
         history=[r.model_dump(mode="json", exclude_unset=True) for r in records.values()],
     )

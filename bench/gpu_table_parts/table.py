@@ -20,6 +20,7 @@ from longrope.search.config.job_config import JobConfig
 from longrope.search.run.job_context import JobContext
 
 GA_ROW = "searched: GA + surrogate"
+HYBRID_ROW = "searched: hybrid"  # the same GA run, then polished
 DESCENT_ROW = "searched: descent"
 
 
@@ -99,13 +100,24 @@ def tuning_size(context: JobContext, grid: str) -> int:
     return sum(len(found) for found in tuning_grids(context, grid).values())
 
 
-def searched_method(context: JobContext, found: dict):
-    """A search summary's best as the LongRoPE method it was scored as."""
-    return context.candidate(
-        np.asarray(found["best_factors"], dtype=np.float64),
-        attention_factor=found["best_attention_factor"],
-        n_hat=found.get("best_n_hat", 0),
-    )
+def searched_method(context: JobContext, factors, attention_factor: float, n_hat: int = 0):
+    """A searched candidate as the LongRoPE method it was scored as."""
+    factors = np.asarray(factors, dtype=np.float64)
+    return context.candidate(factors, attention_factor=attention_factor, n_hat=n_hat)
+
+
+def searched_rows(context: JobContext, searches: dict) -> dict:
+    """{row: method} of the searches' bests: the hybrid run gives the GA's row (its best before the polish) and the
+    hybrid's (its best after), descent its own; a search that found nothing finite gives no row."""
+    rows, hybrid, descent = {}, searches.get("hybrid"), searches.get("gradient")
+    if hybrid and hybrid.get("before_polish"):
+        record = hybrid["before_polish"]
+        rows[GA_ROW] = searched_method(context, record["factors"], record["attention_factor"], record.get("n_hat", 0))
+    for row, found in ((HYBRID_ROW, hybrid), (DESCENT_ROW, descent)):
+        if found and found["best_factors"] is not None:
+            factors, attention = found["best_factors"], found["best_attention_factor"]
+            rows[row] = searched_method(context, factors, attention, found.get("best_n_hat", 0))
+    return rows
 
 
 def finish(context: JobContext, methods: dict, per_window: dict[str, list[float]], settings: dict):
