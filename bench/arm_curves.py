@@ -73,9 +73,19 @@ def write_points(run: CheckedRun, export: Path) -> list[Path]:
     paths = []
     for point in points[:-1]:
         if point.seed is None:  # a seed's point is its closed form's own row of the table
-            factors = candidate_factors_file(run, run.records[point.key])
-            paths += write_export(factors, point_file(export, point.key), "json")
+            paths += write_export(point_factors(run, point.key), point_file(export, point.key), "json")
     return paths
+
+
+def point_factors(run: CheckedRun, key: str):
+    """The candidate's factors file, its provenance saying where the run stood when it was found (candidates done up
+    to and including it, its generation, unfinished), not where the run ended."""
+    factors = candidate_factors_file(run, run.records[key])
+    keys = list(run.records)
+    done = sum(1 for k in keys[: keys.index(key) + 1] if run.records[k].final)
+    generation = run.records[key].generation
+    update = {"finished": False, "evaluations": done, "generation": generation}
+    return factors.model_copy(update={"provenance": factors.provenance.model_copy(update=update)})
 
 
 def candidate_key(export: Path) -> str:
@@ -83,8 +93,10 @@ def candidate_key(export: Path) -> str:
 
 
 def row_of(path: Path, methods: dict) -> str | None:
-    """The table's row for a factors file (compare labels a file `file:` plus the end of its path), or None."""
-    rows = [label for label in methods if label.startswith("file:") and path.as_posix().endswith(label[5:])]
+    """The table's row for a factors file (compare labels a file `file:` plus the end of its path, whole names only),
+    or None."""
+    whole = "/" + path.as_posix()
+    rows = [label for label in methods if label.startswith("file:") and whole.endswith("/" + label[5:])]
     return max(rows, key=len) if rows else None
 
 

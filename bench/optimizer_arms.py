@@ -92,7 +92,8 @@ def results_file_curve(source: Path, methods: dict, end: dict) -> list[CurvePoin
     seed = min(seeds, key=seeds.get)
     per_candidate = search["forward_windows"] / search["evaluations"]
     row = seed_row(seed, "longrope", methods)
-    first = CurvePoint(len(seeds) * per_candidate, seeds[seed], "", seed, row, methods[row]["perplexity"][TARGET][0])
+    test = methods[row]["perplexity"][TARGET][0] if row else None
+    first = CurvePoint(len(seeds) * per_candidate, seeds[seed], "", seed, row, test)
     last = CurvePoint(end["window_equivalents"], end["search_ppl"], search["best_key"], None, end["row"])
     return [first, CurvePoint(**{**last.as_json(), "test_ppl_16k": end["test_ppl_16k"][0]})]
 
@@ -118,9 +119,12 @@ def with_curve(entry: dict, methods: dict, earlier: dict | None, equal_cost: flo
         curve = results_file_curve(source, methods, entry)
     yarn = next((p.search_ppl for p in curve if p.seed == "yarn"), None)
     entry["curve"] = [point.as_json() for point in curve]
-    entry["at_equal_cost"] = [p for p in curve if p.window_equivalents <= equal_cost][-1].as_json()
+    within = [p for p in curve if p.window_equivalents <= equal_cost]
+    entry["at_equal_cost"] = within[-1].as_json() if within else None
     beaten = [p for p in curve if yarn is not None and p.search_ppl < yarn]
     entry["first_beat_yarn"] = beaten[0].as_json() if beaten else None
+    # a results file keeps no steps: where it first beat YaRN is known only to be at or before its end
+    entry["curve_steps_kept"] = source.is_dir()
 
 
 def own_part(entry: dict) -> list[dict]:
@@ -231,10 +235,12 @@ def main() -> None:
         for what in ("at_equal_cost", "first_beat_yarn"):
             point = entry[what]
             if point is not None:
+                unknown = what == "first_beat_yarn" and not entry["curve_steps_kept"]
+                bound = " (at the latest: its steps are not kept)" if unknown else ""
                 test = "not scored" if point["test_ppl_16k"] is None else f"{point['test_ppl_16k']:.3f}"
                 print(
                     f"  {what}: {point['window_equivalents']:g} window-equivalents, search ppl "
-                    f"{point['search_ppl']:.4f}, test ppl 16k {test}"
+                    f"{point['search_ppl']:.4f}, test ppl 16k {test}{bound}"
                 )
 
 

@@ -38,12 +38,12 @@ CHEAP_POINT = [
 ]
 
 
-def search(run_dir: Path, *extra: str) -> subprocess.Popen:
+def search(run_dir: Path) -> subprocess.Popen:
     """`longrope search` on the GA config at the cheap point, in a process group of its own (so a kill reaches
     Ray's workers too)."""
     overrides = [arg for item in [*CHEAP_POINT, f"output_dir={run_dir}"] for arg in ("--set", item)]
-    args = ["search", "--resume", str(run_dir)] if extra == ("resume",) else ["search", str(CONFIG), *overrides]
-    return subprocess.Popen([LONGROPE, *args, "--no-progress"], cwd=ROOT, start_new_session=True)
+    args = ["search", str(CONFIG), *overrides, "--no-progress"]
+    return subprocess.Popen([LONGROPE, *args], cwd=ROOT, start_new_session=True)
 
 
 def history_lines(run_dir: Path) -> list[str]:
@@ -67,10 +67,19 @@ def killed_and_resumed(run_dir: Path, kill_at: int) -> dict:
         time.sleep(0.5)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    lines_at_kill = len(history_lines(run_dir))
+    at_kill = history_lines(run_dir)
     if subprocess.run([LONGROPE, "search", "--resume", str(run_dir), "--no-progress"], cwd=ROOT).returncode != 0:
         raise SystemExit(f"the resume of {run_dir} failed")
-    return {"lines_at_kill": lines_at_kill, "seconds": time.monotonic() - started}
+    after = history_lines(run_dir)
+    keys = [json.loads(line)["key"] for line in after]
+    return {
+        "lines_at_kill": len(at_kill),
+        "lines_after_resume": len(after),
+        # the resume kept every line written before the kill, byte for byte, and scored no candidate twice
+        "kept_lines_before_kill": after[: len(at_kill)] == at_kill,
+        "no_candidate_scored_twice": len(keys) == len(set(keys)),
+        "seconds": time.monotonic() - started,
+    }
 
 
 def export(run_dir: Path) -> dict:
@@ -108,9 +117,13 @@ def main() -> None:
     kill = killed_and_resumed(resumed, args.kill_at)
     a, b = scored(straight), scored(resumed)
     exports = [export(run_dir) for run_dir in (straight, resumed)]
+    if not kill["lines_at_kill"] < len(a):
+        raise SystemExit(f"--kill-at {args.kill_at}: the run had ended when it was killed; nothing was resumed")
     result = {
         "cheap_point": CHEAP_POINT,
         "candidates": len(a),
+        "killed_mid_generation": json.loads(history_lines(straight)[kill["lines_at_kill"]])["generation"]
+        == json.loads(history_lines(straight)[kill["lines_at_kill"] - 1])["generation"],
         "kill": kill,
         "straight_seconds": straight_seconds,
         "same_history": a == b,

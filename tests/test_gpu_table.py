@@ -185,12 +185,14 @@ def test_dry_run_gives_every_row_at_both_targets_and_refuses_bad_input(tmp_path)
         for record in hybrid["history"] + descent["history"]:
             HistoryRecord.model_validate(record)  # what history.jsonl would hold
         assert hybrid["best_search_nll"] == min(r["mean_nll"] for r in hybrid["history"])
-        # the GA's row: its best before the polish, whose steps (a backward pass each) come after every generation
+        # the GA's row: its best before the polish, whose 6 steps (a backward pass each) and point on the grid come
+        # after every generation of the GA, numbered the one after its last
         generations = hybrid["search"]["generations"]
-        polish = [r for r in hybrid["history"] if r["generation"] > generations]
-        assert polish and all(r["generation"] == generations + 1 for r in polish)
-        assert sum(1 for r in polish if r.get("backward_windows")) == hybrid["backward_steps"] == 6
         ga = [r for r in hybrid["history"] if r["generation"] <= generations]
+        polish = hybrid["history"][len(ga) :]
+        assert all(r["generation"] == generations + 1 for r in polish) and len(polish) == 6 + 1
+        assert [bool(r.get("backward_windows")) for r in polish] == [True] * 6 + [False]
+        assert hybrid["backward_steps"] == 6
         assert hybrid["before_polish"]["mean_nll"] == min(r["mean_nll"] for r in ga)
 
     run = [sys.executable, str(ROOT / "bench" / "gpu_table.py"), "run", "--device", "cpu", "--out"]

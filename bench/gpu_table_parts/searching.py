@@ -128,11 +128,14 @@ def best_record(records) -> HistoryRecord | None:
 
 
 def before_polish(settings, records: dict[str, HistoryRecord]) -> dict | None:
-    """A hybrid's best among the GA's own candidates: those of its generations (a polish's steps and its point on the
-    grid carry the generation after the last, `HybridSearch.ask`). None for any other optimizer."""
+    """A hybrid's best among the GA's own candidates: those told before its first polish step (the first record with
+    a gradient; the polish runs once the generation before it is all told, `HybridSearch.ask`, and here only after
+    the last). None for any other optimizer."""
     if settings.optimizer != "hybrid":
         return None
-    best = best_record(r for r in records.values() if r.generation <= settings.generations)
+    told = list(records.values())
+    first_step = next((i for i, r in enumerate(told) if r.gradient is not None), len(told))
+    best = best_record(told[:first_step])
     return best.model_dump(mode="json", exclude_unset=True) if best else None
 
 
