@@ -32,14 +32,13 @@ import math
 from pathlib import Path
 
 import numpy as np
-from arm_curves import CurvePoint, arm_curve, seed_row
+from arm_curves import BACKWARD_WEIGHT, CurvePoint, arm_curve, seed_row
 from benchlib import RESULTS, provenance, run_status, save_json
 
 from longrope.search.reports.compare_rows import factors_rows
 from longrope.search.reports.intervals import paired_difference
 
 TARGET, SHORT = "16384", "8192"
-BACKWARD_WEIGHT = 2  # a gradient pass counted as 2 forwards beyond its own, as `status --json` and issue 39 count
 
 
 def arm_cost(source: Path) -> dict:
