@@ -106,6 +106,13 @@ def mean_nll_not_its_windows(t: Path) -> Path:
     return run
 
 
+def scored_on_other_windows(t: Path) -> Path:
+    """A line whose windows' hash is another run's (the same count and tokens: only the hash tells)."""
+    run = known_problem_run(t / "run")
+    rewrite_line(run / "history.jsonl", 2, lambda r: {**r, "windows": "0" * 64})
+    return run
+
+
 def four_factors(t: Path) -> Path:
     run = known_problem_run(t / "run")
     rewrite_line(run / "history.jsonl", 1, lambda r: {**r, "factors": r["factors"][:4]})
@@ -183,6 +190,11 @@ CORRUPTIONS = [
     ),
     pytest.param(perplexity_not_exp, "perplexity: must be exp(mean_nll)", id="perplexity-not-exp"),
     pytest.param(mean_nll_not_its_windows, "but its per-window NLLs give", id="mean-nll-not-its-windows"),
+    pytest.param(
+        scored_on_other_windows,
+        "history.jsonl:3: scored on other windows (hash " + "0" * 64 + ", job.json's",
+        id="scored-on-other-windows",
+    ),
     pytest.param(four_factors, "history.jsonl:2: 4 factors, but the model has 16 rotary pairs", id="four-factors"),
     pytest.param(foreign_state, "state.json: belongs to another run", id="state-of-another-run"),
     pytest.param(

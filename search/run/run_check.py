@@ -191,7 +191,7 @@ def _record_problem(record, config, job, mix, count, length, reference_tokens) -
         if problem:
             return problem
     if job is not None and record.windows is not None and record.windows != job.search_windows_hash:
-        return f"scored on other windows (hash {record['windows']}, job.json's {job.search_windows_hash})"
+        return f"scored on other windows (hash {record.windows}, job.json's {job.search_windows_hash})"
     if (status == "scored" and len(nll) != count) or len(nll) > count:
         return f"{len(nll)} window NLLs for a {status} candidate, but the run has {count} search windows"
     if tokens != reference_tokens[: len(tokens)] or max(tokens, default=0) > length:
