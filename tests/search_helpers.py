@@ -83,9 +83,9 @@ def make_coordinator(
     config, run_dir, evaluator, search_problem: SearchProblem | None = None, *, resume: bool = False, **options
 ):
     """A quiet coordinator for `config` with its searcher built as `longrope search` builds it, complete: with
-    `resume`, the run directory's history and state loaded first (`coordinator.restore`); `options` go to the
-    Coordinator (a watcher, a backward_cost)."""
-    from longrope.search.run.coordinator import Coordinator, restore
+    `resume`, the run directory's history and state loaded first (`restore`); `options` go to the Coordinator (a
+    watcher, a backward_cost)."""
+    from longrope.search.run.coordinator import Coordinator
 
     search_problem = search_problem or problem(getattr(evaluator, "windows", 1))
     searcher = built_searcher(config, search_problem)
@@ -93,6 +93,17 @@ def make_coordinator(
         history, state = restore(run_dir, searcher)
         options |= {"history": history.records, "state": state}
     return Coordinator(config.search, search_problem, run_dir, evaluator, searcher, **options)
+
+
+def restore(run_dir, searcher):
+    """What a resumed run starts from, as `jobs` reads it for `--resume`: history.jsonl as read, state.json, and
+    `searcher` brought to where the run stood (`replay.rebuild`). Writes nothing."""
+    from longrope.search.run.replay import rebuild
+
+    history = run_dir.load_history()
+    state = run_dir.read_state()
+    rebuild(run_dir, searcher, state, history.records)
+    return history, state
 
 
 def built_searcher(config, search_problem: SearchProblem):

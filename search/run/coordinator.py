@@ -37,10 +37,8 @@ from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Search
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.racing import clearly_worse, window_groups
-from longrope.search.run.replay import rebuild
 from longrope.search.run.reporting import Progress, ProgressWatcher, SearchReporter, SilentReporter
 from longrope.search.run.run_store import (
-    History,
     Records,
     RunDir,
     RunState,
@@ -329,12 +327,3 @@ def history_record(task: _Task, status: str, problem: SearchProblem) -> HistoryR
             "gradient": [float(v) if math.isfinite(v) else None for v in step_gradient],
         }
     return HistoryRecord.model_validate(record)  # the fields given are the line's (`HistoryRecord.line`)
-
-
-def restore(run_dir: RunDir, searcher: Searcher) -> tuple[History, RunState | None]:
-    """What a resumed run starts from: history.jsonl as read, state.json, and `searcher` brought to where the run
-    stood (`replay.rebuild`). Writes nothing. (`jobs` reads the directory through `read_run` first.)"""
-    history = run_dir.load_history()
-    state = run_dir.read_state()
-    rebuild(run_dir, searcher, state, history.records)
-    return history, state

@@ -157,7 +157,6 @@ class History:
 class RunDir:
     def __init__(self, path: str | Path):
         self.path, self._config_hash = Path(path), None
-        self.config_format: int | None = None  # config.json's, once read
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -251,7 +250,7 @@ class RunDir:
         stored_hash = data.get("config_hash")
         if not hash_matches(version, data["config"], stored_hash):
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
-        self._config_hash, self.config_format = stored_hash, version
+        self._config_hash = stored_hash
         return config
 
     def _checked_format(self, name: str, data: dict[str, Any]) -> int:
