@@ -100,6 +100,14 @@ def row_of(path: Path, methods: dict) -> str | None:
     return max(rows, key=len) if rows else None
 
 
+def same_candidate_row(key: str, methods: dict) -> str | None:
+    """Another arm's point file of the same candidate (`..._best_<key>.json`): a key is the hash of the genome's grid
+    steps, so two runs of one config that found the same key (the screened GA shares the GA's generation 0, same
+    seed) found the same factors, and the table need not score them twice. The point's `test_row` names the row."""
+    rows = [label for label in methods if label.startswith("file:") and label.endswith(f"_best_{key}.json")]
+    return min(rows) if rows else None
+
+
 def seed_row(seed: str, attention_mode: str, methods: dict) -> str | None:
     row = f"{seed}_longrope_attention" if attention_mode == "longrope" else seed
     return row if row in methods else None
@@ -107,13 +115,14 @@ def seed_row(seed: str, attention_mode: str, methods: dict) -> str | None:
 
 def with_test_scores(points: list[CurvePoint], export: Path, attention_mode: str, methods: dict, target: str):
     """The points with their test perplexity where the table scored them: a seed from its closed form's row, the
-    last from the export's row, any other from its `point_file`."""
+    last from the export's row, any other from its `point_file` (or another arm's of the same candidate)."""
     scored = []
     for i, point in enumerate(points):
         if point.seed is not None:
             row = seed_row(point.seed, attention_mode, methods)
         else:
             row = row_of(export if i == len(points) - 1 else point_file(export, point.key), methods)
+            row = row or (same_candidate_row(point.key, methods) if i < len(points) - 1 else None)
         ppl = methods[row]["perplexity"][target][0] if row else None
         scored.append(CurvePoint(**{**asdict(point), "test_row": row, "test_ppl_16k": ppl}))
     return scored
