@@ -120,9 +120,10 @@ def with_test_scores(points: list[CurvePoint], export: Path, attention_mode: str
     for i, point in enumerate(points):
         if point.seed is not None:
             row = seed_row(point.seed, attention_mode, methods)
+        elif i == len(points) - 1:
+            row = row_of(export, methods)
         else:
-            row = row_of(export if i == len(points) - 1 else point_file(export, point.key), methods)
-            row = row or (same_candidate_row(point.key, methods) if i < len(points) - 1 else None)
+            row = row_of(point_file(export, point.key), methods) or same_candidate_row(point.key, methods)
         ppl = methods[row]["perplexity"][target][0] if row else None
         scored.append(CurvePoint(**{**asdict(point), "test_row": row, "test_ppl_16k": ppl}))
     return scored

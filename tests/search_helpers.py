@@ -96,8 +96,8 @@ def make_coordinator(
 
 
 def restore(run_dir, searcher):
-    """What a resumed run starts from, as `jobs` reads it for `--resume`: history.jsonl as read, state.json, and
-    `searcher` brought to where the run stood (`replay.rebuild`). Writes nothing."""
+    """What a resumed run starts from: history.jsonl as read, state.json, and `searcher` brought to where the run
+    stood (`replay.rebuild`, as `jobs` does for `--resume` after `read_run` has checked the files). Writes nothing."""
     from longrope.search.run.replay import rebuild
 
     history = run_dir.load_history()
