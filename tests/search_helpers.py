@@ -102,7 +102,7 @@ def restore(run_dir, searcher):
 
     history = run_dir.load_history()
     state = run_dir.read_state()
-    rebuild(run_dir, searcher, state, history.records)
+    rebuild(run_dir, searcher, state, history)
     return history, state
 
 

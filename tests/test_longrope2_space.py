@@ -141,6 +141,23 @@ def test_state_round_trips_in_longrope2():
     assert [c.key for c in restored.ask(3)] == [c.key for c in optimizer.ask(3)]
 
 
+@pytest.mark.parametrize(("d", "length_scale"), [(5, None), (12, 12.0), (0, 5.0)])
+def test_a_steady_state_resumes_from_the_recorded_factors_in_longrope2(d, length_scale):
+    """state.json keeps no told genomes (format 4): a resume rebuilds each from its recorded factors (6 decimals),
+    here where the pairs below the critical one are lambda_cd^(i/d_cd) and off the grid, and each must give its
+    key back; the state then is the one the search held."""
+    settings = longrope2(schedule="steady", critical_dim=d, length_scale=length_scale, seed=7)
+    optimizer = make_searcher(settings, pairs=PAIRS, scale=SCALE, seeds=seeds_for(settings))
+    records = []
+    for _ in range(6):
+        results = [result_of(c, objective(c.factors)) for c in optimizer.ask(3)]
+        optimizer.tell(results)
+        records += results
+    restored = make_searcher(settings, pairs=PAIRS, scale=SCALE, seeds=seeds_for(settings))
+    restored.resume(json.loads(optimizer.stored_state().model_dump_json()), records)
+    assert restored.state() == optimizer.state() and optimizer.state().told
+
+
 def test_genomes_outside_the_space_are_invalid():
     """Four searched pairs (12..15) within [4, 12]; the pairs below derived from pair 12."""
     grid = make_searcher(longrope2(critical_dim=12, length_scale=12.0), pairs=PAIRS, scale=SCALE, seeds=[]).grid

@@ -9,7 +9,8 @@ import json
 import shutil
 
 import pytest
-from run_dir_helpers import GRADIENT, HYBRID, cheap_config, descent_run, stopped_run
+from cli_checks import cli_error_line
+from run_dir_helpers import GRADIENT, HYBRID, cheap_config, descent_run, lines, rewrite_line, stopped_run
 from search_helpers import known_problem_run
 from test_old_run_dirs import FIXTURES
 
@@ -31,7 +32,7 @@ def test_config_json_and_state_json_carry_the_format_and_the_hash_of_what_is_wri
     run = stopped_run(tmp_path / "run")
     config = json.loads((run / "config.json").read_text())
     state = json.loads((run / "state.json").read_text())
-    assert config["format"] == state["format"] == FORMAT == 3
+    assert config["format"] == state["format"] == FORMAT == 4
     identity = {k: v for k, v in config["config"].items() if k not in ("output_dir", "workers")}
     identity["search"] = {k: v for k, v in identity["search"].items() if k != "tensorboard"}
     assert config["config_hash"] == sha16(identity) == state["config_hash"]
@@ -163,7 +164,7 @@ def test_a_resume_with_another_config_names_the_field_that_differs(tmp_path):
     ids=["ga", "cmaes", "gradient", "hybrid"],
 )
 def test_state_json_keeps_no_copy_of_what_the_history_holds(tmp_path, make_run):
-    """Format 3: a searcher that a replay rebuilds has no state in state.json, only where it stands (progress),
+    """Format 3 on: a searcher that a replay rebuilds has no state in state.json, only where it stands (progress),
     how it stopped and its timings; `status` reads the generation from there."""
     run = make_run(tmp_path)
     state = json.loads((run / "state.json").read_text())
@@ -173,11 +174,24 @@ def test_state_json_keeps_no_copy_of_what_the_history_holds(tmp_path, make_run):
     assert main(["status", "--json", str(run)]) == 0
 
 
-def test_the_steady_ga_keeps_its_own_state(tmp_path):
-    """Its parents depend on the order results arrived in, which no replay of the history recovers."""
+def test_the_steady_ga_keeps_its_own_state_but_not_the_history(tmp_path):
+    """Its parents depend on the order results arrived in, which no replay of the history recovers; what it was
+    told (genomes and scores) is history.jsonl's, so format 4 does not copy it."""
     run = known_problem_run(tmp_path / "run", "search.schedule=steady", "search.generations=2")
     own = json.loads((run / "state.json").read_text())["optimizer"]["state"]
-    assert own["rng"] and own["population"] and own["pending"] == []
+    assert own["rng"] and own["population"] and own["pending"] == [] and own["told"] is None
+
+
+def test_a_steady_resume_refuses_a_told_line_whose_factors_are_another_genomes(tmp_path, capsys, caplog):
+    """The told genomes are rebuilt from history.jsonl's factors, each checked against its key: a line whose
+    factors were edited to another point of the grid is refused in one line, every file as it was."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "71e00ff-steady-killed", run)
+    child = next(n for n, r in enumerate(lines(run / "history.jsonl")) if r["generation"] == 1)
+    rewrite_line(run / "history.jsonl", child, lambda r: {**r, "factors": [*r["factors"][:-1], r["factors"][-1] + 1]})
+    line = cli_error_line(["search", "--no-progress", "--resume", str(run)], capsys, caplog, folder=tmp_path)
+    assert "the search's state does not rebuild from state.json and history.jsonl (candidate" in line
+    assert "recorded factors are another genome's" in line
 
 
 def test_an_older_state_jsons_copies_are_not_what_a_resume_goes_by(tmp_path, capsys):

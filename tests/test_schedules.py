@@ -9,7 +9,15 @@ import random
 import numpy as np
 import pytest
 from known_problem import PAIRS, objective, problem
-from search_helpers import FunctionEvaluator, make_coordinator, replayed_state, result_of, run_job
+from search_helpers import (
+    FunctionEvaluator,
+    built_searcher,
+    make_coordinator,
+    replayed_state,
+    restore,
+    result_of,
+    run_job,
+)
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.cmaes import CmaesOptimizer
@@ -74,6 +82,10 @@ def test_steady_spends_the_budget_keeps_the_queue_full_and_improves(tmp_path):
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["finished"] and state["optimizer"]["state"]["pending"] == []
     assert coordinator.searcher.generation == 11
+    assert state["optimizer"]["state"]["told"] is None, "the told genomes and scores are history.jsonl's"
+    resumed = built_searcher(config, problem())
+    restore(RunDir(tmp_path), resumed)
+    assert resumed.state() == coordinator.searcher.state(), "rebuilt from history.jsonl, in the order told"
 
 
 def test_steady_children_come_from_the_parents_of_the_moment(tmp_path):

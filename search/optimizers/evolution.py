@@ -51,12 +51,15 @@ CROSSOVER_PASSES = 20  # the official max_crossover_try
 
 
 class EvolutionState(SearcherState):
-    """`DimMonoEvolution`'s state: the generator, every told genome and score, the parents, what is out."""
+    """`DimMonoEvolution`'s state: the generator, every told genome and score, the parents, what is out.
+
+    As state.json holds it (format 4, a steady run's: `stored_state`) `told` is null: history.jsonl holds every
+    told genome's factors and score, and `resume` takes them from there."""
 
     generation: int = Field(ge=0)
     rng: dict[str, Any]  # the PCG64 generator's state
     population: list[str]
-    told: list[list[Any]]  # [genome (Genome.to_json), score or null]
+    told: list[list[Any]] | None = None  # [genome (Genome.to_json), score or null]; null: history.jsonl's
     pending: list[list[Any]] = Field(default_factory=list)  # asked, not yet told (steady: re-submitted on resume)
     children_told: int = Field(default=0, ge=0)
     generation_keys: list[str] = Field(default_factory=list)  # what generation 0 / the current round asked
@@ -67,10 +70,14 @@ class EvolutionState(SearcherState):
     screened_out: int = Field(default=0, ge=0)  # of those, the ones the surrogate kept from scoring
 
     def told_scores(self) -> dict[str, float]:
-        return told_from_json(self.told)[1]
+        return told_from_json(self.told or [])[1]
 
     def parent_keys(self) -> list[str]:
         return list(self.population)
+
+    def out_keys(self) -> list[str]:
+        """The keys of the asks out (`pending`)."""
+        return [Genome.from_json(item).key for item in self.pending]
 
     def recorded_bests(self) -> list[float | None]:
         """The best score after each generation the early stop recorded (null: none finite)."""
@@ -368,8 +375,37 @@ class DimMonoEvolution(Searcher):
             screened_out=screened_out,
         )
 
+    def stored_state(self) -> EvolutionState | None:
+        """What state.json holds: a steady run's state less `told`, which history.jsonl records (`resume` reads it
+        back); nothing for a generational run, which a replay rebuilds."""
+        return None if self.replays else self.state().model_copy(update={"told": None})
+
+    def resume(self, state: EvolutionState, records: Sequence[HistoryRecord]) -> None:
+        """The stored state with the told genomes and scores taken from history.jsonl's final `records` (in the
+        order of their lines). state.json is rewritten whenever candidates go out, so every candidate asked before
+        it was written is told or among its asks out: the told ones are the recorded ones not out. Their order is
+        the order they were told in: generation 0 whole, in the order it was asked (`generation_keys`), then each
+        child as it landed, which is when its line was appended. Each genome is the grid's for the recorded
+        factors, checked against its key. A format-1 to -3 state's own `told` (a copy) is not read."""
+        state = EvolutionState.model_validate(state)
+        out = set(state.out_keys())
+        told = {r.key: r for r in records if r.final and r.key not in out}
+        first = [key for key in state.generation_keys if key in told]
+        order = first + [key for key in told if key not in first]
+        pairs = [[self._recorded_genome(told[key]).to_json(), json_score(told[key].score)] for key in order]
+        self.load_state(state.model_copy(update={"told": pairs}))
+
+    def _recorded_genome(self, record: HistoryRecord) -> Genome:
+        attention = record.attention_factor if self.grid.searched_attention else None
+        genome = self.grid.genome(np.asarray(record.factors, dtype=np.float64), attention, record.n_hat)
+        if genome.key != record.key:
+            raise ValueError(f"candidate {record.key}'s recorded factors are another genome's ({genome.key})")
+        return genome
+
     def load_state(self, state: dict[str, Any] | EvolutionState) -> None:
         state = EvolutionState.model_validate(state)
+        if state.told is None:
+            raise ValueError("told is null: a stored state is resumed with history.jsonl's records (`resume`)")
         self.generation = state.generation
         self.rng.bit_generator.state = state.rng
         self.genomes, self.scores = told_from_json(state.told)

@@ -27,7 +27,7 @@ class OptimizerState(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     kind: str
-    state: SerializeAsAny[SearcherState] | None = None  # format 3: only a searcher that does not replay (steady)
+    state: SerializeAsAny[SearcherState] | None = None  # format 3 on: only a searcher that does not replay (steady)
 
     @model_validator(mode="before")
     @classmethod

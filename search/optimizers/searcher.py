@@ -207,6 +207,16 @@ class Searcher(ABC):
     def state(self) -> BaseModel:
         return self.state_model.model_validate({name: getattr(self, name) for name in self.state_model.model_fields})
 
+    def stored_state(self) -> BaseModel | None:
+        """What state.json holds of it: nothing for a searcher that `replays`; else its state, less what
+        history.jsonl records (a searcher that keeps such a copy overrides this and `resume`)."""
+        return None if self.replays else self.state()
+
+    def resume(self, state: BaseModel, records: Sequence[HistoryRecord]) -> None:
+        """Where a searcher that does not replay stood: its stored state, and history.jsonl's records in the order
+        of their lines (for what the stored state leaves out)."""
+        self.load_state(state)
+
     def load_state(self, state: dict[str, Any] | BaseModel) -> None:
         loaded = self.state_model.model_validate(state)
         for name in self.state_model.model_fields:

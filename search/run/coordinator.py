@@ -276,7 +276,7 @@ class Coordinator:
     def _write_state(self) -> None:
         self.run_dir.write_state(
             {
-                "optimizer": {"kind": self.searcher.kind, "state": self._own_state()},
+                "optimizer": {"kind": self.searcher.kind, "state": self._stored_state()},
                 "progress": self.searcher.progress().model_dump(mode="json"),
                 "generation_seconds": self.generation_seconds,
                 **({"polish_seconds": self.polish_seconds} if self.polish_seconds else {}),
@@ -286,9 +286,11 @@ class Coordinator:
             }
         )
 
-    def _own_state(self) -> dict | None:
-        """The searcher's state, for a searcher that a replay of the history cannot rebuild (else None)."""
-        return None if self.searcher.replays else self.searcher.state().model_dump(mode="json")
+    def _stored_state(self) -> dict | None:
+        """The searcher's state less what the history records, for a searcher that a replay of the history cannot
+        rebuild (else None)."""
+        stored = self.searcher.stored_state()
+        return None if stored is None else stored.model_dump(mode="json")
 
     def _best_perplexity_text(self) -> str:
         best = best_of(self.history)

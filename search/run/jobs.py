@@ -101,7 +101,7 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> His
         config = (config or checked.config).model_copy(update={"output_dir": str(run_dir.path)})
         context = _checked_context(config)
         searcher = _searcher(context)
-        rebuild(run_dir, searcher, checked.state, checked.records)
+        rebuild(run_dir, searcher, checked.state, checked.history)
         windows = _search_windows(context)
         record = job_record(context, windows, run_dir.config_hash())
         if check_job_record(run_dir, record):  # every check has passed: now the directory may be written

@@ -1,11 +1,11 @@
 """A resumed searcher rebuilt from the run directory, before anything is written: the history is the record.
 
-Format 3 keeps no copy of a replayed searcher's state (`Searcher.replays`: every optimizer but the steady GA): a
+Format 3 on keeps no copy of a replayed searcher's state (`Searcher.replays`: every optimizer but the steady GA): a
 resumed run builds its searcher afresh and tells it history.jsonl's results as it asks for them, so the searcher
 reaches exactly where it stood; the candidates it asked for that the history does not hold go out first (its
-`outstanding()`). The steady GA, whose parents depend on the order results arrived in, loads its state from
-state.json instead. The replay is also the check of the history itself, done before the run's directory or
-workers are touched:
+`outstanding()`). The steady GA, whose parents depend on the order results arrived in, loads its generator,
+parents and asks out from state.json instead, and what it was told from history.jsonl (`Searcher.resume`). The
+replay is also the check of the history itself, done before the run's directory or workers are touched:
 
 - each recorded candidate the search asks for again is the one recorded under its key (the same factors, to the
   6 decimals history.jsonl keeps, attention factor and gradient windows);
@@ -20,25 +20,29 @@ import math
 
 from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
 from longrope.search.optimizers.searcher import Candidate, Searcher
-from longrope.search.run.run_store import HISTORY, STATE, Records, RunDir, RunState, RunStoreError
+from longrope.search.run.run_store import HISTORY, STATE, History, Records, RunDir, RunState, RunStoreError
 
 ASK_ALL = 1 << 20  # a replay asks for everything a searcher hands out at once (a generational one ignores counts)
 
 
-def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, records: Records) -> None:
-    """Bring a fresh `searcher` to where the run stood: state.json's state for a searcher that does not replay,
-    else a replay of `records`; one RunStoreError (the run directory is damaged) otherwise. Writes nothing."""
+def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history: History) -> None:
+    """Bring a fresh `searcher` to where the run stood: state.json's state with history.jsonl's final lines for a
+    searcher that does not replay, else a replay of the history; one RunStoreError (the run directory is damaged)
+    otherwise. Writes nothing."""
     if searcher.replays:
-        replay(run_dir, searcher, records)
+        replay(run_dir, searcher, history.records)
         return
     if state is None:
         return  # killed before generation 0 ended: the fresh searcher asks for it again
     if state.searcher is None:
         raise RunStoreError(f"{run_dir.file(STATE)}: optimizer.state is null, but a steady search resumes from it")
     try:
-        searcher.load_state(state.searcher)
+        searcher.resume(state.searcher, [line for line in history.lines if line.final])
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise RunStoreError(f"{run_dir.file(STATE)}: corrupted ({exc})") from exc
+        raise RunStoreError(
+            f"{run_dir.path}: the search's state does not rebuild from state.json and history.jsonl ({exc}); the run "
+            "directory is damaged"
+        ) from exc
 
 
 def replay(run_dir: RunDir, searcher: Searcher, records: Records) -> None:

@@ -14,10 +14,10 @@ needs them to agree, and refuses in one line naming the file that disagrees:
   job's windows (their hash and count, the same tokens per window as every other line), the model's pair count,
   and a mean NLL that is what its per-window NLLs give under the job's objective;
 - state.json: the config it belongs to, the optimizer the config names, its generation counts against the
-  config and the history; and for a steady GA, whose own state it holds, a final record with the same score in
-  history.jsonl for every candidate that state counts as told. Nothing else in it copies the history (format 3):
-  a resume rebuilds every other searcher by replaying history.jsonl, and refuses a line the search does not ask
-  for (`replay.check_replayed`).
+  config and the history; and for a steady GA, whose own state it holds, parents and early-stop bests that
+  history.jsonl's told candidates give. Nothing in it copies the history (format 4): a resume takes a steady
+  GA's told candidates from history.jsonl and rebuilds every other searcher by replaying it, refusing a line the
+  search does not ask for (`replay.check_replayed`).
 
 status, export, compare and verify (run directories as factors), seeds from a run and `--resume` all read a run
 through `read_run`, so one directory gets one verdict. It writes nothing.
@@ -250,7 +250,7 @@ def _check_state(run_dir: RunDir, config: JobConfig, state: RunState | None, rec
     if config.search.schedule == "steady":  # the one searcher whose own state state.json holds
         if state.searcher is None:
             raise RunStoreError(f"{where}: optimizer.state is null, but a steady search keeps its state here")
-        check_history_holds(run_dir, state, records)
+        check_steady_state(run_dir, state, records)
 
 
 def _state_problem(config: JobConfig, config_hash: str, state: RunState) -> str | None:
@@ -287,32 +287,23 @@ def _check_progress(run_dir: RunDir, generation: int, records: Records) -> None:
         )
 
 
-def check_history_holds(run_dir: RunDir, state: RunState, records: Records) -> None:
-    """A steady GA's state (the one searcher state state.json holds; its parents depend on arrival order, which
-    no replay recovers): every candidate it counts as told has a final record in history.jsonl (the one source
-    of truth for scores and the best) with the same score, and its parents are told candidates; otherwise the
-    run directory is damaged, and every reader says so rather than go on."""
+def check_steady_state(run_dir: RunDir, state: RunState, records: Records) -> None:
+    """A steady GA's state (the one searcher state state.json holds: its parents depend on arrival order, which no
+    replay recovers) against history.jsonl, which holds its told candidates and their scores (a final record of a
+    candidate not among the asks out): its parents are told candidates, and the early stop's bests told scores;
+    otherwise the run directory is damaged, and every reader says so rather than go on."""
     try:
-        scores = state.searcher.told_scores()
+        out = set(state.searcher.out_keys())
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise RunStoreError(f"{run_dir.file(STATE)}: corrupted (told: {exc})") from exc
-    lost = [key for key in scores if key not in records or not records[key].final]
-    if lost:
-        raise RunStoreError(
-            f"{run_dir.file(HISTORY)}: lacks {len(lost)} of the {len(scores)} candidates "
-            f"that state.json counts as scored (first {lost[0]}, no final record); the run directory is damaged"
-        )
-    for key, score in scores.items():
-        recorded = records[key].mean_nll
-        if recorded is not None and recorded != score:
-            raise RunStoreError(
-                f"{run_dir.file(STATE)}: candidate {key} told with score {score!r}, but history.jsonl holds "
-                f"{recorded!r} (copied from another run?); the run directory is damaged"
-            )
-    check_recorded_bests(run_dir, state.searcher.recorded_bests(), scores)
+        raise RunStoreError(f"{run_dir.file(STATE)}: corrupted (pending: {exc})") from exc
+    scores = {key: record.score for key, record in records.items() if record.final and key not in out}
     unknown = [key for key in state.searcher.parent_keys() if key not in scores]
     if unknown:
-        raise RunStoreError(f"{run_dir.file(STATE)}: population holds {unknown[0]}, which was never told")
+        raise RunStoreError(
+            f"{run_dir.file(STATE)}: population holds {unknown[0]}, which history.jsonl does not hold as told (no "
+            "final record, or an ask still out); the run directory is damaged"
+        )
+    check_recorded_bests(run_dir, state.searcher.recorded_bests(), scores)
 
 
 def check_recorded_bests(run_dir: RunDir, bests: list[float | None], scores: dict[str, float]) -> None:

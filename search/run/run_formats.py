@@ -3,10 +3,16 @@
 A run directory lives for weeks of GPU time and outlives the code that wrote it, so every file a run holds is read
 by every later release. config.json and state.json carry `format`:
 
-- format 3 (this release): state.json holds only what history.jsonl cannot give: `optimizer: {kind, state}` with
-  `state` null for every searcher a replay of the history rebuilds (all but the steady GA, whose generator,
-  parents and asks out it keeps), `progress` (where the search stands, for `status`), how it stopped, and its
-  timings. config.json and job.json are as in format 2.
+- format 4 (this release, 2026-12-05): as format 3, but the steady GA's state no longer holds its told genomes
+  and scores (`told` is null): a resume takes them from history.jsonl (`DimMonoEvolution.resume`). It keeps
+  its generator, parents, asks out, counts and the early stop's bests (which depend on the order results
+  arrived in, and so cannot be read off the history).
+- format 3 (2026-12-04, 3371ab4 to 71e00ff): state.json holds only what history.jsonl cannot give, but for the
+  steady GA's told scores: `optimizer: {kind, state}` with `state` null for every searcher a replay of the
+  history rebuilds (all but the steady GA, whose generator, parents, asks out and told genomes and scores it
+  keeps), `progress` (where the search stands, for `status`), how it stopped, and its timings. config.json and
+  job.json are as in format 2. Today's code does not read a format-3 steady state's `told`: it takes what the
+  GA was told from the history, as for format 4.
 - format 2 (2026-12-04, e52c1d0 to 013706b): config.json is `{"format": 2, "config_hash", "config"}`, and
   `config_hash` is the sha256 of the config as written (`JobConfig.hash`), less what never changes a run's
   result (where it is written, who scores it, whether TensorBoard watches it). A reader recomputes it from the
@@ -33,7 +39,7 @@ from typing import Any
 from longrope.search.config.job_config import JobConfig, digest, identity_fields, identity_hash
 from longrope.search.optimizers.factory import SEARCHERS
 
-FORMAT = 3  # what this code writes, and the newest it reads
+FORMAT = 4  # what this code writes, and the newest it reads
 # the fields the format-1 hash left out where they held their default: the last version of that hand-kept list
 # (it only ever grew), section by section
 FORMAT_1_LATER_FIELDS = {
