@@ -21,6 +21,7 @@ from longrope.search.cli.main import main
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import make_searcher
 from longrope.search.optimizers.genome import Genome, SearchSpace, Seed, resolve_space
+from longrope.search.optimizers.history_record import recorded_factors
 
 SCALE = 4.0  # known_problem: 64 -> 256 tokens, 16 pairs, theta 1e4
 
@@ -152,7 +153,7 @@ def test_a_steady_state_resumes_from_the_recorded_factors_in_longrope2(d, length
     for _ in range(6):
         results = [result_of(c, objective(c.factors)) for c in optimizer.ask(3)]
         optimizer.tell(results)
-        records += results
+        records += [r.model_copy(update={"factors": recorded_factors(r.factors)}) for r in results]
     restored = make_searcher(settings, pairs=PAIRS, scale=SCALE, seeds=seeds_for(settings))
     restored.resume(json.loads(optimizer.stored_state().model_dump_json()), records)
     assert restored.state() == optimizer.state() and optimizer.state().told

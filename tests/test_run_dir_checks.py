@@ -241,7 +241,7 @@ CORRUPTIONS = [
     ),
     pytest.param(
         steady_best_of_no_candidate,
-        "early_stop.best_by_generation holds 0.001, the score of no candidate in history.jsonl",
+        "early_stop.best_by_generation holds 0.001, the score of no told candidate in history.jsonl",
         id="steady-best-of-no-candidate",
     ),
     pytest.param(steady_best_rises, "early_stop.best_by_generation rises from", id="steady-best-rises"),

@@ -190,8 +190,26 @@ def test_a_steady_resume_refuses_a_told_line_whose_factors_are_another_genomes(t
     child = next(n for n, r in enumerate(lines(run / "history.jsonl")) if r["generation"] == 1)
     rewrite_line(run / "history.jsonl", child, lambda r: {**r, "factors": [*r["factors"][:-1], r["factors"][-1] + 1]})
     line = cli_error_line(["search", "--no-progress", "--resume", str(run)], capsys, caplog, folder=tmp_path)
-    assert "the search's state does not rebuild from state.json and history.jsonl (candidate" in line
+    assert "state.json: the steady search's state does not rebuild with history.jsonl's lines (candidate" in line
     assert "recorded factors are another genome's" in line
+
+
+def test_a_steady_resume_refuses_a_history_that_lacks_a_told_candidate(tmp_path, capsys, caplog):
+    """Format 4: what the GA was told is history.jsonl's final lines not among the asks out, as many as state.json
+    counts; a told line deleted (not a parent's, which every reader refuses) is refused by the resume, every
+    file as it was."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "71e00ff-steady-killed", run)
+    state = json.loads((run / "state.json").read_text())
+    own = state["optimizer"]["state"]
+    (run / "state.json").write_text(
+        json.dumps({**state, "format": 4, "optimizer": {"kind": "dim_mono", "state": {**own, "told": None}}})
+    )
+    records = lines(run / "history.jsonl")
+    dropped = next(n for n, r in enumerate(records) if r["generation"] == 0 and r["key"] not in own["population"])
+    (run / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for n, r in enumerate(records) if n != dropped))
+    line = cli_error_line(["search", "--no-progress", "--resume", str(run)], capsys, caplog, folder=tmp_path)
+    assert "history.jsonl holds 7 told candidates of generation 0 and 2 children, state.json counts 8 and 2" in line
 
 
 def test_an_older_state_jsons_copies_are_not_what_a_resume_goes_by(tmp_path, capsys):

@@ -23,6 +23,7 @@ from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.cmaes import CmaesOptimizer
 from longrope.search.optimizers.factory import make_searcher
 from longrope.search.optimizers.genome import Genome, GenomeGrid
+from longrope.search.optimizers.history_record import recorded_factors
 from longrope.search.run.run_formats import with_older_behaviour
 from longrope.search.run.run_store import RunDir
 
@@ -129,7 +130,7 @@ def test_steady_killed_at_random_points_loses_nothing_and_scores_nothing_twice(t
         appended["kill_at"] = appended["lines"] + kill_after if kill_at == "append" else None
         evaluators.append(evaluator)
         try:
-            run_job(config, run_dir, evaluator, resume=resume)
+            _, last = run_job(config, run_dir, evaluator, resume=resume)
             break
         except KeyboardInterrupt:
             kills += 1
@@ -144,6 +145,9 @@ def test_steady_killed_at_random_points_loses_nothing_and_scores_nothing_twice(t
     assert sum(e.window_evaluations for e in evaluators) == recorded_windows, "a window scored twice"
     state = json.loads(run_dir.file("state.json").read_text())
     assert state["finished"] and set(state["optimizer"]["state"]["population"]) <= {r["key"] for r in finals}
+    rebuilt = built_searcher(config, problem(windows))
+    restore(run_dir, rebuilt)
+    assert rebuilt.state() == last.searcher.state(), "what it was told, read back from history.jsonl in order"
 
 
 # ---- CMA-ES ----
@@ -242,3 +246,25 @@ def test_a_used_up_grid_finishes_the_run_and_a_resume_does_not_try_again(tmp_pat
     assert own["exhausted"] and state["finished"]
     resumed = make_coordinator(config, RunDir(tmp_path), QueueEvaluator(capacity=3), resume=True)
     assert resumed.finished
+
+
+def test_a_steady_state_with_searched_attention_and_n_hat_resumes_from_the_history(tmp_path):
+    """Format 4 keeps no told genomes: each is rebuilt from its line's factors (6 decimals), attention factor and
+    n_hat, and must give its key back; the rebuilt GA is the one that ran, told in the same order."""
+    settings = job(
+        tmp_path,
+        schedule="steady",
+        attention_factor={"mode": "searched"},
+        n_hat={"enabled": True, "choices": [0, 16, 64]},
+    ).search
+    optimizer = make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    records = []
+    for _ in range(12):
+        results = [result_of(c, objective(c.factors)) for c in optimizer.ask(2)]
+        optimizer.tell(results)
+        records += [r.model_copy(update={"factors": recorded_factors(r.factors)}) for r in results]
+    told = optimizer.state().told
+    assert len({genome[2] for genome, _ in told}) > 1 and len({genome[1] for genome, _ in told}) > 1
+    restored = make_searcher(settings, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    restored.resume(json.loads(optimizer.stored_state().model_dump_json()), records)
+    assert restored.state() == optimizer.state()

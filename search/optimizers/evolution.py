@@ -383,16 +383,27 @@ class DimMonoEvolution(Searcher):
     def resume(self, state: EvolutionState, records: Sequence[HistoryRecord]) -> None:
         """The stored state with the told genomes and scores taken from history.jsonl's final `records` (in the
         order of their lines). state.json is rewritten whenever candidates go out, so every candidate asked before
-        it was written is told or among its asks out: the told ones are the recorded ones not out. Their order is
-        the order they were told in: generation 0 whole, in the order it was asked (`generation_keys`), then each
-        child as it landed, which is when its line was appended. Each genome is the grid's for the recorded
-        factors, checked against its key. A format-1 to -3 state's own `told` (a copy) is not read."""
+        it was written is told or among its asks out: the told ones are the recorded ones not out, as many
+        as the state counts. Their order is the order they were told in: generation 0 whole, in the
+        order it was asked (`generation_keys`), then each child as it landed, which is when its line was appended
+        (a resume tells the asks out that history.jsonl holds in that order too). Each genome is the grid's for
+        the recorded factors, checked against its key. An older state's own `told` (a copy) is read only where
+        the history gives another count: code before 447a254 (2026-12-01) wrote state.json before it asked."""
         state = EvolutionState.model_validate(state)
         out = set(state.out_keys())
         told = {r.key: r for r in records if r.final and r.key not in out}
         first = [key for key in state.generation_keys if key in told]
-        order = first + [key for key in told if key not in first]
-        pairs = [[self._recorded_genome(told[key]).to_json(), json_score(told[key].score)] for key in order]
+        children = [key for key in told if key not in first]
+        counts = (len(state.generation_keys), state.children_told) if state.generation > 0 else (0, 0)
+        if (len(first), len(children)) != counts and state.told is not None:
+            self.load_state(state)
+            return
+        if (len(first), len(children)) != counts:
+            raise ValueError(
+                f"history.jsonl holds {len(first)} told candidates of generation 0 and {len(children)} children, "
+                f"state.json counts {counts[0]} and {counts[1]}"
+            )
+        pairs = [[self._recorded_genome(told[key]).to_json(), json_score(told[key].score)] for key in first + children]
         self.load_state(state.model_copy(update={"told": pairs}))
 
     def _recorded_genome(self, record: HistoryRecord) -> Genome:

@@ -16,7 +16,8 @@ How a candidate is scored is decided here, where the workers are:
   partly raced candidate from its next window.
 
 state.json is written whenever a tell ended a generation or the searcher handed out new candidates, once they are
-out: `{"optimizer": {"kind", "state"}}` (the searcher's own model) and the run's timings. One plain line per
+out: `{"optimizer": {"kind", "state"}}` (the searcher's own model less what history.jsonl records,
+`Searcher.stored_state`; null for a searcher a replay rebuilds) and the run's timings. One plain line per
 generation (and per polish step) goes to the reporter (`generation_log.py`); heartbeat.json says the run is alive
 (`heartbeat.py`); a `ProgressWatcher` (TensorBoard scalars) hears where the run stands. None of them feeds back.
 """
@@ -139,7 +140,10 @@ class Coordinator:
     # ---- the loop ----
 
     def _loop(self) -> None:
-        for candidate in self.searcher.outstanding():  # asked before a crash, not told: out again
+        # asked before a crash, not told: out again, those history.jsonl holds told first in the order of their
+        # lines (the order they landed in, which is how a steady GA's resume reads what it was told)
+        landed = {key: place for place, key in enumerate(k for k, record in self.history.items() if record.final)}
+        for candidate in sorted(self.searcher.outstanding(), key=lambda c: landed.get(c.key, len(landed))):
             self._launch(candidate)
         self._fill()
         while self.tasks:

@@ -40,8 +40,8 @@ def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history
         searcher.resume(state.searcher, [line for line in history.lines if line.final])
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise RunStoreError(
-            f"{run_dir.path}: the search's state does not rebuild from state.json and history.jsonl ({exc}); the run "
-            "directory is damaged"
+            f"{run_dir.file(STATE)}: the steady search's state does not rebuild with history.jsonl's lines ({exc}); "
+            "the run directory is damaged"
         ) from exc
 
 

@@ -314,7 +314,7 @@ def check_recorded_bests(run_dir: RunDir, bests: list[float | None], scores: dic
     told = set(scores.values())
     foreign = [best for best in bests if best is not None and best not in told]
     if foreign:
-        raise RunStoreError(f"{where} holds {foreign[0]!r}, the score of no candidate in history.jsonl (edited?)")
+        raise RunStoreError(f"{where} holds {foreign[0]!r}, the score of no told candidate in history.jsonl (edited?)")
     values = [math.inf if best is None else best for best in bests]
     rises = [(a, b) for a, b in itertools.pairwise(values) if b > a]
     if rises:

@@ -114,7 +114,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 
 
-Records = dict[str, HistoryRecord]  # history.jsonl's records by key, as read (a partial one replaced by the next)
+# history.jsonl's records by key, in the order of their last lines (a partial record replaced by the next)
+Records = dict[str, HistoryRecord]
 
 
 def final_count(history: Records) -> int:
@@ -330,7 +331,8 @@ class RunDir:
                     f"{path}:{number}: a second record for candidate {key}, which line {final_lines[key]} already "
                     "holds as final (a line copied or added by hand?); the run directory is damaged"
                 )
-            records[key] = record  # a partial record is replaced by the next one for its key
+            records.pop(key, None)  # a partial record is replaced by the next one for its key, and the records
+            records[key] = record  # stay in the order of their last lines: a final one's is when it landed
             if record.final:
                 final_lines[key] = number
         return History(records, data[good_length:], good_length, tuple(lines))
