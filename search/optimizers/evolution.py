@@ -393,16 +393,17 @@ class DimMonoEvolution(Searcher):
         out = set(state.out_keys())
         told = {r.key: r for r in records if r.final and r.key not in out}
         first = [key for key in state.generation_keys if key in told]
-        children = [key for key in told if key not in first]
+        first_keys = set(first)
+        children = [key for key in told if key not in first_keys]
         counts = (len(state.generation_keys), state.children_told) if state.generation > 0 else (0, 0)
-        if (len(first), len(children)) != counts and state.told is not None:
+        if (len(first), len(children)) != counts:
+            if state.told is None:
+                raise ValueError(
+                    f"history.jsonl holds {len(first)} told candidates of generation 0 and {len(children)} "
+                    f"children, state.json counts {counts[0]} and {counts[1]}"
+                )
             self.load_state(state)
             return
-        if (len(first), len(children)) != counts:
-            raise ValueError(
-                f"history.jsonl holds {len(first)} told candidates of generation 0 and {len(children)} children, "
-                f"state.json counts {counts[0]} and {counts[1]}"
-            )
         pairs = [[self._recorded_genome(told[key]).to_json(), json_score(told[key].score)] for key in first + children]
         self.load_state(state.model_copy(update={"told": pairs}))
 
