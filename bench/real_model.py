@@ -203,18 +203,41 @@ class WindowScorer:
     def score(self, kind: str, length: int, windows, methods: dict, first: int | None = None) -> None:
         """Every method on each window (the first `first` only, when given) that the log lacks."""
         scorer = self.scorer(kind, length, windows)
-        for window, window_id in enumerate(window_ids(windows)[:first]):
-            for name, method in methods.items():
-                key = (kind, length, name, window_id)
-                if key in self.log.scores or self.log.copied_twin(key, methods):
-                    continue
-                start = time.perf_counter()
-                (score,) = scorer.score([method], (window, window + 1))
-                self.log.add(key, float(score.nll[0]), int(score.tokens[0]), time.perf_counter() - start)
-                print(
-                    f"{kind} {length} window {window} {name}: ppl {np.exp(score.nll[0] / score.tokens[0]):.3f}",
-                    flush=True,
-                )
+        ids = window_ids(windows)[:first]
+        todo = [
+            (w, n)
+            for w, window_id in enumerate(ids)
+            for n in methods
+            if (kind, length, n, window_id) not in self.log.scores
+        ]
+        progress = Progress(len(todo))
+        for window, name in todo:
+            key = (kind, length, name, ids[window])
+            if self.log.copied_twin(key, methods):
+                progress.skip()
+                continue
+            start = time.perf_counter()
+            (score,) = scorer.score([methods[name]], (window, window + 1))
+            seconds = time.perf_counter() - start
+            self.log.add(key, float(score.nll[0]), int(score.tokens[0]), seconds)
+            ppl = np.exp(score.nll[0] / score.tokens[0])
+            print(f"{kind} {length} window {window} {name}: ppl {ppl:.3f} {progress.scored(seconds)}", flush=True)
+
+
+class Progress:
+    """Where one (set, length)'s scoring stands, for its lines: forwards done of those the log lacked, and the rest
+    at the mean time so far (a window's twin, copied from the log, costs nothing and leaves the count)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.seconds = total, 0, 0.0
+
+    def skip(self) -> None:
+        self.total -= 1
+
+    def scored(self, seconds: float) -> str:
+        self.done, self.seconds = self.done + 1, self.seconds + seconds
+        left = (self.total - self.done) * self.seconds / self.done
+        return f"[{self.done}/{self.total}, {left / 3600:.1f} h left]"
 
 
 def tuned(context: JobContext, scorer: WindowScorer, grid: str, partial: bool = False) -> tuple[dict, dict]:
