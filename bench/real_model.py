@@ -210,21 +210,21 @@ class WindowScorer:
             for n in methods
             if (kind, length, n, window_id) not in self.log.scores
         ]
-        progress = Progress(len(todo))
+        countdown = Countdown(len(todo))
         for window, name in todo:
             key = (kind, length, name, ids[window])
             if self.log.copied_twin(key, methods):
-                progress.skip()
+                countdown.skip()
                 continue
             start = time.perf_counter()
             (score,) = scorer.score([methods[name]], (window, window + 1))
             seconds = time.perf_counter() - start
             self.log.add(key, float(score.nll[0]), int(score.tokens[0]), seconds)
             ppl = np.exp(score.nll[0] / score.tokens[0])
-            print(f"{kind} {length} window {window} {name}: ppl {ppl:.3f} {progress.scored(seconds)}", flush=True)
+            print(f"{kind} {length} window {window} {name}: ppl {ppl:.3f} {countdown.scored(seconds)}", flush=True)
 
 
-class Progress:
+class Countdown:
     """Where one (set, length)'s scoring stands, for its lines: forwards done of those the log lacked, and the rest
     at the mean time so far (a window's twin, copied from the log, costs nothing and leaves the count)."""
 
