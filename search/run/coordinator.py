@@ -278,9 +278,13 @@ class Coordinator:
         self.watcher.update(Progress(generation, final_count(self.history), forward, backward, nll))
 
     def _write_state(self) -> None:
+        stored = self.searcher.stored_state()  # only where a replay of the history cannot rebuild the searcher
         self.run_dir.write_state(
             {
-                "optimizer": {"kind": self.searcher.kind, "state": self._stored_state()},
+                "optimizer": {
+                    "kind": self.searcher.kind,
+                    "state": None if stored is None else stored.model_dump(mode="json"),
+                },
                 "progress": self.searcher.progress().model_dump(mode="json"),
                 "generation_seconds": self.generation_seconds,
                 **({"polish_seconds": self.polish_seconds} if self.polish_seconds else {}),
@@ -289,12 +293,6 @@ class Coordinator:
                 "total_generations": self.searcher.total_generations,
             }
         )
-
-    def _stored_state(self) -> dict | None:
-        """The searcher's state less what the history records, for a searcher that a replay of the history cannot
-        rebuild (else None)."""
-        stored = self.searcher.stored_state()
-        return None if stored is None else stored.model_dump(mode="json")
 
     def _best_perplexity_text(self) -> str:
         best = best_of(self.history)

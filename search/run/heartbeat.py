@@ -110,17 +110,10 @@ class HeartbeatWriter:
     `held()` marks the run running for the block and records how it ended; it nests (the job holds the run
     while it starts Ray and loads models, the coordinator while it searches), and only the outermost block
     writes the start and the stop. `result()` and `beat()` refresh it as the search goes; a daemon thread
-    refreshes it every `interval_s` in between, so a run waiting on slow workers does not look dead."""
+    refreshes it every BEAT_INTERVAL_S in between, so a run waiting on slow workers does not look dead."""
 
-    def __init__(
-        self,
-        path: Path,
-        *,
-        sigterm_seen: Callable[[], bool] = lambda: False,
-        interval_s: float = BEAT_INTERVAL_S,
-        clock: Callable[[], float] = time.time,
-    ):
-        self.path, self.sigterm_seen, self.interval_s, self.clock = Path(path), sigterm_seen, interval_s, clock
+    def __init__(self, path: Path, *, sigterm_seen: Callable[[], bool] = lambda: False):
+        self.path, self.sigterm_seen = Path(path), sigterm_seen
         self.record: Heartbeat | None = None
         self.depth = 0
         self.written_at = -float("inf")  # time.monotonic() of the last write
@@ -152,7 +145,7 @@ class HeartbeatWriter:
         """A result arrived: written at most every RESULT_BEAT_S (the background beat writes the rest)."""
         if self.record is None:
             return
-        now = self.clock()
+        now = time.time()
         with self._lock:
             self.record = self.record.model_copy(update={"last_result_at": now, "updated_at": now})
             if time.monotonic() - self.written_at >= RESULT_BEAT_S:
@@ -163,11 +156,11 @@ class HeartbeatWriter:
         if self.record is None:
             return
         with self._lock:
-            self.record = self.record.model_copy(update={"updated_at": self.clock()})
+            self.record = self.record.model_copy(update={"updated_at": time.time()})
             self._write()
 
     def _start(self) -> None:
-        now = self.clock()
+        now = time.time()
         with self._lock:
             self.record = Heartbeat(state="running", pid=os.getpid(), host=this_host(), started_at=now, updated_at=now)
             self._write()
@@ -176,7 +169,7 @@ class HeartbeatWriter:
         self._thread.start()
 
     def _beat_until_stopped(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.wait(BEAT_INTERVAL_S):
             with contextlib.suppress(OSError, ValueError):  # a full disk stops the search, not this thread
                 self.beat()
 
@@ -190,7 +183,7 @@ class HeartbeatWriter:
         if self.record is None:
             return
         with self._lock, contextlib.suppress(OSError, ValueError):
-            update = {"state": state, "stop_reason": reason, "updated_at": self.clock()}
+            update = {"state": state, "stop_reason": reason, "updated_at": time.time()}
             self.record = self.record.model_copy(update=update)
             self._write()
 

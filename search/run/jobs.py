@@ -30,7 +30,7 @@ from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.run.replay import rebuild
 from longrope.search.run.reporting import SearchReporter, SilentReporter
 from longrope.search.run.run_check import CheckedRun, read_run
-from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError, final_count, write_json_atomic
+from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_json_atomic
 from longrope.search.run.stages import is_staged, stage_configs
 from longrope.search.run.tensorboard_scalars import check_tensorboard, check_tensorboard_folder
 from longrope.search.run.validation_checks import check_source
@@ -79,8 +79,7 @@ def _start(config: JobConfig, options: _Options) -> HistoryRecord:
     context = _checked_context(config)
     windows = _search_windows(context)
     with run_dir.lock():
-        run_dir.check_new(config)  # again under the lock: another start may have won the race
-        run_dir.create(config)
+        run_dir.create(config)  # checked again under the lock: another start may have won the race
         write_json_atomic(run_dir.file(JOB_FILE), job_record(context, windows, run_dir.config_hash()).sealed())
         return _score(context, run_dir, windows, _searcher(context), None, options)
 
@@ -92,9 +91,8 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> His
     run_dir.read_config()  # a folder that is no run directory says so before a lock is taken
     with run_dir.lock():
         checked = read_run(run_dir)
-        differs = config.first_difference(checked.config) if config is not None else None
-        if differs:
-            raise RunStoreError(f"output_dir {str(run_dir.path)!r} holds a run of another config ({differs} differs)")
+        if config is not None:
+            run_dir.check_matches(config, stored=checked.config)
         if checked.finished:
             return _finished_already(checked, options.reporter)
         # the given workers section may move the run to another cluster; the windows cache follows the directory
@@ -156,8 +154,7 @@ def _run_stages(config: JobConfig | None, job_dir: RunDir, resume: bool, options
     stages = _checked_stages(config, job_dir)
     with job_dir.lock():
         if not resume:
-            job_dir.check_new(config)
-            job_dir.create(config)
+            job_dir.create(config)  # checked again under the lock
         best: HistoryRecord | None = None
         for index, stage in enumerate(stages):
             folder = RunDir(stage.output_dir)

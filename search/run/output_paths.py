@@ -28,7 +28,7 @@ from longrope.search.run.heartbeat import HEARTBEAT
 from longrope.search.run.job_record import JOB_FILE
 from longrope.search.run.run_store import CONFIG, HISTORY, STATE
 from longrope.workers.atomic_files import atomic_file
-from longrope.workers.errors import LongRopeError
+from longrope.workers.errors import LongRopeError, os_errors
 from longrope.workers.user_files import file_kind
 
 RUN_FILES = (CONFIG, JOB_FILE, HISTORY, STATE, HEARTBEAT)
@@ -132,8 +132,5 @@ def is_run_directory(folder: Path) -> bool:
 def write_output(out: str | Path, write, where: str, mode: str = "w") -> None:
     """Write an output file atomically, through a symlink at `out` to its target, keeping the target's mode
     (`atomic_file`); `write(file)` writes its content. Any OS error is one OutputPathError naming the path."""
-    try:
-        with atomic_file(Path(out), mode, through_symlink=True) as tmp:
-            write(tmp)
-    except OSError as exc:
-        raise OutputPathError(f"{where}: cannot write ({exc.strerror or exc})") from exc
+    with os_errors(where, "write", OutputPathError), atomic_file(Path(out), mode, through_symlink=True) as tmp:
+        write(tmp)

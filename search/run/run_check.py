@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,7 @@ class CheckedRun:
         return self.history.records
 
     @property
-    def best(self) -> dict[str, Any] | None:
+    def best(self) -> HistoryRecord | None:
         return best_of(self.records)
 
     @property
@@ -103,17 +104,13 @@ def read_run(run_dir: RunDir) -> CheckedRun:
     """The run directory's files, each checked against the others; RunStoreError (one line, naming the file that
     disagrees) otherwise. Writes nothing."""
     config = run_dir.read_config()
-    job = _checked_job(run_dir, config) if _exists(run_dir, JOB_FILE) else None
+    # a dangling link is a damaged job.json, not a missing one
+    job = _checked_job(run_dir, config) if os.path.lexists(run_dir.file(JOB_FILE)) else None
     history = run_dir.load_history()
     state_model = run_dir.read_state()
     _check_history(run_dir, config, job, history)
     _check_state(run_dir, config, state_model, history.records)
     return CheckedRun(run_dir, config, job, state_model, history)
-
-
-def _exists(run_dir: RunDir, name: str) -> bool:
-    path = run_dir.file(name)
-    return path.exists() or path.is_symlink()  # a dangling link is a damaged file, not a missing one
 
 
 # ---- job.json against config.json ----
@@ -122,11 +119,8 @@ def _exists(run_dir: RunDir, name: str) -> bool:
 def _checked_job(run_dir: RunDir, config: JobConfig) -> JobRecord:
     job = read_job_record(run_dir)
     where = run_dir.file(JOB_FILE)
-    if job.config_hash is not None and job.config_hash != run_dir.config_hash():
-        raise RunStoreError(
-            f"{where}: belongs to another run (config hash {job.config_hash}, config.json's {run_dir.config_hash()}); "
-            "was it copied from another run directory?"
-        )
+    if problem := _other_run(job.config_hash, run_dir.config_hash()):
+        raise RunStoreError(f"{where}: {problem}")
     for name, expected in _job_fields_fixed_by(config, job).items():
         if expected is not None and getattr(job, name) != expected:
             raise RunStoreError(
@@ -256,11 +250,8 @@ def _check_state(run_dir: RunDir, config: JobConfig, state: RunState | None, rec
 def _state_problem(config: JobConfig, config_hash: str, state: RunState) -> str | None:
     """What makes state.json disagree with config.json; None if nothing does."""
     kind = state.optimizer.kind
-    if state.config_hash is not None and state.config_hash != config_hash:
-        return (
-            f"belongs to another run (config hash {state.config_hash}, config.json's {config_hash}); was it "
-            "copied from another run directory?"
-        )
+    if problem := _other_run(state.config_hash, config_hash):
+        return problem
     if kind != config.search.optimizer:
         return f"holds a {kind!r} optimizer, but config.json says {config.search.optimizer!r}"
     low, high = searcher_class(kind).generations_range(config.search)
@@ -269,6 +260,17 @@ def _state_problem(config: JobConfig, config_hash: str, state: RunState) -> str 
         expected = str(low) if low == high else f"{low} to {high}"
         return f"total_generations is {total}, but config.json gives {expected} (generation 0 included)"
     return None
+
+
+def _other_run(stored_hash: str | None, config_hash: str) -> str | None:
+    """A job.json or state.json stamped with another run's config hash (copied from another run directory);
+    None for this run's, or an old file written before files were stamped."""
+    if stored_hash is None or stored_hash == config_hash:
+        return None
+    return (
+        f"belongs to another run (config hash {stored_hash}, config.json's {config_hash}); was it copied from "
+        "another run directory?"
+    )
 
 
 def _check_progress(run_dir: RunDir, generation: int, records: Records) -> None:

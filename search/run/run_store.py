@@ -40,7 +40,7 @@ from longrope.search.optimizers.saved_state import OptimizerState, legacy_progre
 from longrope.search.optimizers.searcher import SearcherState, SearchProgress
 from longrope.search.run.run_formats import FORMAT, format_problem, hash_matches, with_older_behaviour
 from longrope.workers.atomic_files import atomic_file, fsync_folder
-from longrope.workers.errors import LongRopeError
+from longrope.workers.errors import LongRopeError, os_errors
 from longrope.workers.path_limits import os_error_text, shown_path
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
@@ -107,11 +107,8 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Replace `path` atomically (`atomic_file`: readers never see half a file, the file keeps its mode). Any OS
     error (disk full, read-only or immutable file) becomes one RunStoreError naming the file, with no temp file
     left, so the old file is whole and a resumed run can write it again."""
-    try:
-        with atomic_file(path) as tmp:
-            tmp.write(text)
-    except OSError as exc:
-        raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+    with os_errors(str(path), "write", RunStoreError), atomic_file(path) as tmp:
+        tmp.write(text)
 
 
 # history.jsonl's records by key, in the order of their last lines (a partial record replaced by the next)
@@ -169,11 +166,9 @@ class RunDir:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Hold an exclusive lock on the run directory (creating it) for the block; refuse a second writer."""
-        try:
+        with os_errors(f"output_dir {str(self.path)!r}", "open", RunStoreError):
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as exc:
-            raise RunStoreError(f"output_dir {str(self.path)!r}: cannot open ({exc.strerror or exc})") from exc
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -227,12 +222,7 @@ class RunDir:
                 "another run?); choose another output_dir"
             )
         if self.file(CONFIG).exists():
-            differs = self.read_config().first_difference(config)
-            if differs:
-                raise RunStoreError(
-                    f"output_dir {str(self.path)!r} holds a run of another config ({differs} differs); choose another "
-                    "output_dir"
-                )
+            self.check_matches(config, hint="; choose another output_dir")
             raise RunStoreError(f"output_dir {str(self.path)!r} already holds this run; continue it with --resume")
 
     def read_config(self) -> JobConfig:
@@ -261,10 +251,12 @@ class RunDir:
             raise RunStoreError(f"{self.file(name)}: {problem}")
         return data.get("format", 1)
 
-    def check_matches(self, config: JobConfig) -> None:
-        differs = self.read_config().first_difference(config)
+    def check_matches(self, config: JobConfig, stored: JobConfig | None = None, hint: str = "") -> None:
+        """Refuse a config other than the run's (`stored`, when read already; config.json otherwise)."""
+        differs = (stored or self.read_config()).first_difference(config)
         if differs:
-            raise RunStoreError(f"output_dir {str(self.path)!r} holds a run of another config ({differs} differs)")
+            where = f"output_dir {str(self.path)!r}"
+            raise RunStoreError(f"{where} holds a run of another config ({differs} differs){hint}")
 
     # ---- state and history ----
 
@@ -294,7 +286,7 @@ class RunDir:
 
     def append_history(self, record: HistoryRecord) -> None:
         path = self.file(HISTORY)
-        try:
+        with os_errors(str(path), "write", RunStoreError):
             new = not path.exists()
             with path.open("a") as history:
                 history.write(record.line() + "\n")
@@ -302,8 +294,6 @@ class RunDir:
                 os.fsync(history.fileno())
             if new:
                 fsync_folder(path.parent)
-        except OSError as exc:
-            raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 
     def read_history(self) -> Records:
         """Scored candidates by key. A torn last line (no newline yet: a write in progress or cut by a crash) is
@@ -314,10 +304,8 @@ class RunDir:
         path = self.file(HISTORY)
         if not path.exists():
             return History({})
-        try:
+        with os_errors(str(path), "read", RunStoreError):
             data = path.read_bytes()
-        except OSError as exc:
-            raise RunStoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
         good_length = data.rfind(b"\n") + 1
         records: Records = {}
         final_lines: dict[str, int] = {}
@@ -339,12 +327,8 @@ class RunDir:
 
     def cut_torn_history(self, history: History) -> None:
         """Drop a torn last line, so the next append starts on a line of its own (the writer does this on resume)."""
-        if not history.torn_tail:
-            return
-        try:
+        with os_errors(str(self.file(HISTORY)), "cut the torn last line", RunStoreError):
             os.truncate(self.file(HISTORY), history.good_length)
-        except OSError as exc:
-            raise RunStoreError(f"{self.file(HISTORY)}: cannot cut the torn last line ({exc.strerror})") from exc
 
     def best_record(self) -> HistoryRecord:
         """The run's best scored candidate (see `best_of`), read from history.jsonl."""

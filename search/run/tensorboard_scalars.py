@@ -35,6 +35,7 @@ from longrope.search.config.strict import JobConfigError
 from longrope.search.run.reporting import Progress
 from longrope.search.run.run_store import RunStoreError
 from longrope.search.run.trajectory import window_equivalents
+from longrope.workers.errors import os_errors
 
 TENSORBOARD_DIR = "tensorboard"
 INSTALL = "pip install 'longrope-search[tensorboard]'"
@@ -93,7 +94,7 @@ class TensorBoardScalars:
         self._last_step: int | None = None
 
     def update(self, progress: Progress) -> None:
-        try:
+        with os_errors(str(self.folder), "write TensorBoard scalars", RunStoreError):
             if self._writer is None:
                 self._last_step = last_step(self.folder)
                 self._writer = _summary_writer(self.folder)
@@ -102,8 +103,6 @@ class TensorBoardScalars:
             for tag, value in scalars(progress, self.backward_cost).items():
                 self._writer.add_scalar(tag, value, global_step=progress.evaluations)
             self._writer.flush()
-        except OSError as exc:
-            raise RunStoreError(f"{self.folder}: cannot write TensorBoard scalars ({exc.strerror or exc})") from exc
         self._last_step = progress.evaluations
 
     def close(self) -> None:
