@@ -138,10 +138,12 @@ def own_part(entry: dict) -> list[dict]:
 
 
 def plot(entries: list[dict], methods: dict, path: Path) -> None:
-    """Left: each arm's best so far on the search windows against window-equivalents (a step line from its
-    history). Right: the same bests on the test windows at 16k where the table scored them, a line per arm, the last
-    point with its paired interval to the best closed form (YaRN with LongRoPE's attention factor; an older table:
-    YaRN) moved onto perplexity (that row's perplexity x exp(interval)); both closed forms as horizontal lines."""
+    """Left: each arm's best so far on its search windows against window-equivalents (a step line from its
+    history), as a ratio to its own YaRN seed on those windows: arms searched on other windows (descent on 4
+    gradient windows) read other perplexities, and the ratio is what compares across them. Right: the same bests on
+    the test windows at 16k where the table scored them, a line per arm, the last point with its paired interval to
+    the best closed form (YaRN with LongRoPE's attention factor; an older table: YaRN) moved onto perplexity (that
+    row's perplexity x exp(interval)); both closed forms as horizontal lines."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 4.8), layout="constrained")
@@ -150,7 +152,8 @@ def plot(entries: list[dict], methods: dict, path: Path) -> None:
     reference_ppl = methods[reference]["perplexity"][TARGET][0]
     for entry in entries:
         curve = own_part(entry)
-        costs, search = [p["window_equivalents"] for p in curve], [p["search_ppl"] for p in curve]
+        yarn_seed = _yarn_seed(entry)
+        costs, search = [p["window_equivalents"] for p in curve], [p["search_ppl"] / yarn_seed for p in curve]
         search_ax.step([*costs, entry["window_equivalents"]], [*search, search[-1]], where="post", label=entry["arm"])
         tested = [p for p in curve if p["test_ppl_16k"] is not None]
         line = test_ax.plot([p["window_equivalents"] for p in tested], [p["test_ppl_16k"] for p in tested], "o-")[0]
@@ -163,19 +166,24 @@ def plot(entries: list[dict], methods: dict, path: Path) -> None:
     if reference != "yarn":
         label = f"YaRN, LongRoPE's attention ({reference_ppl:.3f})"
         test_ax.axhline(reference_ppl, color="0.6", linestyle="--", label=label)
-    yarn_seeds = [p["search_ppl"] for e in entries for p in e["curve"] if p["seed"] == "yarn"]
-    if yarn_seeds:  # PI's seed reads several times worse and would flatten the rest
-        lowest = min(p["search_ppl"] for e in entries for p in e["curve"])
-        top = max(yarn_seeds) * 1.005
-        search_ax.set_ylim(lowest - 0.2 * (top - lowest), top)
-    for ax, what in ((search_ax, "search windows"), (test_ax, "test windows, 16k")):
+    # PI's seed reads several times worse and would flatten the rest: the axis ends just above the YaRN seeds' 1
+    lowest = min(p["search_ppl"] / _yarn_seed(e) for e in entries for p in e["curve"])
+    search_ax.set_ylim(lowest - 0.2 * (1.005 - lowest), 1.005)
+    search_ax.axhline(1.0, color="0.4", linestyle=":", label="its YaRN seed")
+    labels = ("best so far: perplexity on its search windows / its YaRN seed's", "best so far: perplexity, test, 16k")
+    for ax, label in zip((search_ax, test_ax), labels, strict=True):
         ax.set_xscale("log")
         ax.set_xlabel("window-equivalents spent (forward + 2 x backward; log)")
-        ax.set_ylabel(f"best so far: perplexity on the {what}")
+        ax.set_ylabel(label)
         ax.legend(fontsize=8)
     bar = "YaRN, LongRoPE's attention" if reference != "yarn" else "YaRN"
     fig.suptitle(f"SmolLM2-135M 8k -> 16k: each arm's best so far against its cost; bar: paired 95% to {bar}")
     fig.savefig(path, dpi=120)
+
+
+def _yarn_seed(entry: dict) -> float:
+    """The arm's YaRN seed on its own search windows (an arm that continues another: the other's)."""
+    return next(p["search_ppl"] for p in entry["curve"] if p["seed"] == "yarn")
 
 
 def add_curves(entries: list[dict], methods: dict, continues: dict[str, str]) -> None:
