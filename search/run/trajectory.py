@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from longrope.search.optimizers.history_record import HistoryRecord
-from longrope.search.run.run_store import RunDir
+from longrope.search.run.run_store import RunDir, best_of
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class CostPoint:
     backward: int  # of which also had a backward pass
     cost: float  # window-equivalents so far: forward + c x backward
     best_nll: float  # best fully scored mean NLL so far (inf before the first)
-    best: dict | None  # its record
+    best: HistoryRecord | None  # its record
     evaluations: int = 0  # candidates done so far: scored on every window, or stopped by racing
 
 
@@ -49,15 +49,9 @@ def cost_trajectory(run_dir: RunDir | str | Path, backward_cost: float) -> list[
         backward += record.backward_windows if key not in counted else 0
         counted[key] = len(record.nll)
         evaluations += record.final
-        if _better(record, best):
-            best = record
+        best = best_of({r.key: r for r in (best, record) if r is not None})  # the one ranking rule
         best_nll = math.inf if best is None else best.mean_nll
         cost = window_equivalents(forward, backward, backward_cost)
         points.append(CostPoint(forward, backward, cost, best_nll, best, evaluations))
     return points
 
-
-def _better(record: HistoryRecord, best: HistoryRecord | None) -> bool:
-    if record.status != "scored" or record.mean_nll is None:
-        return False
-    return best is None or (record.mean_nll, record.key) < (best.mean_nll, best.key)
