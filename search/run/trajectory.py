@@ -54,4 +54,3 @@ def cost_trajectory(run_dir: RunDir | str | Path, backward_cost: float) -> list[
         cost = window_equivalents(forward, backward, backward_cost)
         points.append(CostPoint(forward, backward, cost, best_nll, best, evaluations))
     return points
-
