@@ -201,13 +201,16 @@ def test_a_gguf_model_path_that_transformers_cannot_read_is_one_line(tmp_path, c
     assert not (tmp_path / "cache" / "gguf").exists() and not (tmp_path / "run").exists()
 
 
-def test_validate_names_a_missing_data_folder_before_converting_a_gguf(tmp_path, capsys, tiny):
-    """The cheap checks come first: a data folder that is not there is named before the GGUF is dequantized into
-    the conversion cache (a 538 MB copy for SmolLM2), so nothing is converted or written."""
+@pytest.mark.parametrize("command", ["validate", "search"])
+@pytest.mark.parametrize("source", ["search_source", "test_source"])
+def test_a_missing_data_folder_is_named_before_a_gguf_is_converted(tmp_path, capsys, tiny, command, source):
+    """The cheap checks come first, in `validate` and `search` alike: a data folder that is not there is named
+    before the GGUF is dequantized into the conversion cache (a 538 MB copy for SmolLM2), so nothing is converted
+    or written."""
     path, _ = tiny
     missing = tmp_path / "no-such-folder"
-    line = refused(capsys, "validate", gguf_job(tmp_path, path), "--set", f"data.search_source={missing}")
-    assert line.startswith("longrope: error: data.search_source") and str(missing) in line, line
+    line = refused(capsys, command, gguf_job(tmp_path, path), "--set", f"data.{source}={missing}")
+    assert line.startswith(f"longrope: error: data.{source}") and str(missing) in line, line
     assert not (tmp_path / "cache" / "gguf").exists() and not (tmp_path / "run").exists()
 
 

@@ -32,8 +32,8 @@ from longrope.search.run.reporting import SearchReporter, SilentReporter
 from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_json_atomic
 from longrope.search.run.stages import is_staged, stage_configs
-from longrope.search.run.tensorboard_scalars import check_tensorboard, check_tensorboard_folder
-from longrope.search.run.validation_checks import check_source
+from longrope.search.run.tensorboard_scalars import check_tensorboard_folder
+from longrope.search.run.validation_checks import file_checks_of
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.documents import CORPUS_PREFIX
 from longrope.workers.errors import DataError
@@ -189,18 +189,18 @@ def _checked_stages(config: JobConfig, job_dir: RunDir) -> list[JobConfig]:
 
 
 def _checked_context(config: JobConfig) -> JobContext:
-    """Resolve and check the model, the seeds, the test data and the cluster; writes nothing. The test source is
-    read only by `compare`, after the search: it is read here as `validate` reads it, so a typo in it stops the job
-    now and not after hours of scoring. A cluster address is connected to here (bounded), so "auto" with no
-    cluster, or a dead one, fails before the run directory is made. TensorBoard scalars asked for where the
-    package is missing, or where RUN/tensorboard cannot be their folder, are refused first."""
-    check_tensorboard(config)
+    """Resolve and check the model, the seeds, the data and the cluster; writes nothing. The cheap checks come
+    first, as `validate` makes them (`file_checks_of`: both data sources read, not tokenized, and the tensorboard
+    package), so a missing data folder is named before a `.gguf` model is dequantized into the conversion cache.
+    The test source is read only by `compare`, after the search: a typo in it stops the job now, not after hours
+    of scoring. A cluster address is connected to here (bounded), so "auto" with no cluster, or a dead one, fails
+    before the run directory is made. A RUN/tensorboard that cannot hold the scalars is refused first too."""
+    file_checks_of(config)
     check_tensorboard_folder(config)
     context = JobContext.resolve(config)
     context.space()
     context.seeds()
     context.check_model()
-    check_source("data.test_source", config.data.test_source, config.data.text_field)
     if config.workers.address:
         from longrope.workers.pool import ensure_ray  # Ray: only for a run that scores
 
