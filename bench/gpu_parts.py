@@ -116,6 +116,26 @@ def read_manifest(path: Path) -> PartsManifest:
         raise Refused(f"manifest: {str(path)!r} is not a parts manifest ({str(exc).splitlines()[0]})") from exc
 
 
+def joined_so_far(state_path: Path, partial: Path, whole: Path, manifest: PartsManifest) -> JoinState:
+    """The parts already joined under the target folder: join.json's, trusted only as far as the bytes on disk
+    hold them. Anything else starts the join afresh at the first part, which then rewrites FILE.partial from byte
+    0. That covers no join.json, an unreadable one, one for another file of that name, a FILE.partial lost or
+    shorter than its recorded parts, and a joined FILE removed or cut short: trusting the record there, the first
+    part would answer "already appended", the next would find no bytes to append to, and only deleting the folder
+    by hand would get the join going again."""
+    fresh = JoinState(file=manifest.file, sha256=manifest.sha256)
+    try:
+        state = JoinState.model_validate_json(state_path.read_bytes())
+    except (OSError, ValueError):
+        return fresh
+    sizes = {part.name: part.size for part in manifest.parts}
+    if state.complete:
+        intact = whole.is_file() and whole.stat().st_size == manifest.size
+    else:  # a FILE.partial may run past its recorded parts (an append killed midway): the next append cuts it back
+        intact = partial.is_file() and partial.stat().st_size >= sum(sizes.get(n, 0) for n in state.appended)
+    return state if state.sha256 == manifest.sha256 and intact else fresh
+
+
 def join(part_path: Path, into: Path, manifest_path: Path | None = None) -> str:
     """Append one part to into/FILE.partial (the file itself after the last part); returns what was done, a line."""
     manifest = read_manifest(manifest_path or part_path.parent / MANIFEST)
@@ -127,11 +147,7 @@ def join(part_path: Path, into: Path, manifest_path: Path | None = None) -> str:
     if not part_path.is_file():
         raise Refused(f"part {part.name}: missing, {str(part_path)!r} does not exist (carry it in this run)")
     state_path, partial = into / f"{manifest.file}.join.json", into / f"{manifest.file}.partial"
-    state = JoinState(file=manifest.file, sha256=manifest.sha256)
-    if state_path.is_file():
-        state = JoinState.model_validate_json(state_path.read_text())
-        if state.sha256 != manifest.sha256:  # another file of that name, joined earlier: start afresh
-            state = JoinState(file=manifest.file, sha256=manifest.sha256)
+    state = joined_so_far(state_path, partial, into / manifest.file, manifest)
     if part.name in state.appended:
         return f"part {part.name}: already appended ({len(state.appended)} of {len(names)}); nothing to do"
     if index != len(state.appended):
@@ -144,8 +160,6 @@ def join(part_path: Path, into: Path, manifest_path: Path | None = None) -> str:
     if found != part.sha256 or part_path.stat().st_size != part.size:
         raise Refused(f"part {part.name}: sha256 {found}, the manifest says {part.sha256} (damaged or another file)")
     done = sum(manifest.parts[k].size for k in range(index))
-    if index and (not partial.is_file() or partial.stat().st_size < done):
-        raise Refused(f"part {part.name}: {str(partial)!r} lacks the parts before it; start again at {names[0]}")
     into.mkdir(parents=True, exist_ok=True)
     with open(partial, "r+b" if index else "wb") as out:
         out.truncate(done)  # what a run killed mid-append left past the recorded parts

@@ -97,6 +97,36 @@ def test_a_damaged_part_is_refused_and_a_killed_append_is_cut_back(split_file, t
     assert (into / "model.gguf").read_bytes() == source.read_bytes()
 
 
+@pytest.mark.parametrize(
+    "damage",
+    ["partial-lost", "partial-cut", "join-record-unreadable", "joined-file-lost"],
+)
+def test_a_join_whose_bytes_are_gone_starts_again_at_the_first_part(split_file, tmp_path, damage):
+    """join.json is trusted only as far as the bytes on disk hold its parts: with FILE.partial lost or cut short,
+    join.json unreadable, or the joined file removed, part 000 starts the join afresh (it does not answer "already
+    appended" while part 001 is refused for want of it), and the file joins whole."""
+    source, _, parts = split_file
+    into = tmp_path / "there"
+    joined = parts if damage == "joined-file-lost" else parts[:2]
+    for part in joined:
+        assert parts_cli("join", part, "--into", into).returncode == 0
+    if damage == "partial-lost":
+        (into / "model.gguf.partial").unlink()
+    elif damage == "partial-cut":
+        with open(into / "model.gguf.partial", "r+b") as partial:
+            partial.truncate(30_000)  # part 000 and a fifth of 001: the record says 50,000 bytes
+    elif damage == "join-record-unreadable":
+        (into / "model.gguf.join.json").write_text("{")
+    else:
+        (into / "model.gguf").unlink()
+    first = parts_cli("join", parts[0], "--into", into)
+    assert first.returncode == 0 and "appended, 1 of 4" in first.stdout, (first.stdout, first.stderr)
+    refused(parts_cli("join", parts[2], "--into", into), "part model.gguf.002", "1 of 4", "model.gguf.001 is next")
+    for part in parts[1:]:
+        assert parts_cli("join", part, "--into", into).returncode == 0
+    assert (into / "model.gguf").read_bytes() == source.read_bytes()
+
+
 def test_the_windows_rule_one_per_document_else_spread_over_the_longest():
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, 50, n) for n in (40, 100, 35, 10, 64)]
