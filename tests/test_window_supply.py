@@ -59,7 +59,7 @@ def test_enough_long_documents_pass_and_each_check_is_listed(tmp_path, capsys):
             [900, 800],
             [2000, 2000],
             "data.search_source = '{search}': 2 windows of 1025 tokens need 2 documents at least that long (a "
-            "window never crosses two), found 0",
+            "window never crosses two), found 0; the longest has 900 bytes, fewer than a window's tokens",
             id="all-shorter-than-a-window",
         ),
     ],

@@ -134,7 +134,8 @@ def window_supply_check(field: str, source: str, documents, tokenizer, *, length
     is at least one byte of the text for byte-level BPE and the byte tokenizer alike, so a shorter one cannot hold
     a window. Stops once `count` are found."""
     found, longest = 0, 0
-    for size, document in sorted(((len(d.text.encode()), d) for d in documents), key=lambda item: -item[0]):
+    by_size = sorted(((len(d.text.encode()), d) for d in documents), key=lambda item: -item[0])
+    for size, document in by_size:
         if size < length:
             break
         tokens = len(tokenizer.encode(document.text))
@@ -142,7 +143,10 @@ def window_supply_check(field: str, source: str, documents, tokenizer, *, length
         if found >= count:
             detail = f"{count} documents of >= {length} tokens found, a window each"
             return validation_check(f"{field} windows", source, "ok", detail)
+    longest_text = (
+        f"{longest} tokens" if longest else f"{by_size[0][0] if by_size else 0} bytes, fewer than a window's tokens"
+    )
     raise DataError(
         f"{field} = {source!r}: {count} windows of {length} tokens need {count} documents at least that long (a "
-        f"window never crosses two), found {found}" + (f"; the longest has {longest} tokens" if longest else "")
+        f"window never crosses two), found {found}; the longest has {longest_text}"
     )
