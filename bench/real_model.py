@@ -34,8 +34,10 @@ Run (after `make real-model` and the search, `longrope search configs/smollm2-13
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -122,15 +124,32 @@ class ScoreLog:
     def __init__(self, path: Path, setup: LogSetup):
         self.path, self.scores = path, {}
         self.setup_path = path.with_name(path.stem + ".setup.json")
+        self._held = self._hold()
         self.setup = self._checked_setup(setup)
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                row = json.loads(line)
-                self.scores[(row["set"], row["length"], row["method"], row["window"])] = (row["nll"], row["tokens"])
+        data = path.read_bytes()
+        whole = data[: data.rfind(b"\n") + 1]
+        if len(whole) < len(data):  # a line cut by a kill mid-write: the next line would run on from it
+            print(f"warning: {path}: dropping its torn last line {data[len(whole) :][:80]!r}")
+            os.truncate(path, len(whole))
+        for line in whole.decode().splitlines():
+            row = json.loads(line)
+            self.scores[(row["set"], row["length"], row["method"], row["window"])] = (row["nll"], row["tokens"])
+
+    def _hold(self):
+        """One writer per log, held until the process ends (the kernel drops the lock however it ends): a second run
+        on the same log (a table beside search_split.py) would interleave its lines and write the setup record over
+        with its own labels."""
+        held = self.path.open("a")
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.close()
+            raise SystemExit(f"{self.path}: in use by another bench run on this log; wait for it to end") from None
+        return held
 
     def _checked_setup(self, setup: LogSetup) -> LogSetup:
         if not self.setup_path.is_file():
-            if self.path.is_file():
+            if self.path.stat().st_size:
                 print(f"warning: {self.path} has no setup record; taking it as this run's: {setup.model_dump()}")
             self.setup_path.write_text(setup.model_dump_json(indent=1) + "\n")
             return setup

@@ -1,0 +1,79 @@
+"""The searched factors and the tuning grid on the search windows: the split where the search picked its factors
+and the tuned baselines picked their settings.
+
+The test table says how a searched row reads on held-out documents. When it loses to a tuned closed form, or wins
+by less than hoped, this tells why:
+- the searched factors beat the best tuned setting on the search windows but not on the test windows: the search
+  fitted its few windows (more windows, not more budget);
+- they lose on the search windows too: the budget or the seeds stopped the search short of what the tuned
+  baseline found (more steps, or the tuned setting as a seed);
+- they tie there: the space itself, or the test documents, set the limit.
+
+Perplexity on a set of windows is exp(sum of NLL / sum of tokens), as the search's own mean_nll (its windows hold
+equal token counts). The scores go to the table's score log (`bench/real_model.py`, set "tuning"), so a killed run
+resumes and the table's tuning forwards are not repeated: the grid's scores are read from the log, and only the
+factors files are scored here (2 windows each).
+
+Run (after the table's tuning, `bench/real_model.py table --config ...`):
+  .venv/bin/python bench/search_split.py --config configs/smollm2-135m-32k-cpu.yaml \
+    --factors bench/results/smollm2_32k_factors.json --factors bench/results/smollm2_16k_factors.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from benchlib import RESULTS, provenance, save_json
+from real_model import CONFIG, WindowScorer, score_log, stem, tuned, window_ids
+
+from longrope.search.optimizers.factory import load_job_config
+from longrope.search.reports.compare_rows import factors_rows, given_methods
+from longrope.search.reports.tuned_baselines import TUNING_GRIDS, setting_label, tuning_grids
+from longrope.search.run.job_context import JobContext
+
+
+def split_perplexities(log, length: int, labels, ids: list[str]) -> dict[str, float | None]:
+    """exp(sum NLL / sum tokens) over the windows `ids` of each label (None while a window is missing)."""
+    found = {}
+    for label in labels:
+        scores = [log.scores.get(("tuning", length, label, window)) for window in ids]
+        if None in scores:
+            found[label] = None
+            continue
+        found[label] = math.exp(sum(nll for nll, _ in scores) / sum(tokens for _, tokens in scores))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(CONFIG), help="the search's config: its model, data and lengths")
+    parser.add_argument("--factors", action="append", required=True, help="a search's export; repeatable")
+    parser.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
+    parser.add_argument("--results", default=str(RESULTS), help="where the log and the results go")
+    parser.add_argument("--set", action="append", default=[])
+    args = parser.parse_args()
+    config = load_job_config(Path(args.config), args.set)
+    context = JobContext.resolve(config)
+    log = score_log(args.results, context)
+    scorer = WindowScorer(context, log)
+    files, _ = given_methods(context, factors_rows(args.factors), print)
+    log.check_methods(files)
+    _, settings = tuned(context, scorer, args.grid)  # the grid, scored where the log lacks it
+    data, length = config.data, context.target_length
+    windows = context.windows(data.search_source, length, data.search_windows)
+    scorer.score("tuning", length, windows, files)
+    grid = [setting_label(name, key) for name, found in tuning_grids(context, args.grid).items() for key in found]
+    ids = window_ids(windows)
+    perplexity = split_perplexities(log, length, [*files, *grid], ids)
+    save_json(
+        Path(args.results) / f"{stem(context)}_search_split.json",
+        {**provenance(), "length": length, "windows": ids, "tuned": settings, "perplexity": perplexity},
+    )
+    for label, value in sorted(perplexity.items(), key=lambda item: item[1] or math.inf):
+        print(f"{value:9.4f}  {label}")
+
+
+if __name__ == "__main__":
+    main()

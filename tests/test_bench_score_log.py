@@ -1,0 +1,47 @@
+"""bench/real_model.py's score log, which multi-session tables resume from: one writer at a time (a table and
+bench/search_split.py on one log would interleave lines and write the setup record over), and a line cut by a kill
+mid-write is dropped on the next start instead of stopping every later run with a JSON error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from real_model import LogSetup, ScoreLog
+
+SETUP = LogSetup(
+    model="m",
+    dtype="bfloat16",
+    attn_implementation="sdpa",
+    original_length=8,
+    target_length=32,
+    data_seed=0,
+    search_source="s",
+    test_source="t",
+)
+
+
+def test_a_second_writer_on_one_log_is_refused_until_the_first_ends(tmp_path):
+    path = tmp_path / "x_scores.jsonl"
+    first = ScoreLog(path, SETUP)
+    first.add(("perplexity", 32, "yarn", "doc@0"), 10.0, 5, 1.0)
+    with pytest.raises(SystemExit, match="in use by another bench run"):
+        ScoreLog(path, SETUP)
+    first._held.close()  # the process ends: the kernel drops its lock
+    again = ScoreLog(path, SETUP)
+    assert again.scores == {("perplexity", 32, "yarn", "doc@0"): (10.0, 5)}
+
+
+def test_a_torn_last_line_is_dropped_and_the_next_score_starts_a_line_of_its_own(tmp_path, capsys):
+    path = tmp_path / "x_scores.jsonl"
+    log = ScoreLog(path, SETUP)
+    log.add(("perplexity", 32, "yarn", "doc@0"), 10.0, 5, 1.0)
+    log._held.close()
+    with path.open("a") as out:
+        out.write('{"set": "perplexity", "length": 32, "method": "pi", "win')  # a kill mid-write
+    log = ScoreLog(path, SETUP)
+    assert "dropping its torn last line" in capsys.readouterr().out
+    assert list(log.scores) == [("perplexity", 32, "yarn", "doc@0")]
+    log.add(("perplexity", 32, "pi", "doc@0"), 12.0, 5, 1.0)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(row["method"], row["nll"]) for row in rows] == [("yarn", 10.0), ("pi", 12.0)]
