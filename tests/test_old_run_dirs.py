@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_file_shapes import FIXTURES, fixture_names
 
 from longrope.search.cli.main import main
 from longrope.search.run.run_formats import FORMAT
 
-FIXTURES = Path(__file__).parent / "fixtures" / "old_runs"
-RUNS = sorted(path.name for path in FIXTURES.iterdir() if (path / "config.json").is_file())
+RUNS = fixture_names()
 UNFINISHED = [name for name in RUNS if (FIXTURES / f"{name}.resumed.export.json").is_file()]
 # what an export records of the code that wrote it, not of the run: the package version
 OF_THE_EXPORTER = {"version"}
