@@ -11,7 +11,7 @@ import json
 
 import pytest
 import run_file_shapes
-from pydantic import Field, create_model
+from pydantic import ConfigDict, Field, create_model, field_validator
 
 from longrope.search.run.job_record import JobRecord
 
@@ -43,6 +43,40 @@ def test_a_field_added_with_a_default_changes_the_shape():
     after = run_file_shapes.model_shapes({"job.json": later})
     assert first_difference(before, after) == ".JobRecord.fields.later_field: added"
     assert after["JobRecord"]["fields"]["later_field"] == {"type": "int", "constraints": ["Ge(ge=0)"], "default": "3"}
+
+
+class Stricter(JobRecord):
+    model_config = ConfigDict(**JobRecord.model_config, strict=True)  # would refuse what older code wrote loosely
+
+
+class Renamed(JobRecord):
+    model_dir: str = Field(alias="model_path")  # the key on disk changes
+
+
+class Tightened(JobRecord):
+    @field_validator("model_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:  # older runs may hold a relative path
+        if not value.startswith("/"):
+            raise ValueError("model_dir must be absolute")
+        return value
+
+
+@pytest.mark.parametrize(("variant", "part"), [(Stricter, "config"), (Renamed, "fields"), (Tightened, "validators")])
+def test_a_rule_of_how_a_file_reads_changes_the_shape(variant, part):
+    before, after = run_file_shapes.ShapeWalk().shape(JobRecord), run_file_shapes.ShapeWalk().shape(variant)
+    assert before[part] != after[part]
+    assert {key: value for key, value in before.items() if key != part} == {
+        key: value for key, value in after.items() if key != part
+    }
+
+
+def test_two_models_of_one_name_are_both_walked():
+    first = create_model("Inner", x=(int, 0))
+    second = create_model("Inner", y=(str, "a"))
+    shapes = run_file_shapes.model_shapes({"a.json": create_model("A", inner=(first, ...)), "b.json": second})
+    inner = {name: shape["fields"] for name, shape in shapes.items() if name.endswith("Inner")}
+    assert sorted(map(list, inner.values())) == [["x"], ["y"]]
 
 
 @pytest.fixture
