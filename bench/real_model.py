@@ -4,8 +4,9 @@ cost at 16k in float32 and bfloat16.
 
 Why a script of its own and not `longrope compare`: on this 2-core CPU every (method, window) at 16k is a 95 s
 forward and the table is about 200 of them, more than one sitting. So every score is appended to a log as it lands
-(bench/results/smollm2_16k_scores.jsonl, one JSON line per set, length, method and window), a killed run resumes where
-it stopped, and the table is built from the log with compare's own code (`compare.summarize`, `write_outputs`:
+(bench/score_log.py: bench/results/smollm2_16k_scores.jsonl, one JSON line per set, length, method and window), a
+killed run resumes where it stopped, `table --partial` reads the windows scored so far beside a running table, and
+the table is built from the log with compare's own code (`compare.summarize`, `write_outputs`:
 the same intervals, the same paired difference to the best baseline, the same plots). The methods are compare's:
 the job's nominal baselines, NTK and YaRN tuned on the search split's windows at the target (the `coarse` grid of
 search/reports/tuned_baselines.py: 15 settings, each a 16k forward per search window), and the factors files given.
@@ -34,19 +35,15 @@ Run (after `make real-model` and the search, `longrope search configs/smollm2-13
 from __future__ import annotations
 
 import argparse
-import fcntl
-import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from benchlib import RESULTS, ROOT, provenance, run_status, save_json
-from pydantic import BaseModel
+from score_log import LogSetup, ScoreLog, fingerprint
 
-from longrope.encodings.rope_methods.batch import candidate_rows
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare import default_lengths, summarize, write_outputs
 from longrope.search.reports.compare_rows import factors_rows, given_methods
@@ -65,143 +62,14 @@ def stem(context: JobContext) -> str:
     return f"smollm2_{context.target_length // 1024}k"
 
 
-def score_log(results: str, context: JobContext) -> ScoreLog:
-    return ScoreLog(Path(results) / f"{stem(context)}_scores.jsonl", LogSetup.of(context))
+def score_log(results: str, context: JobContext, read_only: bool = False) -> ScoreLog:
+    """The target's score log (`read_only`: as it stands, beside a run that may be adding to it)."""
+    return ScoreLog(Path(results) / f"{stem(context)}_scores.jsonl", LogSetup.of(context), read_only)
 
 
 def window_ids(windows) -> list[str]:
     """A window's identity in the log: its document and first token (an index would change with the count)."""
     return [f"{name}@{offset}" for name, offset in zip(windows.names, windows.offsets, strict=True)]
-
-
-class LogSetup(BaseModel):
-    """The score log's setup record (smollm2_16k_scores.setup.json beside it): what its scores were scored with. A log
-    is added to and read only under the same setup, so a re-exported factors file at the same path, another dtype,
-    model or data seed can never borrow another setup's scores (the rows' keys name a method by its label alone)."""
-
-    model: str  # the converted model's GGUF sha256 (provenance.json), else its directory
-    dtype: str
-    attn_implementation: str
-    original_length: int
-    target_length: int
-    data_seed: int
-    search_source: str
-    test_source: str
-    methods: dict[str, str] = {}  # label -> the method's fingerprint (`fingerprint`)
-
-    @classmethod
-    def of(cls, context: JobContext) -> LogSetup:
-        config, provenance_file = context.config, Path(context.model_dir) / "provenance.json"
-        model = json.loads(provenance_file.read_text())["gguf_sha256"] if provenance_file.is_file() else None
-        return cls(
-            model=model or str(context.model_dir),
-            dtype=config.model.dtype,
-            attn_implementation=config.model.attn_implementation,
-            original_length=context.original_length,
-            target_length=context.target_length,
-            data_seed=config.data.seed,
-            search_source=config.data.search_source,
-            test_source=config.data.test_source,
-        )
-
-
-def applied(method, length: int) -> bytes:
-    """What a forward of `length` tokens applies: the frequencies in force, the attention factor and n_hat, as the
-    scorer stacks them (`candidate_rows`)."""
-    rows = candidate_rows([method], length)
-    return b"".join(t.numpy().tobytes() for t in (rows.inv_freq, rows.attention_factor, rows.n_hat))
-
-
-def fingerprint(method) -> str:
-    """A method's identity: its class and every field (the factors, theta, attention factor...)."""
-    payload = type(method).__name__ + method.model_dump_json()
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-class ScoreLog:
-    """The append-only log of scores: {(set, length, method, window id): (nll sum, tokens)}, and its setup record."""
-
-    def __init__(self, path: Path, setup: LogSetup):
-        self.path, self.scores = path, {}
-        self.setup_path = path.with_name(path.stem + ".setup.json")
-        self._held = self._hold()
-        self.setup = self._checked_setup(setup)
-        data = path.read_bytes()
-        whole = data[: data.rfind(b"\n") + 1]
-        if len(whole) < len(data):  # a line cut by a kill mid-write: the next line would run on from it
-            print(f"warning: {path}: dropping its torn last line {data[len(whole) :][:80]!r}")
-            os.truncate(path, len(whole))
-        for line in whole.decode().splitlines():
-            row = json.loads(line)
-            self.scores[(row["set"], row["length"], row["method"], row["window"])] = (row["nll"], row["tokens"])
-
-    def _hold(self):
-        """One writer per log, held until the process ends (the kernel drops the lock however it ends): a second run
-        on the same log (a table beside search_split.py) would interleave its lines and write the setup record over
-        with its own labels."""
-        held = self.path.open("a")
-        try:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            held.close()
-            raise SystemExit(f"{self.path}: in use by another bench run on this log; wait for it to end") from None
-        return held
-
-    def _checked_setup(self, setup: LogSetup) -> LogSetup:
-        if not self.setup_path.is_file():
-            if self.path.stat().st_size:
-                print(f"warning: {self.path} has no setup record; taking it as this run's: {setup.model_dump()}")
-            self.setup_path.write_text(setup.model_dump_json(indent=1) + "\n")
-            return setup
-        recorded = LogSetup.model_validate_json(self.setup_path.read_text())
-        for field, value in setup.model_dump(exclude={"methods"}).items():
-            if getattr(recorded, field) != value:
-                raise SystemExit(
-                    f"{self.path}: scored with {field} = {getattr(recorded, field)!r}, this run has {value!r}; "
-                    "give --results another folder for another setup"
-                )
-        return recorded
-
-    def check_methods(self, methods: dict) -> None:
-        """Each label names the method the log's scores of it were scored with (recorded on first use)."""
-        for label, method in methods.items():
-            known = self.setup.methods.setdefault(label, fingerprint(method))
-            if known != fingerprint(method):
-                raise SystemExit(
-                    f"{self.path}: its scores of {label!r} are of another method than this run's (a new export at "
-                    "the same path?); give --results another folder"
-                )
-        self.setup_path.write_text(self.setup.model_dump_json(indent=1) + "\n")
-
-    def add(self, key: tuple, nll: float, tokens: int, seconds: float) -> None:
-        self.scores[key] = (nll, tokens)
-        kind, length, method, window = key
-        row = {"set": kind, "length": length, "method": method, "window": window, "nll": nll, "tokens": tokens}
-        with self.path.open("a") as out:
-            out.write(json.dumps({**row, "seconds": round(seconds, 1)}) + "\n")
-
-    def copied_twin(self, key: tuple, methods: dict) -> bool:
-        """Log, under `key`, the score of a method that applies the same numbers on the same set, length and window,
-        instead of scoring it again; whether there was one. The same numbers: a label of the same fingerprint, of
-        this run or recorded before (a tuned pick logged under its bare name by older code), or a method of this run
-        whose frequencies and attention factor in force at that length are equal (`applied`: tuned YaRN's pick is
-        often YaRN itself, or YaRN's factors with LongRoPE's attention factor, a LongRope of another fingerprint)."""
-        kind, length, label, window = key
-        mine = applied(methods[label], length)
-        for other, known in self.setup.methods.items():
-            twin = (kind, length, other, window)
-            if other == label or twin not in self.scores:
-                continue
-            if known == self.setup.methods[label] or (other in methods and applied(methods[other], length) == mine):
-                self.add(key, *self.scores[twin], seconds=0.0)
-                print(f"{kind} {length} {window} {label}: the same numbers as {other}, its score", flush=True)
-                return True
-        return False
-
-    def means(self, kind: str, length: int, method: str, ids: list[str]) -> list[float] | None:
-        """Mean NLL per token of each window, or None while any is missing."""
-        found = [self.scores.get((kind, length, method, w)) for w in ids]
-        return None if None in found else [nll / tokens for nll, tokens in found]
 
 
 class WindowScorer:
@@ -304,7 +172,7 @@ def table_name(label: str) -> str:
 def run_table(args: argparse.Namespace) -> None:
     config = load_job_config(Path(args.config), [f"data.test_windows={args.windows}", *args.set])
     context = JobContext.resolve(config)
-    log = score_log(args.results, context)
+    log = score_log(args.results, context, read_only=args.partial)
     scorer = WindowScorer(context, log)
     methods, settings, searched_lengths = table_methods(context, scorer, args)
     lengths = (

@@ -1,13 +1,14 @@
-"""bench/real_model.py's score log, which multi-session tables resume from: one writer at a time (a table and
-bench/search_split.py on one log would interleave lines and write the setup record over), and a line cut by a kill
-mid-write is dropped on the next start instead of stopping every later run with a JSON error."""
+"""bench/real_model.py's score log (bench/score_log.py), which multi-session tables resume from: one writer at a time
+(a table and bench/search_split.py on one log would interleave lines and write the setup record over); a line cut by
+a kill mid-write is dropped on the next start instead of stopping every later run with a JSON error, while a whole
+line that lost only its newline is kept; and a reader (`table --partial`) reads beside a writer, changing nothing."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from real_model import LogSetup, ScoreLog
+from score_log import LogSetup, ScoreLog
 
 SETUP = LogSetup(
     model="m",
@@ -45,3 +46,30 @@ def test_a_torn_last_line_is_dropped_and_the_next_score_starts_a_line_of_its_own
     log.add(("perplexity", 32, "pi", "doc@0"), 12.0, 5, 1.0)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(row["method"], row["nll"]) for row in rows] == [("yarn", 10.0), ("pi", 12.0)]
+
+
+def test_a_last_line_that_lost_only_its_newline_is_kept(tmp_path):
+    path = tmp_path / "x_scores.jsonl"
+    row = {"set": "perplexity", "length": 32, "method": "yarn", "window": "doc@0", "nll": 10.0, "tokens": 5}
+    path.write_text(json.dumps(row))  # a hand merge that lost the final newline
+    log = ScoreLog(path, SETUP)
+    assert log.scores == {("perplexity", 32, "yarn", "doc@0"): (10.0, 5)}
+    log.add(("perplexity", 32, "pi", "doc@0"), 12.0, 5, 1.0)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(row["method"], row["nll"]) for row in rows] == [("yarn", 10.0), ("pi", 12.0)]
+
+
+def test_a_reader_reads_beside_the_writer_and_changes_nothing(tmp_path):
+    path = tmp_path / "x_scores.jsonl"
+    writer = ScoreLog(path, SETUP)
+    writer.add(("perplexity", 32, "yarn", "doc@0"), 10.0, 5, 1.0)
+    writer.check_methods({})
+    with path.open("a") as out:
+        out.write('{"set": "perplexity", "length": 32, "method": "pi", "win')  # the writer mid-line
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    reader = ScoreLog(path, SETUP, read_only=True)
+    assert reader.scores == {("perplexity", 32, "yarn", "doc@0"): (10.0, 5)}
+    with pytest.raises(RuntimeError, match="read only"):
+        reader.add(("perplexity", 32, "pi", "doc@0"), 12.0, 5, 1.0)
+    reader.check_methods({"ntk": SETUP})  # a label new to the log: not recorded by a reader
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
