@@ -122,18 +122,20 @@ def joined_so_far(state_path: Path, partial: Path, whole: Path, manifest: PartsM
     0. That covers no join.json, an unreadable one, one for another file of that name, a FILE.partial lost or
     shorter than its recorded parts, and a joined FILE removed or cut short: trusting the record there, the first
     part would answer "already appended", the next would find no bytes to append to, and only deleting the folder
-    by hand would get the join going again."""
+    by hand would get the join going again. A joined FILE whose sha256 is the manifest's is complete whatever
+    join.json says: a run killed after the last part was renamed into place, before join.json said so, would
+    otherwise carry every part again."""
     fresh = JoinState(file=manifest.file, sha256=manifest.sha256)
+    if whole.is_file() and whole.stat().st_size == manifest.size and sha256_file(whole) == manifest.sha256:
+        return fresh.model_copy(update={"appended": [part.name for part in manifest.parts], "complete": True})
     try:
         state = JoinState.model_validate_json(state_path.read_bytes())
     except (OSError, ValueError):
         return fresh
     sizes = {part.name: part.size for part in manifest.parts}
-    if state.complete:
-        intact = whole.is_file() and whole.stat().st_size == manifest.size
-    else:  # a FILE.partial may run past its recorded parts (an append killed midway): the next append cuts it back
-        intact = partial.is_file() and partial.stat().st_size >= sum(sizes.get(n, 0) for n in state.appended)
-    return state if state.sha256 == manifest.sha256 and intact else fresh
+    # a FILE.partial may run past its recorded parts (an append killed midway): the next append cuts it back
+    intact = partial.is_file() and partial.stat().st_size >= sum(sizes.get(n, 0) for n in state.appended)
+    return state if state.sha256 == manifest.sha256 and not state.complete and intact else fresh
 
 
 def join(part_path: Path, into: Path, manifest_path: Path | None = None) -> str:

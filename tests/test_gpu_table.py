@@ -127,6 +127,22 @@ def test_a_join_whose_bytes_are_gone_starts_again_at_the_first_part(split_file, 
     assert (into / "model.gguf").read_bytes() == source.read_bytes()
 
 
+def test_a_join_killed_after_the_file_was_renamed_into_place_is_complete(split_file, tmp_path):
+    """The last part renamed FILE.partial to FILE, then the run was killed before join.json said so: the file is
+    whole (its sha256 is the manifest's), so no part is carried again."""
+    source, _, parts = split_file
+    into = tmp_path / "there"
+    for part in parts[:3]:
+        assert parts_cli("join", part, "--into", into).returncode == 0
+    record = (into / "model.gguf.join.json").read_bytes()
+    assert parts_cli("join", parts[3], "--into", into).returncode == 0
+    (into / "model.gguf.join.json").write_bytes(record)  # as the kill left it: 3 of 4, not complete
+    for part in (parts[3], parts[0]):
+        again = parts_cli("join", part, "--into", into)
+        assert again.returncode == 0 and "already appended (4 of 4)" in again.stdout, (again.stdout, again.stderr)
+    assert (into / "model.gguf").read_bytes() == source.read_bytes()
+
+
 def test_the_windows_rule_one_per_document_else_spread_over_the_longest():
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, 50, n) for n in (40, 100, 35, 10, 64)]
