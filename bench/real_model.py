@@ -56,15 +56,15 @@ from longrope.workers.scorer import Scorer
 CONFIG = ROOT / "configs" / "smollm2-135m-16k.yaml"
 
 
-def stem(context: JobContext) -> str:
+def stem(target_length: int) -> str:
     """The name of a target's results: smollm2_16k (its score log smollm2_16k_scores.jsonl, its table smollm2_16k/
     and smollm2_16k.json), smollm2_32k..."""
-    return f"smollm2_{context.target_length // 1024}k"
+    return f"smollm2_{target_length // 1024}k"
 
 
 def score_log(results: str, context: JobContext, read_only: bool = False) -> ScoreLog:
     """The target's score log (`read_only`: as it stands, beside a run that may be adding to it)."""
-    return ScoreLog(Path(results) / f"{stem(context)}_scores.jsonl", LogSetup.of(context), read_only)
+    return ScoreLog(Path(results) / f"{stem(context.target_length)}_scores.jsonl", LogSetup.of(context), read_only)
 
 
 def window_ids(windows) -> list[str]:
@@ -198,7 +198,7 @@ def run_table(args: argparse.Namespace) -> None:
     }
     methods = {table_name(label): method for label, method in methods.items()}
     result = summarize(context, methods, per_window, lengths, settings, searched_lengths)
-    name = args.name or stem(context)
+    name = args.name or stem(context.target_length)
     out = Path(args.results) / name
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(result, out)

@@ -14,6 +14,9 @@ equal token counts). The scores go to the table's score log (`bench/real_model.p
 resumes and the table's tuning forwards are not repeated: the grid's scores are read from the log, and only the
 factors files are scored here (2 windows each).
 
+It writes <stem>_search_split.json and a bar chart of every row's perplexity there, <stem>_search_split.png
+(`--replot`: the chart again from the saved JSON, nothing loaded or scored).
+
 Run (after the table's tuning, `bench/real_model.py table --config ...`):
   .venv/bin/python bench/search_split.py --config configs/smollm2-135m-32k-cpu.yaml \
     --factors bench/results/smollm2_32k_factors.json --factors bench/results/smollm2_16k_factors.json
@@ -22,6 +25,7 @@ Run (after the table's tuning, `bench/real_model.py table --config ...`):
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
@@ -46,6 +50,31 @@ def split_perplexities(log, length: int, labels, ids: list[str]) -> dict[str, fl
     return found
 
 
+def plot_split(split: dict, path: Path) -> None:
+    """Each row's perplexity on the search windows, best at the top: the factors files in red, each grid's best
+    setting (the one its tuned row takes: the lowest NLL there) in blue, the other settings in grey; the axis starts
+    near the best, so percent-level gaps show (rows far off the scale are cut, their value written beside them)."""
+    from matplotlib.figure import Figure
+
+    rows = sorted(((label, ppl) for label, ppl in split["perplexity"].items() if ppl is not None), key=lambda r: r[1])
+    tuned_rows = [name for name in split["tuned"] if name.endswith("_tuned")]  # ntk_tuned, yarn_tuned
+    picks = {next(label for label, _ in rows if label.startswith(f"{name} ")) for name in tuned_rows}
+    best = rows[0][1]
+    limit = best * 1.25
+    fig = Figure(figsize=(9, 0.32 * len(rows) + 1.4), layout="constrained")
+    ax = fig.subplots()
+    for place, (label, ppl) in enumerate(rows):
+        colour = "tab:red" if label.startswith("file:") else "tab:blue" if label in picks else "tab:gray"
+        ax.barh(place, min(ppl, limit) - best * 0.95, left=best * 0.95, color=colour)
+        ax.text(min(ppl, limit), place, f" {ppl:.3f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [label + (" (best of its grid)" if label in picks else "") for label, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(best * 0.95, limit * 1.06)
+    ax.set_xlabel(f"perplexity on the {len(split['windows'])} search windows at {split['length']} tokens")
+    ax.set_title("Where both were chosen: searched factors (red), each tuning grid's best (blue)", fontsize=10)
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(CONFIG), help="the search's config: its model, data and lengths")
@@ -53,8 +82,13 @@ def main() -> None:
     parser.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
     parser.add_argument("--results", default=str(RESULTS), help="where the log and the results go")
     parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--replot", action="store_true", help="only the chart, from the saved JSON")
     args = parser.parse_args()
     config = load_job_config(Path(args.config), args.set)
+    if args.replot:
+        saved = Path(args.results) / f"{stem(config.target_length)}_search_split.json"
+        plot_split(json.loads(saved.read_text()), saved.with_suffix(".png"))
+        return
     context = JobContext.resolve(config)
     log = score_log(args.results, context)
     scorer = WindowScorer(context, log)
@@ -67,10 +101,9 @@ def main() -> None:
     grid = [setting_label(name, key) for name, found in tuning_grids(context, args.grid).items() for key in found]
     ids = window_ids(windows)
     perplexity = split_perplexities(log, length, [*files, *grid], ids)
-    save_json(
-        Path(args.results) / f"{stem(context)}_search_split.json",
-        {**provenance(), "length": length, "windows": ids, "tuned": settings, "perplexity": perplexity},
-    )
+    split = {"length": length, "windows": ids, "tuned": settings, "perplexity": perplexity}
+    saved = save_json(Path(args.results) / f"{stem(length)}_search_split.json", {**provenance(), **split})
+    plot_split(split, saved.with_suffix(".png"))
     for label, value in sorted(perplexity.items(), key=lambda item: item[1] or math.inf):
         print(f"{value:9.4f}  {label}")
 
