@@ -212,14 +212,7 @@ def summarize(
         }
         if base_method(name) in searched_lengths:
             row["factors_target_length"] = searched_lengths[base_method(name)]
-        for length in map(str, lengths):
-            mean, low, high = interval(np.asarray(per_window[name][length]))
-            row["perplexity"][length] = [math.exp(mean), math.exp(low), math.exp(high)]
-        if target in per_window[name]:
-            row["paired_difference_to_best_baseline"] = list(
-                paired_difference(per_window[name][target], per_window[best_baseline][target])
-            )
-        rows[name] = row
+        rows[name] = with_statistics(row, lengths, target, per_window[best_baseline])
     first = next(iter(per_window.values()))
     return {
         "target_length": context.target_length,
@@ -233,3 +226,25 @@ def summarize(
         "tuning_grid": tuned["tuning_grid"],
         "methods": rows,
     }
+
+
+def with_statistics(row: MethodRow, lengths: list[int], target: str, best: dict[str, list[float]]) -> MethodRow:
+    """A row with what its per-window NLLs give: perplexity exp(mean NLL) with its 95% interval at each length,
+    and at the target the paired NLL difference to the best baseline's windows (`best`) with its interval."""
+    row = {**row, "perplexity": {}}
+    for length in map(str, lengths):
+        mean, low, high = interval(np.asarray(row["nll_per_window"][length]))
+        row["perplexity"][length] = [math.exp(mean), math.exp(low), math.exp(high)]
+    if target in row["nll_per_window"]:
+        difference = paired_difference(row["nll_per_window"][target], best[target])
+        row["paired_difference_to_best_baseline"] = list(difference)
+    return row
+
+
+def restated(result: CompareResult) -> CompareResult:
+    """A saved compare.json's statistics computed again from its per-window NLLs (nothing scored): after a change
+    to how an interval is drawn, a saved table reads as today's code would have written it."""
+    lengths, target = result["lengths"], str(result["target_length"])
+    best = result["methods"][result["best_baseline"]]["nll_per_window"]
+    methods = {name: with_statistics(row, lengths, target, best) for name, row in result["methods"].items()}
+    return {**result, "methods": methods}
