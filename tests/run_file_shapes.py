@@ -131,6 +131,8 @@ def constraint_text(item: object) -> str:
     function = getattr(item, "func", None)
     if callable(function):
         return f"{type(item).__name__}({code_text(function)})"
+    if type(item).__name__.startswith("_Pydantic"):  # pydantic's private holder of Field(pattern=...) and the like
+        return f"metadata({', '.join(f'{key}={value!r}' for key, value in sorted(vars(item).items()))})"
     return repr(item)
 
 
