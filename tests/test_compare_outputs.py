@@ -24,7 +24,7 @@ from longrope.search.reports import compare
 from longrope.search.reports.compare_plots import plot_factors, plot_paired_difference, plot_perplexity
 from longrope.search.reports.compare_result import BASELINES
 from longrope.search.reports.compare_rows import factors_rows
-from longrope.search.reports.compare_tables import markdown_table
+from longrope.search.reports.compare_tables import describe_windows, markdown_table
 from longrope.search.reports.needle_report import plot_needle_heatmap
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -196,6 +196,11 @@ def test_markdown_says_units_direction_and_window_count_and_bolds_the_best():
     assert bold[4] == ["file:factors.json", "file:factors.json (vLLM)"], "the lowest Δ, not yarn's 0"
     assert rows["file:factors.json"][3] == "**4.127** [3.589, 4.746]"
     assert rows["pi"][0] == "30.426 [26.457, 34.990]"
+
+
+def test_the_window_count_is_said_in_the_singular_for_one_window():
+    assert describe_windows({"1024": 1}) == "1 window at every length"
+    assert describe_windows({"512": 1, "1024": 4}) == "windows per length: 512: 1, 1024: 4"
 
 
 # --- the command line: labels (item 1) and output directories (item 2) -----------------------------------------

@@ -19,7 +19,8 @@ def window_counts(result: CompareResult) -> dict[str, int]:
 
 def describe_windows(counts: dict[str, int]) -> str:
     if len(set(counts.values())) == 1:
-        return f"{next(iter(counts.values()))} windows at every length"
+        count = next(iter(counts.values()))
+        return f"{count} window{'' if count == 1 else 's'} at every length"
     return "windows per length: " + ", ".join(f"{n}: {count}" for n, count in counts.items())
 
 
