@@ -242,8 +242,9 @@ def with_statistics(row: MethodRow, lengths: list[int], target: str, best: dict[
 
 
 def restated(result: CompareResult) -> CompareResult:
-    """A saved compare.json's statistics computed again from its per-window NLLs (nothing scored): after a change
-    to how an interval is drawn, a saved table reads as today's code would have written it."""
+    """A saved compare.json's perplexity intervals and paired differences computed again from its per-window NLLs
+    (nothing scored): after a change to how an interval is drawn, a saved table reads as today's code would have
+    written it. Needle cells keep theirs: their answer NLLs are stored only in aggregate."""
     lengths, target = result["lengths"], str(result["target_length"])
     best = result["methods"][result["best_baseline"]]["nll_per_window"]
     methods = {name: with_statistics(row, lengths, target, best) for name, row in result["methods"].items()}

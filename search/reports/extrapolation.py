@@ -113,7 +113,7 @@ def document_nll(model, tokens: np.ndarray, length: int, batch_tokens: int = 163
 
 
 def measured_cell(row: Row, length: int, multiple: int, nll: np.ndarray) -> ExtrapolationCell:
-    """Perplexity = exp(mean NLL per token), its interval exp() of the normal interval over documents."""
+    """Perplexity = exp(mean NLL per token), its interval exp() of the Student-t interval over documents."""
     mean, low, high = interval(nll)
     return ExtrapolationCell(
         encoding=row.encoding,
