@@ -41,17 +41,15 @@ def restate_real_model_table(path: Path, saved: dict) -> None:
 
 def restate_gpu_table(path: Path) -> None:
     result = TableResult.model_validate_json(path.read_text())
-    tables = []
     for entry in result.targets.values():
         if entry.compare is None:
             continue
         entry.compare = restated(entry.compare)
         entry.table = markdown_table(entry.compare)
         draw_paired_difference(entry, path)
-        tables.append(f"## {entry.compare['original_length']} -> {entry.target_length}\n\n{entry.table}\n")
     result.provenance["restated"] = restatement()
     path.write_text(result.model_dump_json(indent=1) + "\n")
-    path.with_suffix(".md").write_text("\n".join(tables))
+    path.with_suffix(".md").write_text(result.markdown())
 
 
 def main() -> None:

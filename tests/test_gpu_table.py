@@ -240,6 +240,11 @@ def test_dry_run_gives_every_row_at_both_targets_and_refuses_bad_input(tmp_path)
         assert [bool(r.get("backward_windows")) for r in polish] == [True] * 6 + [False]
         assert hybrid["backward_steps"] == 6
         assert hybrid["before_polish"]["mean_nll"] == min(r["mean_nll"] for r in ga)
+    sections = [f"## {result['targets'][t]['compare']['original_length']} -> {t}" for t in ("256", "512")]
+    tables = [result["targets"][t]["table"] for t in ("256", "512")]
+    assert (work / "out" / "gpu_table.md").read_text() == "\n".join(
+        f"{s}\n\n{t}\n" for s, t in zip(sections, tables, strict=True)
+    )
 
     run = [sys.executable, str(ROOT / "bench" / "gpu_table.py"), "run", "--device", "cpu", "--out"]
     damaged = tmp_path / "damaged.gguf"

@@ -49,6 +49,15 @@ class TableResult(BaseModel):
     targets: dict[str, TargetResult] = {}
     finished: bool = False
 
+    def markdown(self) -> str:
+        """gpu_table.md: one section per target that has its table, headed by its lengths."""
+        sections = [
+            f"## {entry.compare['original_length']} -> {entry.target_length}\n\n{entry.table}\n"
+            for entry in self.targets.values()
+            if entry.compare is not None and entry.table is not None
+        ]
+        return "\n".join(sections)
+
 
 def read_bundle(folder: Path) -> TableBundle:
     path = folder / BUNDLE
@@ -277,6 +286,5 @@ def run_table(args) -> int:
     run.result.finished = True
     run.result.seconds["total"] = round(time.monotonic() - started, 2)
     run.save()
-    tables = [f"## {bundle.original_length} -> {t}\n\n{run.result.targets[str(t)].table}\n" for t in bundle.targets]
-    Path(args.out).with_suffix(".md").write_text("\n".join(tables))
+    Path(args.out).with_suffix(".md").write_text(run.result.markdown())
     return 0
