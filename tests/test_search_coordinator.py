@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -139,3 +140,25 @@ def test_another_runs_best_seeds_a_new_search(tmp_path):
     assert seeds[1].factors.tolist() == pytest.approx(expected)
     same = load_job_config(None, [f"target_length={first.target_length}", f"search.seed_files=[{exported}]"])
     assert [s.name for s in JobContext.resolve(same).seeds() if s.name.startswith("file:")] == ["file:first.json"]
+
+
+class DivergingEvaluator(FunctionEvaluator):
+    """Every candidate's loss overflows: the case of a model that reads nothing at this length."""
+
+    def _score(self, candidate, windows, gradient=False):
+        score = super()._score(candidate, windows, gradient)
+        return dataclasses.replace(score, nll=(math.inf,) * len(score.nll))
+
+
+def test_a_search_whose_every_candidate_diverged_is_refused_in_one_line_then_and_on_resume(tmp_path, capsys):
+    from longrope.search.cli.main import main
+
+    config = job(tmp_path, generations=1)
+    with pytest.raises(RunStoreError, match="no candidate got a finite score"):
+        run_job(config, RunDir(tmp_path), DivergingEvaluator())
+    assert json.loads((tmp_path / "state.json").read_text())["finished"]
+    history = (tmp_path / "history.jsonl").read_bytes()
+    assert main(["search", "--resume", str(tmp_path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "ended with no candidate of finite score" in line and "history.jsonl" in line
+    assert (tmp_path / "history.jsonl").read_bytes() == history

@@ -17,7 +17,7 @@ from longrope.search.config.strict import JobConfigError
 from longrope.search.optimizers.genome import SearchSpace, Seed, resolve_space
 from longrope.search.run.job_record import RopeShape
 from longrope.search.run.run_check import read_run
-from longrope.search.run.run_store import RunDir, RunStoreError
+from longrope.search.run.run_store import RunDir
 from longrope.search.run.stages import last_stage
 from longrope.search.run.validation_checks import (
     check_seed_factors,
@@ -351,7 +351,5 @@ def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
     run = read_run(run_dir)
     if run.job is not None and run.job.factor == "short":
         return np.asarray(run.job.long_factor, dtype=np.float64), run.job.attention_factor
-    best = run.best
-    if best is None:
-        raise RunStoreError(f"{run_dir.file('history.jsonl')}: no scored candidate yet (is the run still starting?)")
+    best = run.scored_best()
     return np.asarray(best.factors, dtype=np.float64), best.attention_factor

@@ -130,7 +130,7 @@ def _finished_job(job_dir: RunDir, config: JobConfig, reporter: SearchReporter) 
 
 
 def _finished_already(checked: CheckedRun, reporter: SearchReporter, job_dir: RunDir | None = None) -> HistoryRecord:
-    best, path = checked.best, (job_dir or checked.run_dir).path
+    best, path = checked.scored_best(), (job_dir or checked.run_dir).path
     reporter.log(
         f"search {checked.config.name}: finished already, run dir {path} "
         f"(best search ppl {best.perplexity:.4f}); see `longrope status {path}`"

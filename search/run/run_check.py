@@ -49,6 +49,7 @@ from longrope.search.run.run_store import (
     best_of,
 )
 
+NOT_SCORED_YET = "no scored candidate yet (is the run still starting?)"
 MONOTONE_TOLERANCE = 1e-9  # factors are recorded rounded to 6 decimals, which keeps their order
 
 
@@ -69,6 +70,14 @@ class CheckedRun:
     @property
     def best(self) -> HistoryRecord | None:
         return best_of(self.records)
+
+    def scored_best(self) -> HistoryRecord:
+        """The best candidate, for a reader that needs one: refused in one line where none has a finite score, a
+        run still starting or one whose every candidate diverged (a model that reads nothing at this length)."""
+        if self.best is not None:
+            return self.best
+        why = "ended with no candidate of finite score; check the model and the data"
+        raise RunStoreError(f"{self.run_dir.file(HISTORY)}: {why if self.finished else NOT_SCORED_YET}")
 
     @property
     def finished(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import searcher_class
+from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import polish_position
 from longrope.search.run import heartbeat as heartbeats
 from longrope.search.run.generation_log import screening_text
@@ -192,7 +193,7 @@ def _last_write(run_dir: RunDir) -> float:
     return max(times)
 
 
-def record_fields(job: JobRecord | None, best: dict | None) -> dict[str, Any]:
+def record_fields(job: JobRecord | None, best: HistoryRecord | None) -> dict[str, Any]:
     """What job.json says about the run: its model and lengths, and the best candidate as the encoding it was
     scored with (its attention factor; a short-factor run's kept one). Empty before job.json is written."""
     if job is None:
@@ -203,7 +204,7 @@ def record_fields(job: JobRecord | None, best: dict | None) -> dict[str, Any]:
         "target_length": job.target_length,
         "factor": job.factor,
     }
-    if best:
+    if best is not None:
         fields["best_attention_factor"] = job.candidate(best).attention_factor
     return fields
 
