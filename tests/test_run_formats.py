@@ -32,7 +32,7 @@ def test_config_json_and_state_json_carry_the_format_and_the_hash_of_what_is_wri
     run = stopped_run(tmp_path / "run")
     config = json.loads((run / "config.json").read_text())
     state = json.loads((run / "state.json").read_text())
-    assert config["format"] == state["format"] == FORMAT == 4
+    assert config["format"] == state["format"] == FORMAT == 5
     identity = {k: v for k, v in config["config"].items() if k not in ("output_dir", "workers")}
     identity["search"] = {k: v for k, v in identity["search"].items() if k != "tensorboard"}
     assert config["config_hash"] == sha16(identity) == state["config_hash"]
@@ -176,10 +176,12 @@ def test_state_json_keeps_no_copy_of_what_the_history_holds(tmp_path, make_run):
 
 def test_the_steady_ga_keeps_its_own_state_but_not_the_history(tmp_path):
     """Its parents depend on the order results arrived in, which no replay of the history recovers; what it was
-    told (genomes and scores) is history.jsonl's, so format 4 does not copy it."""
+    told (genomes and scores, in the order told, and so the early stop's bests) is history.jsonl's, which format 5
+    does not copy."""
     run = known_problem_run(tmp_path / "run", "search.schedule=steady", "search.generations=2")
     own = json.loads((run / "state.json").read_text())["optimizer"]["state"]
     assert own["rng"] and own["population"] and own["pending"] == [] and own["told"] is None
+    assert own["early_stop"] is None  # format 5: history.jsonl's order gives the bests
 
 
 def test_a_steady_resume_refuses_a_told_line_whose_factors_are_another_genomes(tmp_path, capsys, caplog):
@@ -210,6 +212,27 @@ def test_a_steady_resume_refuses_a_history_that_lacks_a_told_candidate(tmp_path,
     (run / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for n, r in enumerate(records) if n != dropped))
     line = cli_error_line(["search", "--no-progress", "--resume", str(run)], capsys, caplog, folder=tmp_path)
     assert "history.jsonl holds 7 told candidates of generation 0 and 2 children, state.json counts 8 and 2" in line
+
+
+def test_a_format_4_steady_states_early_stop_bests_are_not_what_a_resume_goes_by(tmp_path, capsys):
+    """Format 4 kept the steady GA's early-stop bests, a copy of what history.jsonl's order gives: edited to a
+    score no candidate has, and the stop made sticky, they are not read; the resume reaches what the old code
+    reached resuming the fixture, and status reads the run as it was."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "a097ad3-steady-killed", run)
+    state = json.loads((run / "state.json").read_text())
+    assert state["format"] == 4
+    state["optimizer"]["state"]["early_stop"] = {"best_by_generation": [0.001], "stopped": True}
+    (run / "state.json").write_text(json.dumps(state))
+    assert main(["status", "--json", str(run)]) == 0
+    old_status = json.loads((FIXTURES / "a097ad3-steady-killed.status.json").read_text())
+    assert json.loads(capsys.readouterr().out)["best_key"] == old_status["best_key"]
+    assert main(["search", "--no-progress", "--resume", str(run)]) == 0
+    export = json.loads((FIXTURES / "a097ad3-steady-killed.resumed.export.json").read_text())
+    assert main(["export", str(run), "-o", str(tmp_path / "out.json")]) == 0
+    today = json.loads((tmp_path / "out.json").read_text())
+    assert today["rope_parameters"] == export["rope_parameters"]
+    assert today["provenance"]["best_key"] == export["provenance"]["best_key"]
 
 
 def test_an_older_state_jsons_copies_are_not_what_a_resume_goes_by(tmp_path, capsys):

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 from known_problem import OPTIMUM, objective, problem
-from search_helpers import JOB_RECORD, FunctionEvaluator, replayed_state, run_job
+from search_helpers import JOB_RECORD, FunctionEvaluator, make_coordinator, replayed_state, run_job
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.run.run_store import RunDir, RunStoreError
@@ -162,3 +162,37 @@ def test_a_search_whose_every_candidate_diverged_is_refused_in_one_line_then_and
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and "ended with no candidate of finite score" in line and "history.jsonl" in line
     assert (tmp_path / "history.jsonl").read_bytes() == history
+
+
+class CrashingAfter(FunctionEvaluator):
+    """Dies after `results` results have landed, in whichever as_completed call that falls (a steady run asks and
+    tells within one)."""
+
+    def __init__(self, results: int):
+        super().__init__()
+        self.left = results
+
+    def as_completed(self):
+        for item in super().as_completed():
+            if self.left == 0:
+                raise RuntimeError("simulated coordinator crash")
+            self.left -= 1
+            yield item
+
+
+@pytest.mark.parametrize("results", [100, 200, 330])
+def test_a_steady_resume_replays_the_early_stops_bests_as_the_run_recorded_them(tmp_path, results):
+    """Format 5 stores no early-stop bests: a resume replays them from history.jsonl's order. They equal what the
+    crashed run itself recorded after each generation, and the resumed run goes on to its early stop."""
+    config = job(tmp_path, schedule="steady", generations=20, early_stop={"patience": 2, "min_improvement": 0.001})
+    RunDir(tmp_path).create(config)
+    crashed = make_coordinator(config, RunDir(tmp_path), CrashingAfter(results))
+    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+        crashed.run()
+    assert json.loads((tmp_path / "state.json").read_text())["optimizer"]["state"]["early_stop"] is None
+    rebuilt = make_coordinator(config, RunDir(tmp_path), FunctionEvaluator(), resume=True).searcher
+    recorded = crashed.searcher.early_stop.best_by_generation
+    assert len(recorded) >= 2 and rebuilt.early_stop.best_by_generation == recorded
+    assert rebuilt.early_stop.stopped is crashed.searcher.early_stop.stopped is False
+    run_job(config, RunDir(tmp_path), FunctionEvaluator(), resume=True)
+    assert json.loads((tmp_path / "state.json").read_text())["progress"]["stopped_early"]

@@ -53,8 +53,9 @@ CROSSOVER_PASSES = 20  # the official max_crossover_try
 class EvolutionState(SearcherState):
     """`DimMonoEvolution`'s state: the generator, every told genome and score, the parents, what is out.
 
-    As state.json holds it (format 4, a steady run's: `stored_state`) `told` is null: history.jsonl holds every
-    told genome's factors and score, and `resume` takes them from there."""
+    As state.json holds it (a steady run's: `stored_state`) `told` is null (format 4 on) and so is `early_stop`
+    (format 5 on): history.jsonl holds every told genome's factors and score in the order they were told, from which
+    `resume` takes them and the best after each generation the early stop recorded."""
 
     generation: int = Field(ge=0)
     rng: dict[str, Any]  # the PCG64 generator's state
@@ -64,7 +65,7 @@ class EvolutionState(SearcherState):
     children_told: int = Field(default=0, ge=0)
     generation_keys: list[str] = Field(default_factory=list)  # what generation 0 / the current round asked
     threshold: str | None = None  # generational racing: the worst parent when the generation was asked
-    early_stop: EarlyStopState = EarlyStopState()
+    early_stop: EarlyStopState | None = EarlyStopState()  # null: history.jsonl's (`resume`)
     exhausted: bool = False  # no new candidate could be made: the search is over
     proposed: int = Field(default=0, ge=0)  # search.surrogate: children bred after generation 0
     screened_out: int = Field(default=0, ge=0)  # of those, the ones the surrogate kept from scoring
@@ -79,13 +80,9 @@ class EvolutionState(SearcherState):
         """The keys of the asks out (`pending`)."""
         return [Genome.from_json(item).key for item in self.pending]
 
-    def recorded_bests(self) -> list[float | None]:
-        """The best score after each generation the early stop recorded (null: none finite)."""
-        return self.early_stop.best_by_generation
-
     @property
     def stopped_early(self) -> bool:
-        return self.early_stop.stopped
+        return self.early_stop is not None and self.early_stop.stopped
 
 
 class DimMonoEvolution(Searcher):
@@ -376,9 +373,9 @@ class DimMonoEvolution(Searcher):
         )
 
     def stored_state(self) -> EvolutionState | None:
-        """What state.json holds: a steady run's state less `told`, which history.jsonl records (`resume` reads it
-        back); nothing for a generational run, which a replay rebuilds."""
-        return None if self.replays else self.state().model_copy(update={"told": None})
+        """What state.json holds: a steady run's state less `told` and `early_stop`, which history.jsonl gives
+        (`resume`); nothing for a generational run, which a replay rebuilds."""
+        return None if self.replays else self.state().model_copy(update={"told": None, "early_stop": None})
 
     def resume(self, state: EvolutionState, records: Sequence[HistoryRecord]) -> None:
         """The stored state with the told genomes and scores taken from history.jsonl's final `records` (in the
@@ -387,8 +384,10 @@ class DimMonoEvolution(Searcher):
         as the state counts. Their order is the order they were told in: generation 0 whole, in the
         order it was asked (`generation_keys`), then each child as it landed, which is when its line was appended
         (a resume tells the asks out that history.jsonl holds in that order too). Each genome is the grid's for
-        the recorded factors, checked against its key. An older state's own `told` (a copy) is read only where
-        the history gives another count: code before 447a254 (2026-12-01) wrote state.json before it asked."""
+        the recorded factors, checked against its key. The early stop's bests are those scores replayed in that
+        order (`_replayed_early_stop`); a format-4 state's own copy is not read. An older state's own `told` (and
+        bests) are read only where the history gives another count: code before 447a254 (2026-12-01) wrote
+        state.json before it asked."""
         state = EvolutionState.model_validate(state)
         out = set(state.out_keys())
         told = {r.key: r for r in records if r.final and r.key not in out}
@@ -405,7 +404,24 @@ class DimMonoEvolution(Searcher):
             self.load_state(state)
             return
         pairs = [[self._recorded_genome(told[key]).to_json(), json_score(told[key].score)] for key in first + children]
-        self.load_state(state.model_copy(update={"told": pairs}))
+        early_stop = self._replayed_early_stop(
+            [told[key].score for key in first], [told[key].score for key in children]
+        )
+        self.load_state(state.model_copy(update={"told": pairs, "early_stop": early_stop}))
+
+    def _replayed_early_stop(self, first: list[float], children: list[float]) -> EarlyStopState:
+        """The early stop as the run left it, from the told scores in the order they were told: a steady run records
+        the best of everything told when generation 0 is told whole, then each time `children_per_generation` more
+        children are told (the coordinator tells one result at a time, so each end falls on its child)."""
+        early_stop = EarlyStop(self.settings.early_stop)
+        if first:
+            best = min(rank_score(score) for score in first)
+            early_stop.record(best)
+            for told, score in enumerate(children, 1):
+                best = min(best, rank_score(score))
+                if told % self.children_per_generation == 0:
+                    early_stop.record(best)
+        return early_stop.state()
 
     def _recorded_genome(self, record: HistoryRecord) -> Genome:
         attention = record.attention_factor if self.grid.searched_attention else None
@@ -416,7 +432,7 @@ class DimMonoEvolution(Searcher):
 
     def load_state(self, state: dict[str, Any] | EvolutionState) -> None:
         state = EvolutionState.model_validate(state)
-        if state.told is None:
+        if state.told is None or state.early_stop is None:
             raise ValueError("told is null: a stored state is resumed with history.jsonl's records (`resume`)")
         self.generation = state.generation
         self.rng.bit_generator.state = state.rng

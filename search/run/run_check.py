@@ -14,10 +14,10 @@ needs them to agree, and refuses in one line naming the file that disagrees:
   job's windows (their hash and count, the same tokens per window as every other line), the model's pair count,
   and a mean NLL that is what its per-window NLLs give under the job's objective;
 - state.json: the config it belongs to, the optimizer the config names, its generation counts against the
-  config and the history; and for a steady GA, whose own state it holds, parents and early-stop bests that
-  history.jsonl's told candidates give. Nothing in it copies the history (format 4): a resume takes a steady
-  GA's told candidates from history.jsonl and rebuilds every other searcher by replaying it, refusing a line the
-  search does not ask for (`replay.check_replayed`).
+  config and the history; and for a steady GA, whose own state it holds, parents that history.jsonl holds as
+  told. Nothing in it copies the history (format 5): a resume takes a steady GA's told candidates, and the early
+  stop's best after each generation, from history.jsonl, and rebuilds every other searcher by replaying it,
+  refusing a line the search does not ask for (`replay.check_replayed`).
 
 status, export, compare and verify (run directories as factors), seeds from a run and `--resume` all read a run
 through `read_run`, so one directory gets one verdict. It writes nothing.
@@ -301,8 +301,8 @@ def _check_progress(run_dir: RunDir, generation: int, records: Records) -> None:
 def check_steady_state(run_dir: RunDir, state: RunState, records: Records) -> None:
     """A steady GA's state (the one searcher state state.json holds: its parents depend on arrival order, which no
     replay recovers) against history.jsonl, which holds its told candidates and their scores (a final record of a
-    candidate not among the asks out): its parents are told candidates, and the early stop's bests told scores;
-    otherwise the run directory is damaged, and every reader says so rather than go on."""
+    candidate not among the asks out): its parents are told candidates; otherwise the run directory is damaged,
+    and every reader says so rather than go on."""
     try:
         out = set(state.searcher.out_keys())
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -314,19 +314,3 @@ def check_steady_state(run_dir: RunDir, state: RunState, records: Records) -> No
             f"{run_dir.file(STATE)}: population holds {unknown[0]}, which history.jsonl does not hold as told (no "
             "final record, or an ask still out); the run directory is damaged"
         )
-    check_recorded_bests(run_dir, state.searcher.recorded_bests(), scores)
-
-
-def check_recorded_bests(run_dir: RunDir, bests: list[float | None], scores: dict[str, float]) -> None:
-    """The early stop's best after each generation (`early_stop.best_by_generation`) decides when the search stops,
-    so it must be what history.jsonl says: each entry the score of a candidate told (null: none finite yet), and
-    never rising (the best of a search only improves). An edited list would stop a run early or keep it going."""
-    where = f"{run_dir.file(STATE)}: early_stop.best_by_generation"
-    told = set(scores.values())
-    foreign = [best for best in bests if best is not None and best not in told]
-    if foreign:
-        raise RunStoreError(f"{where} holds {foreign[0]!r}, the score of no told candidate in history.jsonl (edited?)")
-    values = [math.inf if best is None else best for best in bests]
-    rises = [(a, b) for a, b in itertools.pairwise(values) if b > a]
-    if rises:
-        raise RunStoreError(f"{where} rises from {rises[0][0]!r} to {rises[0][1]!r}; a best only improves (edited?)")

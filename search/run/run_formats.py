@@ -3,10 +3,13 @@
 A run directory lives for weeks of GPU time and outlives the code that wrote it, so every file a run holds is read
 by every later release. config.json and state.json carry `format`:
 
-- format 4 (this release, 2026-12-05): as format 3, but the steady GA's state no longer holds its told genomes
-  and scores (`told` is null): a resume takes them from history.jsonl (`DimMonoEvolution.resume`). It keeps
-  its generator, parents, asks out, counts and the early stop's bests (which depend on the order results
-  arrived in, and so cannot be read off the history).
+- format 5 (this release, 2026-12-06): as format 4, but the steady GA's state no longer holds the early stop's
+  best after each generation (`early_stop` is null): history.jsonl's lines are in the order the GA was told
+  them, one at a time, so a resume replays the bests from there (`DimMonoEvolution.resume`). It keeps its
+  generator, parents, asks out and counts; how the search stopped is state.json's `progress`.
+- format 4 (2026-12-05, 8ed38f5 to a097ad3): as format 3, but the steady GA's state no longer holds its told
+  genomes and scores (`told` is null): a resume takes them from history.jsonl. It kept the early stop's bests,
+  which today's code does not read: it replays them from the history, as for format 5.
 - format 3 (2026-12-04, 3371ab4 to 71e00ff): state.json holds only what history.jsonl cannot give, but for the
   steady GA's told scores: `optimizer: {kind, state}` with `state` null for every searcher a replay of the
   history rebuilds (all but the steady GA, whose generator, parents, asks out and told genomes and scores it
@@ -39,7 +42,7 @@ from typing import Any
 from longrope.search.config.job_config import JobConfig, digest, identity_fields, identity_hash
 from longrope.search.optimizers.factory import SEARCHERS
 
-FORMAT = 4  # what this code writes, and the newest it reads
+FORMAT = 5  # what this code writes, and the newest it reads
 # the fields the format-1 hash left out where they held their default: the last version of that hand-kept list
 # (it only ever grew), section by section
 FORMAT_1_LATER_FIELDS = {

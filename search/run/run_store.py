@@ -9,9 +9,9 @@
   recomputing them;
 - state.json: what the history cannot give (`RunState`), written atomically whenever a generation ends or new
   candidates go out: where the search stands, how it stopped, its timings, and only for the steady GA its
-  generator, parents, asks out and early-stop bests (what it was told is history.jsonl's). A resumed run builds
-  its searcher afresh from the same seed and replays the history: it asks for exactly the candidates already in
-  history.jsonl, each told its recorded result, none scored again.
+  generator, parents and asks out (what it was told, and its early stop's bests, are history.jsonl's). A resumed
+  run builds its searcher afresh from the same seed and replays the history: it asks for exactly the candidates
+  already in history.jsonl, each told its recorded result, none scored again.
 - heartbeat.json: who holds the run (pid, host), its last sign of life, and how it stopped (`heartbeat.py`);
   read only by `status`, never by the search, so no time reaches the files above.
 
@@ -50,16 +50,17 @@ Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic cl
 
 
 class RunState(BaseModel):
-    """state.json: what history.jsonl cannot give. Format 4 holds the searcher's own state only for a searcher
-    that cannot be rebuilt by replaying the history (`Searcher.replays`: the steady GA's generator, parents, asks
-    out and early-stop bests, less what it was told, which history.jsonl records: `Searcher.stored_state`); every
+    """state.json: what history.jsonl cannot give. Format 5 holds the searcher's own state only for a searcher
+    that cannot be rebuilt by replaying the history (`Searcher.replays`: the steady GA's generator, parents and asks
+    out, less what it was told and the early stop's bests, which history.jsonl gives: `Searcher.stored_state`); every
     other searcher is rebuilt on resume by asking again and telling the recorded results. Beside it: where the
     search stands (`progress`, for `status`), how it stopped, and its timings (for the ETA).
 
     Formats 1 and 2 held every searcher's state (told scores, a descent's point and Adam moments, the early stop's
     bests: copies of what history.jsonl holds). They are read, and only the steady GA's state is used: a resume
     replays the others, and `progress` is derived from the state (`legacy_progress`). Format 3 held the steady
-    GA's told genomes and scores too; they are not read (`Searcher.resume` takes them from history.jsonl). A
+    GA's told genomes and scores too, and format 4 its early-stop bests; they are not read (`Searcher.resume` takes
+    them from history.jsonl). A
     format-1 state.json (`{"evolution": ...}`) is first moved into the format-2 shape (`legacy_state`)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
