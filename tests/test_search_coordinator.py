@@ -196,3 +196,26 @@ def test_a_steady_resume_replays_the_early_stops_bests_as_the_run_recorded_them(
     assert rebuilt.early_stop.stopped is crashed.searcher.early_stop.stopped is False
     run_job(config, RunDir(tmp_path), FunctionEvaluator(), resume=True)
     assert json.loads((tmp_path / "state.json").read_text())["progress"]["stopped_early"]
+
+
+def test_a_resumed_generations_rate_counts_only_what_this_process_scored(tmp_path, monkeypatch):
+    """The generation line's eval/s: a run killed after 1 result of generation 2 resumes and scores the other 31
+    children of it; the line's rate is those 31 over its seconds, not the 32 the history holds."""
+    from longrope.search.optimizers.searcher import GenerationEnd
+    from longrope.search.run import coordinator, generation_log
+
+    config = job(tmp_path, generations=3)
+    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+        run_job(config, RunDir(tmp_path), FunctionEvaluator(fail_on_call=3))
+    lines = []
+
+    def spied(end, history, **kwargs):
+        lines.append((end.generation, kwargs["scored"], sum(r.generation == end.generation for r in history.values())))
+        return generation_log.generation_line(end, history, **kwargs)
+
+    monkeypatch.setattr(coordinator, "generation_line", spied)
+    run_job(config, RunDir(tmp_path), FunctionEvaluator(), resume=True)
+    assert lines == [(2, 31, 32), (3, 32, 32)]
+    end = GenerationEnd("generation 1/3", 1, 0.5, 0.6)
+    text = generation_log.generation_line(end, {}, racing=False, seconds=4.0, scored=10)
+    assert text.endswith("(4.0s, 2.50 eval/s)")

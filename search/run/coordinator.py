@@ -110,6 +110,7 @@ class Coordinator:
         self.polish_seconds = list(state.polish_seconds) if state else []  # a hybrid's polish steps: status's ETA
         self.window_evaluations = 0  # scored by this process (not what a resumed run found recorded)
         self.started = time.monotonic()
+        self.scored_since_line = 0  # candidates this process scored since the last generation line (its eval/s)
 
     @property
     def finished(self) -> bool:
@@ -234,6 +235,7 @@ class Coordinator:
             self.reporter.log(f"search: candidate {key} scored a non-finite NLL; ranked last")
         self.bar.advance(self._best_perplexity_text())
         self.heartbeat.result()
+        self.scored_since_line += 1
         self._tell(record)
 
     def _status(self, task: _Task) -> str:
@@ -265,7 +267,9 @@ class Coordinator:
         else:
             self.generation_seconds.append(seconds)
             racing = self.settings.racing.enabled
-            self.reporter.log(generation_line(end, self.history, racing=racing, seconds=seconds))
+            line = generation_line(end, self.history, racing=racing, seconds=seconds, scored=self.scored_since_line)
+            self.reporter.log(line)
+        self.scored_since_line = 0
         self.heartbeat.beat()
         self._tell_watcher(end.generation)
 

@@ -15,11 +15,12 @@ from longrope.search.optimizers.searcher import GenerationEnd
 from longrope.search.run.run_store import Records, final_count, window_passes
 
 
-def generation_line(end: GenerationEnd, history: Records, *, racing: bool, seconds: float) -> str:
+def generation_line(end: GenerationEnd, history: Records, *, racing: bool, seconds: float, scored: int) -> str:
     """One plain line for the generation just ended: evaluations so far, the best perplexity on the search split,
-    whether it is new, the early-stop countdown (a "new best" beside it would contradict it, so it shows alone)."""
+    whether it is new, the early-stop countdown (a "new best" beside it would contradict it, so it shows alone).
+    The rate is `scored` (candidates this process scored, over those `seconds`): a resumed run's first generation
+    holds results scored before the stop, which its seconds do not cover."""
     stopped = sum(1 for r in history.values() if r.status == "stopped")
-    fresh = sum(1 for record in history.values() if record.generation == end.generation)
     new_best = end.best < end.previous_best < math.inf and not end.countdown
     return (
         f"{end.label}  evaluations {final_count(history)}"
@@ -29,7 +30,7 @@ def generation_line(end: GenerationEnd, history: Records, *, racing: bool, secon
         + end.countdown
         + screening_text(end.screening)
         + "  windows {} fwd + {} bwd".format(*window_passes(history))
-        + f"  ({seconds:.1f}s, {fresh / max(seconds, 1e-9):.2f} eval/s)"
+        + f"  ({seconds:.1f}s, {scored / max(seconds, 1e-9):.2f} eval/s)"
     )
 
 

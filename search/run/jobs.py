@@ -298,11 +298,7 @@ def job_record(context: JobContext, windows: Windows, config_hash: str) -> JobRe
         config_hash=config_hash,
         seeds_hash=seeds_hash(context.seeds()),
         model_dir=str(context.model_dir),
-        original_length=context.original_length,
-        target_length=context.target_length,
-        rope_theta=context.method.rope_theta,
-        head_dim=context.method.head_dim,
-        partial_rotary_factor=context.method.partial_rotary_factor,
+        **context.shape.model_dump(),
         search_windows_hash=windows.content_hash,
         search_windows={
             "count": len(windows.names),
