@@ -60,8 +60,8 @@ class RunState(BaseModel):
     bests: copies of what history.jsonl holds). They are read, and only the steady GA's state is used: a resume
     replays the others, and `progress` is derived from the state (`legacy_progress`). Format 3 held the steady
     GA's told genomes and scores too, and format 4 its early-stop bests; they are not read (`Searcher.resume` takes
-    them from history.jsonl). A
-    format-1 state.json (`{"evolution": ...}`) is first moved into the format-2 shape (`legacy_state`)."""
+    them from history.jsonl). A format-1 state.json (`{"evolution": ...}`) is first moved into the format-2 shape
+    (`legacy_state`)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
