@@ -17,9 +17,10 @@ RUN_DIR_ROOM = 128
 SHOWN_CHARACTERS = 120
 
 
-def os_limit(name: str, fallback: int) -> int:
+def os_limit(name: str, fallback: int, where: str | os.PathLike = "/") -> int:
+    """The file system's limit `name` (os.pathconf) where `where` lies, or `fallback` where it gives none."""
     try:
-        return os.pathconf("/", name)
+        return os.pathconf(where, name)
     except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or no limit for this name
         return fallback
 

@@ -29,10 +29,10 @@ from longrope.search.run.job_record import JOB_FILE
 from longrope.search.run.run_store import CONFIG, HISTORY, STATE
 from longrope.workers.atomic_files import atomic_file
 from longrope.workers.errors import LongRopeError, os_errors
+from longrope.workers.path_limits import NAME_MAX_FALLBACK, os_limit
 from longrope.workers.user_files import file_kind
 
 RUN_FILES = (CONFIG, JOB_FILE, HISTORY, STATE, HEARTBEAT)
-NAME_MAX_FALLBACK = 255
 
 
 class OutputPathError(LongRopeError, ValueError):
@@ -88,11 +88,7 @@ def _check_folder(path: Path, where: str) -> None:
         raise OutputPathError(f"{where}: the folder {str(folder)!r} does not exist; create it first")
     if not os.path.isdir(folder):
         raise OutputPathError(f"{where}: {str(folder)!r} is not a directory")
-    try:
-        name_max = os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = NAME_MAX_FALLBACK
-    if len(os.fsencode(path.name)) > name_max:
+    if len(os.fsencode(path.name)) > os_limit("PC_NAME_MAX", NAME_MAX_FALLBACK, folder):
         raise OutputPathError(f"{where}: cannot write there ({os.strerror(errno.ENAMETOOLONG)})")
 
 
