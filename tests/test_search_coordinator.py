@@ -162,6 +162,24 @@ def test_a_search_whose_every_candidate_diverged_is_refused_in_one_line_then_and
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and "ended with no candidate of finite score" in line and "history.jsonl" in line
     assert (tmp_path / "history.jsonl").read_bytes() == history
+    assert main(["export", str(tmp_path), "-o", str(tmp_path / "factors.json")]) == 2
+    assert "ended with no candidate of finite score" in capsys.readouterr().err
+    assert not (tmp_path / "factors.json").exists()
+    assert main(["status", str(tmp_path), "--plot"]) == 2
+    assert "every candidate scored has a non-finite NLL; nothing to plot" in capsys.readouterr().err
+
+
+def test_an_unfinished_search_whose_every_candidate_diverged_says_so_not_that_it_is_starting(tmp_path, capsys):
+    from longrope.search.cli.main import main
+
+    config = job(tmp_path, generations=2)
+    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+        run_job(config, RunDir(tmp_path), DivergingEvaluator(fail_on_call=2))
+    assert main(["export", str(tmp_path), "-o", str(tmp_path / "factors.json")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.endswith(
+        "history.jsonl: every candidate scored so far has a non-finite NLL; check the model and the data"
+    )
 
 
 class CrashingAfter(FunctionEvaluator):
@@ -219,3 +237,33 @@ def test_a_resumed_generations_rate_counts_only_what_this_process_scored(tmp_pat
     end = GenerationEnd("generation 1/3", 1, 0.5, 0.6)
     text = generation_log.generation_line(end, {}, racing=False, seconds=4.0, scored=10)
     assert text.endswith("(4.0s, 2.50 eval/s)")
+
+
+@pytest.mark.parametrize("writes", [40, 100, 150])  # 100: the lagging child ends generation 3
+def test_a_steady_run_killed_before_its_state_caught_up_replays_the_bests_it_recorded(tmp_path, monkeypatch, writes):
+    """The crash between a result's line and the next state.json: the state counts fewer told children than the
+    history holds. The resume tells those lines first, in line order, as it goes on; once told, the early stop's
+    bests are what the crashed run recorded."""
+    config = job(tmp_path, schedule="steady", generations=20, early_stop={"patience": 2, "min_improvement": 0.001})
+    RunDir(tmp_path).create(config)
+    crashed = make_coordinator(config, RunDir(tmp_path), FunctionEvaluator())
+    write_state, calls = RunDir.write_state, []
+
+    def dies_after(self, state):
+        calls.append(None)
+        if len(calls) > writes:
+            raise RuntimeError("simulated crash before state.json")
+        write_state(self, state)
+
+    monkeypatch.setattr(RunDir, "write_state", dies_after)
+    with pytest.raises(RuntimeError, match=r"simulated crash before state\.json"):
+        crashed.run()
+    monkeypatch.setattr(RunDir, "write_state", write_state)
+    stored = json.loads((tmp_path / "state.json").read_text())["optimizer"]["state"]["children_told"]
+    assert stored < crashed.searcher.children_told, "the state lags the history"
+    resumed = make_coordinator(config, RunDir(tmp_path), CrashingAfter(0), resume=True)
+    with pytest.raises(RuntimeError, match="simulated coordinator crash"):
+        resumed.run()  # tells what history.jsonl holds, asks anew, and dies before any new result lands
+    assert resumed.searcher.children_told == crashed.searcher.children_told
+    recorded = crashed.searcher.early_stop.best_by_generation
+    assert len(recorded) >= 2 and resumed.searcher.early_stop.best_by_generation == recorded

@@ -18,11 +18,13 @@ SHOWN_CHARACTERS = 120
 
 
 def os_limit(name: str, fallback: int, where: str | os.PathLike = "/") -> int:
-    """The file system's limit `name` (os.pathconf) where `where` lies, or `fallback` where it gives none."""
+    """The file system's limit `name` (os.pathconf) where `where` lies, or `fallback` where it gives none (-1: no
+    limit, which would otherwise refuse every name)."""
     try:
-        return os.pathconf(where, name)
+        limit = os.pathconf(where, name)
     except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or no limit for this name
         return fallback
+    return limit if limit >= 0 else fallback
 
 
 def path_length_problem(path: str, *, room: int = 0) -> str | None:

@@ -45,9 +45,7 @@ def factors_file_of_run(run_dir: RunDir, *, allow_n_hat: bool = False) -> Factor
             raise ExportError(f"{run_dir.path}: its last stage ({last.path.name}) has not started; nothing to export")
         return factors_file_of_run(last, allow_n_hat=allow_n_hat)
     run = read_run(run_dir)
-    if run.best is None:
-        raise ExportError(f"{run_dir.path}: no candidate has a finite score yet; nothing to export")
-    return candidate_factors_file(run, run.best, allow_n_hat=allow_n_hat)
+    return candidate_factors_file(run, run.scored_best(), allow_n_hat=allow_n_hat)
 
 
 def candidate_factors_file(run: CheckedRun, best: HistoryRecord, *, allow_n_hat: bool = False) -> FactorsFile:

@@ -13,7 +13,7 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from longrope.search.config.search_section import EarlyStopConfig
-from longrope.search.optimizers.searcher import json_score
+from longrope.search.optimizers.searcher import json_score, rank_score
 
 
 class EarlyStopState(BaseModel):
@@ -32,6 +32,21 @@ class EarlyStop:
         self.settings = settings
         self.best_by_generation: list[float] = []
         self.stopped = False
+
+    @classmethod
+    def replayed(cls, settings: EarlyStopConfig, first: list[float], children: list[float], per_generation: int):
+        """A steady GA's early stop as its run left it, from the told scores in the order they were told: it records
+        the best of everything told when generation 0 is told whole, then each time `per_generation` more children
+        are told (the coordinator tells one result at a time, so each generation ends on its child)."""
+        early_stop = cls(settings)
+        if first:
+            best = min(rank_score(score) for score in first)
+            early_stop.record(best)
+            for told, score in enumerate(children, 1):
+                best = min(best, rank_score(score))
+                if told % per_generation == 0:
+                    early_stop.record(best)
+        return early_stop
 
     def record(self, best: float) -> None:
         """The best score after a generation just ended."""

@@ -82,6 +82,7 @@ class EvolutionState(SearcherState):
 
     @property
     def stopped_early(self) -> bool:
+        """Formats 1-2 read it; a stored state from format 5 on has none (see state.json's `progress`)."""
         return self.early_stop is not None and self.early_stop.stopped
 
 
@@ -380,14 +381,13 @@ class DimMonoEvolution(Searcher):
     def resume(self, state: EvolutionState, records: Sequence[HistoryRecord]) -> None:
         """The stored state with the told genomes and scores taken from history.jsonl's final `records` (in the
         order of their lines). state.json is rewritten whenever candidates go out, so every candidate asked before
-        it was written is told or among its asks out: the told ones are the recorded ones not out, as many
-        as the state counts. Their order is the order they were told in: generation 0 whole, in the
-        order it was asked (`generation_keys`), then each child as it landed, which is when its line was appended
-        (a resume tells the asks out that history.jsonl holds in that order too). Each genome is the grid's for
-        the recorded factors, checked against its key. The early stop's bests are those scores replayed in that
-        order (`_replayed_early_stop`); a format-4 state's own copy is not read. An older state's own `told` (and
-        bests) are read only where the history gives another count: code before 447a254 (2026-12-01) wrote
-        state.json before it asked."""
+        it was written is told or among its asks out: the told ones are the recorded ones not out, as many as the
+        state counts. Their order is the order they were told in: generation 0 whole, in the order it was asked
+        (`generation_keys`), then each child as it landed, which is when its line was appended (a resume tells the
+        asks out that history.jsonl holds in that order too). Each genome is the grid's for the recorded factors,
+        checked against its key; the early stop's bests are those scores replayed in order (`EarlyStop.replayed`).
+        An older state's own `told` and bests are read only where the history gives another count: code before
+        447a254 (2026-12-01) wrote state.json before it asked."""
         state = EvolutionState.model_validate(state)
         out = set(state.out_keys())
         told = {r.key: r for r in records if r.final and r.key not in out}
@@ -404,24 +404,9 @@ class DimMonoEvolution(Searcher):
             self.load_state(state)
             return
         pairs = [[self._recorded_genome(told[key]).to_json(), json_score(told[key].score)] for key in first + children]
-        early_stop = self._replayed_early_stop(
-            [told[key].score for key in first], [told[key].score for key in children]
-        )
-        self.load_state(state.model_copy(update={"told": pairs, "early_stop": early_stop}))
-
-    def _replayed_early_stop(self, first: list[float], children: list[float]) -> EarlyStopState:
-        """The early stop as the run left it, from the told scores in the order they were told: a steady run records
-        the best of everything told when generation 0 is told whole, then each time `children_per_generation` more
-        children are told (the coordinator tells one result at a time, so each end falls on its child)."""
-        early_stop = EarlyStop(self.settings.early_stop)
-        if first:
-            best = min(rank_score(score) for score in first)
-            early_stop.record(best)
-            for told, score in enumerate(children, 1):
-                best = min(best, rank_score(score))
-                if told % self.children_per_generation == 0:
-                    early_stop.record(best)
-        return early_stop.state()
+        scores = [told[key].score for key in first], [told[key].score for key in children]
+        early_stop = EarlyStop.replayed(self.settings.early_stop, *scores, self.children_per_generation)
+        self.load_state(state.model_copy(update={"told": pairs, "early_stop": early_stop.state()}))
 
     def _recorded_genome(self, record: HistoryRecord) -> Genome:
         attention = record.attention_factor if self.grid.searched_attention else None
@@ -433,7 +418,7 @@ class DimMonoEvolution(Searcher):
     def load_state(self, state: dict[str, Any] | EvolutionState) -> None:
         state = EvolutionState.model_validate(state)
         if state.told is None or state.early_stop is None:
-            raise ValueError("told is null: a stored state is resumed with history.jsonl's records (`resume`)")
+            raise ValueError("told or early_stop is null: a stored state is resumed with history.jsonl's records")
         self.generation = state.generation
         self.rng.bit_generator.state = state.rng
         self.genomes, self.scores = told_from_json(state.told)

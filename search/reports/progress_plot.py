@@ -61,7 +61,13 @@ def plotted_run(given: str) -> PlottedRun:
         stage, length = f", stage {len(started)}/{len(lengths)}", lengths[len(started) - 1]
     points = tuple(point for point in cost_trajectory(run_dir, 0.0) if math.isfinite(point.best_nll))
     if not points:
-        raise RunStoreError(f"{given}: no scored candidate yet (is the run still starting?); nothing to plot")
+        diverged = any(record.final for record in run_dir.read_history().values())
+        why = (
+            "every candidate scored has a non-finite NLL"
+            if diverged
+            else "no scored candidate yet (is the run still starting?)"
+        )
+        raise RunStoreError(f"{given}: {why}; nothing to plot")
     label = f"{config.name} ({searcher_text(config.search)}), {given}, {length} tokens{stage}"
     return PlottedRun(given, run_dir, label, points, length)
 

@@ -72,12 +72,18 @@ class CheckedRun:
         return best_of(self.records)
 
     def scored_best(self) -> HistoryRecord:
-        """The best candidate, for a reader that needs one: refused in one line where none has a finite score, a
-        run still starting or one whose every candidate diverged (a model that reads nothing at this length)."""
+        """The best candidate, for a reader that needs one (export, compare and verify of a run, a seed, a resume
+        of a finished run): refused in one line where none has a finite score, a run still starting or one whose
+        every candidate diverged (a model that reads nothing at this length)."""
         if self.best is not None:
             return self.best
-        why = "ended with no candidate of finite score; check the model and the data"
-        raise RunStoreError(f"{self.run_dir.file(HISTORY)}: {why if self.finished else NOT_SCORED_YET}")
+        if not any(record.final for record in self.records.values()):
+            why = NOT_SCORED_YET
+        elif self.finished:
+            why = "the search ended with no candidate of finite score; check the model and the data"
+        else:
+            why = "every candidate scored so far has a non-finite NLL; check the model and the data"
+        raise RunStoreError(f"{self.run_dir.file(HISTORY)}: {why}")
 
     @property
     def finished(self) -> bool:

@@ -9,7 +9,10 @@ by every later release. config.json and state.json carry `format`:
   generator, parents, asks out and counts; how the search stopped is state.json's `progress`.
 - format 4 (2026-12-05, 8ed38f5 to a097ad3): as format 3, but the steady GA's state no longer holds its told
   genomes and scores (`told` is null): a resume takes them from history.jsonl. It kept the early stop's bests,
-  which today's code does not read: it replays them from the history, as for format 5.
+  as every older steady state did; today's code does not read them: it replays them from the history, as for
+  format 5. (Code from deb854c to 9243a19 re-sent a resumed steady run's asks out in the order asked, so a line
+  it re-sent may stand out of the order it was told in where the GA then had no new child to ask; such a run's
+  replayed bests may differ from its stored ones, which matters only to when its early stop fires.)
 - format 3 (2026-12-04, 3371ab4 to 71e00ff): state.json holds only what history.jsonl cannot give, but for the
   steady GA's told scores: `optimizer: {kind, state}` with `state` null for every searcher a replay of the
   history rebuilds (all but the steady GA, whose generator, parents, asks out and told genomes and scores it

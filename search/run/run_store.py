@@ -57,11 +57,11 @@ class RunState(BaseModel):
     search stands (`progress`, for `status`), how it stopped, and its timings (for the ETA).
 
     Formats 1 and 2 held every searcher's state (told scores, a descent's point and Adam moments, the early stop's
-    bests: copies of what history.jsonl holds). They are read, and only the steady GA's state is used: a resume
-    replays the others, and `progress` is derived from the state (`legacy_progress`). Format 3 held the steady
-    GA's told genomes and scores too, and format 4 its early-stop bests; they are not read (`Searcher.resume` takes
-    them from history.jsonl). A format-1 state.json (`{"evolution": ...}`) is first moved into the format-2 shape
-    (`legacy_state`)."""
+    bests: copies of what history.jsonl holds). They are read, and only the steady GA's state is used, less its
+    told scores and bests, which history.jsonl gives (`Searcher.resume`): a resume replays the others, and
+    `progress` is derived from the state (`legacy_progress`). Formats 3 and 4 still held the steady GA's bests,
+    and format 3 its told genomes and scores; they are not read either. A format-1 state.json (`{"evolution":
+    ...}`) is first moved into the format-2 shape (`legacy_state`)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
