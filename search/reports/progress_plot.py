@@ -15,7 +15,7 @@ from pathlib import Path
 
 from longrope.search.reports.plot_axes import enclosing_log_ticks, log_axis, method_colours
 from longrope.search.run.output_paths import write_output
-from longrope.search.run.run_store import RunDir, RunStoreError
+from longrope.search.run.run_store import NOT_SCORED_YET, RunDir, RunStoreError
 from longrope.search.run.stages import is_staged, stage_lengths, started_stages
 from longrope.search.run.trajectory import CostPoint, cost_trajectory, window_equivalents
 from longrope.workers.path_limits import shown_path
@@ -62,11 +62,7 @@ def plotted_run(given: str) -> PlottedRun:
     points = tuple(point for point in cost_trajectory(run_dir, 0.0) if math.isfinite(point.best_nll))
     if not points:
         diverged = any(record.final for record in run_dir.read_history().values())
-        why = (
-            "every candidate scored has a non-finite NLL"
-            if diverged
-            else "no scored candidate yet (is the run still starting?)"
-        )
+        why = "every candidate scored has a non-finite NLL" if diverged else NOT_SCORED_YET
         raise RunStoreError(f"{given}: {why}; nothing to plot")
     label = f"{config.name} ({searcher_text(config.search)}), {given}, {length} tokens{stage}"
     return PlottedRun(given, run_dir, label, points, length)

@@ -40,6 +40,7 @@ from longrope.search.optimizers.searcher import SearchProgress
 from longrope.search.run.job_record import JOB_FILE, JobRecord, read_job_record
 from longrope.search.run.run_store import (
     HISTORY,
+    NOT_SCORED_YET,
     STATE,
     History,
     Records,
@@ -49,7 +50,6 @@ from longrope.search.run.run_store import (
     best_of,
 )
 
-NOT_SCORED_YET = "no scored candidate yet (is the run still starting?)"
 MONOTONE_TOLERANCE = 1e-9  # factors are recorded rounded to 6 decimals, which keeps their order
 
 
@@ -75,8 +75,9 @@ class CheckedRun:
         """The best candidate, for a reader that needs one (export, compare and verify of a run, a seed, a resume
         of a finished run): refused in one line where none has a finite score, a run still starting or one whose
         every candidate diverged (a model that reads nothing at this length)."""
-        if self.best is not None:
-            return self.best
+        best = self.best
+        if best is not None:
+            return best
         if not any(record.final for record in self.records.values()):
             why = NOT_SCORED_YET
         elif self.finished:

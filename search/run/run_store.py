@@ -49,6 +49,9 @@ CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
 
 
+NOT_SCORED_YET = "no scored candidate yet (is the run still starting?)"  # every reader that needs a best
+
+
 class RunState(BaseModel):
     """state.json: what history.jsonl cannot give. Format 5 holds the searcher's own state only for a searcher
     that cannot be rebuilt by replaying the history (`Searcher.replays`: the steady GA's generator, parents and asks
@@ -335,7 +338,7 @@ class RunDir:
         """The run's best scored candidate (see `best_of`), read from history.jsonl."""
         best = best_of(self.read_history())
         if best is None:
-            raise RunStoreError(f"{self.file(HISTORY)}: no scored candidate yet (is the run still starting?)")
+            raise RunStoreError(f"{self.file(HISTORY)}: {NOT_SCORED_YET}")
         return best
 
     def check_directory(self) -> None:
