@@ -34,6 +34,7 @@ from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.factory import search_plan
 from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
 from longrope.search.optimizers.objective import objective_gradient, subset_mix
+from longrope.search.optimizers.saved_state import OptimizerState
 from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
@@ -283,20 +284,16 @@ class Coordinator:
 
     def _write_state(self) -> None:
         stored = self.searcher.stored_state()  # only where a replay of the history cannot rebuild the searcher
-        self.run_dir.write_state(
-            {
-                "optimizer": {
-                    "kind": self.searcher.kind,
-                    "state": None if stored is None else stored.model_dump(mode="json"),
-                },
-                "progress": self.searcher.progress().model_dump(mode="json"),
-                "generation_seconds": self.generation_seconds,
-                **({"polish_seconds": self.polish_seconds} if self.polish_seconds else {}),
-                "finished": self.finished,
-                "stopped_early": self.searcher.stopped_early,
-                "total_generations": self.searcher.total_generations,
-            }
+        state = RunState(
+            optimizer=OptimizerState(kind=self.searcher.kind, state=stored),
+            progress=self.searcher.progress(),
+            generation_seconds=self.generation_seconds,
+            polish_seconds=self.polish_seconds,
+            finished=self.finished,
+            stopped_early=self.searcher.stopped_early,
+            total_generations=self.searcher.total_generations,
         )
+        self.run_dir.write_state(state)
 
     def _best_perplexity_text(self) -> str:
         best = best_of(self.history)

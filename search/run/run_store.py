@@ -264,11 +264,12 @@ class RunDir:
 
     # ---- state and history ----
 
-    def write_state(self, state: dict[str, Any]) -> None:
-        """Write state.json stamped with the run's config hash, so a state.json copied from another run is seen."""
-        state = {**state, "format": FORMAT, "config_hash": self.config_hash()}
-        RunState.model_validate(state)  # what is written is what read_state accepts
-        write_json_atomic(self.file(STATE), state)
+    def write_state(self, state: RunState) -> None:
+        """Write state.json stamped with the run's config hash, so a state.json copied from another run is seen
+        (`polish_seconds` only once a polish step has run, as every format has written it)."""
+        stamped = state.model_copy(update={"format": FORMAT, "config_hash": self.config_hash()})
+        unused = set() if state.polish_seconds else {"polish_seconds"}
+        write_json_atomic(self.file(STATE), stamped.model_dump(mode="json", exclude=unused))
 
     def config_hash(self) -> str:
         """The run's identity hash as config.json stores it (found intact when read), read once per RunDir (the
