@@ -24,10 +24,12 @@ from rich.console import Console
 from run_dir_helpers import GRADIENT, HYBRID, cheap_config, descent_run, edit_json, mid_polish
 from search_helpers import FunctionEvaluator, known_problem_run, make_coordinator, problem
 
+from longrope.search.cli.main import main
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run import heartbeat as heartbeats
 from longrope.search.run.run_store import RunDir
+from longrope.search.run.stages import stage_configs
 from longrope.search.run.status import KILLED, format_status, run_status
 from longrope.workers.errors import Terminated, WorkerPoolError
 
@@ -116,8 +118,8 @@ def test_status_says_running_while_a_process_holds_the_run_and_stopped_once_it_i
     try:
         wait_for_line(process, "holding")
         status = run_status(RunDir(run_dir))
-        assert status["state"] == "running" and status["pid"] == process.pid, status
-        assert status["eta_seconds"] is not None
+        assert status.state == "running" and status.pid == process.pid, status
+        assert status.eta_seconds is not None
         text = format_status(status)
         assert f"running (pid {process.pid} on {heartbeats.this_host()}, last update " in text
         assert "ETA" in text and "stopped" not in text
@@ -125,8 +127,8 @@ def test_status_says_running_while_a_process_holds_the_run_and_stopped_once_it_i
         process.kill()
         process.wait(timeout=HANG_GUARD_S)
     status = run_status(RunDir(run_dir))
-    assert status["state"] == "stopped" and status["eta_seconds"] is None, status
-    assert status["stop_reason"] == KILLED
+    assert status.state == "stopped" and status.eta_seconds is None, status
+    assert status.stop_reason == KILLED
     text = format_status(status)
     assert "stopped at " in text and f"{RESUME} {run_dir}`" in text
     assert "ETA" not in text and "running (" not in text
@@ -141,12 +143,12 @@ def test_status_of_another_hosts_run_goes_by_the_heartbeats_age(tmp_path):
     store.file(heartbeats.HEARTBEAT).write_text(beat.model_dump_json())
 
     live = run_status(store, now=1010.0, host="laptop", stale_after_s=60.0)
-    assert live["state"] == "running" and live["eta_seconds"] is not None
+    assert live.state == "running" and live.eta_seconds is not None
     assert "running (pid 4242 on gpu-node-7, last update 10s ago), ETA" in format_status(live)
 
     dead = run_status(store, now=1061.0, host="laptop", stale_after_s=60.0)
-    assert dead["state"] == "stopped" and dead["eta_seconds"] is None
-    assert dead["stop_reason"] == KILLED and f"{RESUME} {store.path}`" in format_status(dead)
+    assert dead.state == "stopped" and dead.eta_seconds is None
+    assert dead.stop_reason == KILLED and f"{RESUME} {store.path}`" in format_status(dead)
 
 
 def test_a_finished_run_is_finished_and_the_heartbeat_leaves_the_search_files_alone(tmp_path):
@@ -156,7 +158,7 @@ def test_a_finished_run_is_finished_and_the_heartbeat_leaves_the_search_files_al
     beat = heartbeats.read_heartbeat(first / heartbeats.HEARTBEAT)
     assert beat is not None and beat.state == "finished" and beat.pid == os.getpid() and beat.stop_reason is None
     status = run_status(RunDir(first))
-    assert status["state"] == "finished" and status["eta_seconds"] is None
+    assert status.state == "finished" and status.eta_seconds is None
     text = format_status(status)
     assert "  finished" in text and "running (" not in text and "ETA" not in text
     assert (first / "history.jsonl").read_bytes() == (second / "history.jsonl").read_bytes()
@@ -181,7 +183,7 @@ def test_why_a_run_stopped_is_recorded_and_shown(tmp_path, error, sigterm_seen, 
     beat = heartbeats.read_heartbeat(tmp_path / "run" / heartbeats.HEARTBEAT)
     assert beat is not None and beat.state == "stopped" and beat.stop_reason == reason
     status = run_status(RunDir(tmp_path / "run"))
-    assert status["state"] == "stopped" and status["stop_reason"] == reason and status["eta_seconds"] is None
+    assert status.state == "stopped" and status.stop_reason == reason and status.eta_seconds is None
     text = format_status(status)
     assert "stopped at " in text and f"({reason}); {RESUME} {tmp_path / 'run'}`" in text
     assert "ETA" not in text
@@ -227,7 +229,7 @@ def test_worker_oom_is_one_console_line_and_the_stop_reason_in_status(tmp_path, 
     assert "you tried to allocate 1125899906842624 bytes" in lines[0]
     assert f"longrope search --resume {tmp_path / 'run'}" in lines[0]
     status = run_status(RunDir(tmp_path / "run"))
-    assert status["state"] == "stopped" and status["stop_reason"].startswith(f"WorkerPoolError: {reason}")
+    assert status.state == "stopped" and status.stop_reason.startswith(f"WorkerPoolError: {reason}")
     assert "can't allocate memory" in format_status(status)
 
 
@@ -394,8 +396,8 @@ def test_status_names_the_optimizer_and_a_polish_under_way(tmp_path):
         "hybrid: generation 2/2 done (generation 0 is the initial population); the polish after generation 2: "
         "1/4 steps done, next step 2/4" in text
     )
-    assert status["polish"] == {"after_generation": 2, "steps_done": 1, "steps": 4, "rounded": False}
-    assert status["optimizer"] == "hybrid"
+    assert status.polish.model_dump() == {"after_generation": 2, "steps_done": 1, "steps": 4, "rounded": False}
+    assert status.optimizer == "hybrid"
 
 
 def test_a_gradient_run_says_what_its_generations_are(tmp_path):
@@ -425,8 +427,32 @@ def test_a_live_hybrid_s_eta_counts_the_polish_still_to_run(tmp_path):
     beat = heartbeats.Heartbeat(state="running", pid=4242, host="gpu-node-7", started_at=1000.0, updated_at=1000.0)
     store.file(heartbeats.HEARTBEAT).write_text(beat.model_dump_json())
     live = run_status(store, now=1010.0, host="laptop", stale_after_s=60.0)
-    assert live["generation"] == 1 and live["eta_seconds"] == pytest.approx(60 + 5 * 15)
+    assert live.generation == 1 and live.eta_seconds == pytest.approx(60 + 5 * 15)
     assert "ETA 2.2 min" in format_status(live)
     edit_json(run / "state.json", lambda s: {**s, "polish_seconds": [30.0, 50.0]})
     live = run_status(store, now=1010.0, host="laptop", stale_after_s=60.0)
-    assert live["eta_seconds"] == pytest.approx(60 + 5 * 40)
+    assert live.eta_seconds == pytest.approx(60 + 5 * 40)
+
+
+def test_a_progressive_job_s_status_is_its_latest_started_stage_named(tmp_path, capsys):
+    """Between two stages the job is stopped "after stage 1" (no lock held), and `--resume` takes the job's
+    directory; once the last stage ends, the job is finished. Only a job of stages has a `stage` field."""
+    config = job(tmp_path, "search.stages=[128]", "search.generations=1")
+    RunDir(tmp_path).create(config)
+    first, last = stage_configs(config, tmp_path)
+    RunDir(first.output_dir).create(first)
+    make_coordinator(first, RunDir(first.output_dir), FunctionEvaluator()).run()
+
+    between = run_status(RunDir(tmp_path))
+    assert (between.stage, between.state, between.stop_reason) == ("1/2", "stopped", "after stage 1")
+    assert between.run_dir == first.output_dir and between.resume_dir == str(tmp_path)
+    assert "(stage 1/2)" in format_status(between) and f"{RESUME} {tmp_path}`" in format_status(between)
+    assert main(["status", "--json", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["stage"] == "1/2"
+    assert main(["status", "--json", first.output_dir]) == 0
+    assert "stage" not in json.loads(capsys.readouterr().out)
+
+    RunDir(last.output_dir).create(last)
+    make_coordinator(last, RunDir(last.output_dir), FunctionEvaluator()).run()
+    done = run_status(RunDir(tmp_path))
+    assert (done.stage, done.state, done.stop_reason, done.finished) == ("2/2", "finished", None, True)

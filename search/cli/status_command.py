@@ -16,7 +16,7 @@ from longrope.search.cli.estimate_command import job_backward_cost
 from longrope.search.config.strict import JobConfigError
 from longrope.search.run.output_paths import check_output_path
 from longrope.search.run.run_store import RunDir
-from longrope.search.run.status import format_status, run_status
+from longrope.search.run.status import RunStatus, format_status, run_status
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.path_limits import shown_path
 from longrope.workers.user_files import repeated_path
@@ -78,7 +78,8 @@ def run_status_command(args: argparse.Namespace) -> int:
     statuses = [run_status(RunDir(path)) for path in args.run_dir]
     written = write_plot(args, statuses) if args.plot is not None else None
     if args.json:
-        print(json.dumps(statuses[0] if len(statuses) == 1 else statuses, indent=2))
+        shown = [status.as_json() for status in statuses]
+        print(json.dumps(shown[0] if len(shown) == 1 else shown, indent=2))
     else:
         print("\n\n".join(format_status(status) for status in statuses))
     if written is not None:
@@ -110,7 +111,7 @@ def plot_path(args: argparse.Namespace) -> Path:
     return path
 
 
-def write_plot(args: argparse.Namespace, statuses: list[dict]) -> Path:
+def write_plot(args: argparse.Namespace, statuses: list[RunStatus]) -> Path:
     from longrope.search.reports import progress_plot  # matplotlib: only for --plot
 
     runs = [progress_plot.plotted_run(path) for path in args.run_dir]
@@ -130,14 +131,14 @@ def write_plot(args: argparse.Namespace, statuses: list[dict]) -> Path:
     return args.plot
 
 
-def _price(run, status: dict, given: float | None) -> tuple[float, str]:
+def _price(run, status: RunStatus, given: float | None) -> tuple[float, str]:
     """(c, where it comes from) for a run with backward passes: the one given, else `longrope estimate`'s for
     its model and length."""
     if given is not None:
         return given, "--backward-cost"
     try:
-        config = RunDir(status["run_dir"]).read_config()
-        c, model = job_backward_cost(config, status.get("original_length"))
+        config = RunDir(status.run_dir).read_config()
+        c, model = job_backward_cost(config, status.original_length)
         return c, f"longrope estimate's FLOPs ratio for {model}"
     except (JobConfigError, ModelLoadError) as exc:
         raise JobConfigError(

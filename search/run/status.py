@@ -12,12 +12,15 @@ import shlex
 import statistics
 import time
 from datetime import datetime
-from typing import Any
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import searcher_class
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import polish_position
+from longrope.search.optimizers.searcher import PolishProgress
 from longrope.search.run import heartbeat as heartbeats
 from longrope.search.run.generation_log import screening_text
 from longrope.search.run.job_record import JobRecord
@@ -37,9 +40,69 @@ from longrope.search.run.stages import stage_lengths, started_stages
 KILLED = "no clean stop was recorded: killed (SIGKILL, out of memory) or its machine went down"
 
 
+class Liveness(BaseModel):
+    """Whether the run is finished, running or stopped; who wrote its heartbeat and how long ago; for a stopped
+    run, when (ISO 8601, local time) and why it stopped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: Literal["finished", "running", "stopped"]
+    pid: int | None = None
+    host: str | None = None
+    heartbeat: str | None = None  # heartbeat.json's own state, "running" once the holder has written it
+    last_update_seconds: float | None = None
+    stopped_at: str | None = None
+    stop_reason: str | None = None
+
+
+class RunStatus(BaseModel):
+    """`longrope status RUN_DIR --json`: one run's status, as scripts read it. Fields a run cannot say yet are
+    left out rather than null: its model and lengths before job.json is written, the best's attention factor
+    before a finite score, `stage` outside a progressive job (`as_json`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_dir: str
+    resume_dir: str  # the directory `search --resume` takes: a progressive job's, for its stages
+    name: str
+    optimizer: str
+    descent_steps: int | None  # a gradient run's steps; None for the others
+    generation: int | None  # the last generation done (0: the initial population); None before it
+    generations: int  # the run's last generation
+    polish: PolishProgress | None
+    evaluations: int
+    forward_windows: int
+    backward_windows: int
+    stopped_by_racing: int
+    proposed: int | None  # the surrogate's children proposed and screened out; None when it is off
+    screened_out: int | None
+    finished: bool
+    stopped_early: bool
+    state: Literal["finished", "running", "stopped"]
+    pid: int | None
+    host: str | None
+    heartbeat: str | None
+    last_update_seconds: float | None
+    stopped_at: str | None
+    stop_reason: str | None
+    best_perplexity: float | None
+    best_key: str | None
+    seed_perplexities: dict[str, float | None]
+    eta_seconds: float | None
+    model: str | None = None  # job.json's model directory (None: the reference model)
+    original_length: int | None = None
+    target_length: int | None = None
+    factor: Literal["long", "short"] | None = None
+    best_attention_factor: float | None = None
+    stage: str | None = None  # a progressive job's latest started stage, "2/3"
+
+    def as_json(self) -> dict:
+        return self.model_dump(exclude_unset=True)
+
+
 def run_status(
     run_dir: RunDir, *, now: float | None = None, host: str | None = None, stale_after_s: float | None = None
-) -> dict[str, Any]:
+) -> RunStatus:
     """A run's status; a progressive job's is its latest started stage's, with the stage named. `now`, `host`
     and `stale_after_s` are the clock, this machine and the heartbeat age past which another host's run counts
     as dead (defaults: the real ones, heartbeat.STALE_AFTER_S). The run directory is read as `read_run` reads it
@@ -57,30 +120,32 @@ def run_status(
     history = run.records
     life = liveness(run_dir, run.finished, now=now, host=host, stale_after_s=stale_after_s)
     polish = polish_status(run)
-    eta = _eta_seconds(run, polish) if life["state"] == "running" else None
+    eta = _eta_seconds(run, polish) if life.state == "running" else None
     best = run.best
-    return {
-        "run_dir": str(run_dir.path),
-        "resume_dir": str(run_dir.path),
-        "name": config.name,
-        "optimizer": config.search.optimizer,
-        "descent_steps": _descent_steps(run),
-        "generation": run.generation_done,
-        "generations": run.last_generation,
-        "polish": polish,
-        "evaluations": final_count(history),
-        **dict(zip(("forward_windows", "backward_windows"), window_passes(history), strict=True)),
-        "stopped_by_racing": sum(1 for r in history.values() if r.status == "stopped"),
+    forward, backward = window_passes(history)
+    return RunStatus(
+        run_dir=str(run_dir.path),
+        resume_dir=str(run_dir.path),
+        name=config.name,
+        optimizer=config.search.optimizer,
+        descent_steps=_descent_steps(run),
+        generation=run.generation_done,
+        generations=run.last_generation,
+        polish=polish,
+        evaluations=final_count(history),
+        forward_windows=forward,
+        backward_windows=backward,
+        stopped_by_racing=sum(1 for r in history.values() if r.status == "stopped"),
         **screening_fields(run),
-        "finished": run.finished,
-        "stopped_early": bool(run.state and run.state.stopped_early),
-        **life,
-        "best_perplexity": best.perplexity if best else None,
-        "best_key": best.key if best else None,
-        "seed_perplexities": seed_perplexities(history),
-        "eta_seconds": eta,
+        finished=run.finished,
+        stopped_early=bool(run.state and run.state.stopped_early),
+        **life.model_dump(),
+        best_perplexity=best.perplexity if best else None,
+        best_key=best.key if best else None,
+        seed_perplexities=seed_perplexities(history),
+        eta_seconds=eta,
         **record_fields(run.job, best),
-    }
+    )
 
 
 def screening_fields(run: CheckedRun) -> dict[str, int | None]:
@@ -97,15 +162,15 @@ def _descent_steps(run: CheckedRun) -> int | None:
     return searcher_class(run.config.search.optimizer).descent_steps(run.config.search)
 
 
-def polish_status(run: CheckedRun) -> dict[str, Any] | None:
+def polish_status(run: CheckedRun) -> PolishProgress | None:
     """A hybrid's polish under way or due now (between generation `after_generation` and the next): its steps
     done of `steps`, and whether its best is rounded to the grid; None for other optimizers, or no polish now."""
     if run.finished or run.progress is None or run.progress.polish is None:
         return None
-    return run.progress.polish.model_dump()
+    return run.progress.polish
 
 
-def _eta_seconds(run: CheckedRun, polish: dict[str, Any] | None) -> float | None:
+def _eta_seconds(run: CheckedRun, polish: PolishProgress | None) -> float | None:
     """The generations left at their median time (generation 0 aside: it scores a whole population), and for a
     hybrid the polish steps left (the one under way and those still due) at a polish step's median time; before
     any polish step is timed, at a GA candidate's (a step scores one candidate, and a backward pass on some of
@@ -125,11 +190,11 @@ def _eta_seconds(run: CheckedRun, polish: dict[str, Any] | None) -> float | None
     return eta
 
 
-def _polish_steps_left(run: CheckedRun, polish: dict[str, Any] | None, done: int) -> int:
+def _polish_steps_left(run: CheckedRun, polish: PolishProgress | None, done: int) -> int:
     """Polish steps (each polish's rounding counted as one) still to run: the rest of the one under way, and a
     whole polish after each generation still to come that is due one."""
     per_polish = run.config.search.gradient.polish_steps + 1
-    now = 0 if polish is None else per_polish - polish["steps_done"] - polish["rounded"]
+    now = 0 if polish is None else per_polish - polish.steps_done - polish.rounded
     later = sum(1 for g in range(done + 1, run.last_generation + 1) if _polish_due_after(run, g))
     return now + later * per_polish
 
@@ -140,9 +205,7 @@ def _polish_due_after(run: CheckedRun, generation: int) -> bool:
     return run.config.search.gradient.polishes_after(generation, run.last_generation, ending)
 
 
-def _staged_status(
-    run_dir: RunDir, config: JobConfig, *, now: float, host: str, stale_after_s: float
-) -> dict[str, Any]:
+def _staged_status(run_dir: RunDir, config: JobConfig, *, now: float, host: str, stale_after_s: float) -> RunStatus:
     """The latest started stage's status, named; between two stages the job's own lock says it still runs, and
     only the last stage's end finishes the job. The resume command names the job directory."""
     started = started_stages(run_dir)
@@ -150,37 +213,36 @@ def _staged_status(
         raise RunStoreError(f"{run_dir.path}: no stage has started yet")
     stages = len(stage_lengths(config))
     status = run_status(started[-1], now=now, host=host, stale_after_s=stale_after_s)
-    status["stage"] = f"{len(started)}/{stages}"
-    status["resume_dir"] = str(run_dir.path)
-    if status["state"] != "running" and run_dir.lock_held():
-        status.update(state="running", stopped_at=None, stop_reason=None)
-    elif status["state"] == "finished" and len(started) < stages:
-        ended = now - (status["last_update_seconds"] or 0.0)
-        status.update(state="stopped", stopped_at=_iso(ended), stop_reason=f"after stage {len(started)}")
-    return status
+    named = {"stage": f"{len(started)}/{stages}", "resume_dir": str(run_dir.path)}
+    if status.state != "running" and run_dir.lock_held():
+        named |= {"state": "running", "stopped_at": None, "stop_reason": None}
+    elif status.state == "finished" and len(started) < stages:
+        ended = now - (status.last_update_seconds or 0.0)
+        named |= {"state": "stopped", "stopped_at": _iso(ended), "stop_reason": f"after stage {len(started)}"}
+    return status.model_copy(update=named)
 
 
-def liveness(run_dir: RunDir, finished: bool, *, now: float, host: str, stale_after_s: float) -> dict[str, Any]:
+def liveness(run_dir: RunDir, finished: bool, *, now: float, host: str, stale_after_s: float) -> Liveness:
     """The run's state: finished, running (the lock is held, or the heartbeat says so credibly: see
     `heartbeat.is_alive`) or stopped; with who wrote the heartbeat, how long ago, and for a stopped run when and
     why it stopped."""
     beat = heartbeats.read_heartbeat(run_dir.file(heartbeats.HEARTBEAT))
     alive = heartbeats.is_alive(beat, run_dir.lock_held(), now=now, host=host, stale_after_s=stale_after_s)
     state = "finished" if finished else "running" if alive else "stopped"
-    life: dict[str, Any] = {
-        "state": state,
-        "pid": beat.pid if beat else None,
-        "host": beat.host if beat else None,
-        "heartbeat": beat.state if beat else None,
-        "last_update_seconds": max(0.0, now - beat.updated_at) if beat else None,
-        "stopped_at": None,
-        "stop_reason": None,
-    }
-    if state == "stopped":
-        stopped_at = beat.updated_at if beat else _last_write(run_dir)
-        life["stopped_at"] = _iso(stopped_at)
-        life["stop_reason"] = (beat.stop_reason if beat.state == "stopped" else KILLED) if beat else None
-    return life
+    if state != "stopped":
+        stopped_at = stop_reason = None
+    else:
+        stopped_at = _iso(beat.updated_at if beat else _last_write(run_dir))
+        stop_reason = (beat.stop_reason if beat.state == "stopped" else KILLED) if beat else None
+    return Liveness(
+        state=state,
+        pid=beat.pid if beat else None,
+        host=beat.host if beat else None,
+        heartbeat=beat.state if beat else None,
+        last_update_seconds=max(0.0, now - beat.updated_at) if beat else None,
+        stopped_at=stopped_at,
+        stop_reason=stop_reason,
+    )
 
 
 def _iso(timestamp: float) -> str:
@@ -193,12 +255,12 @@ def _last_write(run_dir: RunDir) -> float:
     return max(times)
 
 
-def record_fields(job: JobRecord | None, best: HistoryRecord | None) -> dict[str, Any]:
+def record_fields(job: JobRecord | None, best: HistoryRecord | None) -> dict[str, str | int | float | None]:
     """What job.json says about the run: its model and lengths, and the best candidate as the encoding it was
     scored with (its attention factor; a short-factor run's kept one). Empty before job.json is written."""
     if job is None:
         return {}
-    fields: dict[str, Any] = {
+    fields: dict[str, str | int | float | None] = {
         "model": job.model_dir,
         "original_length": job.original_length,
         "target_length": job.target_length,
@@ -209,37 +271,38 @@ def record_fields(job: JobRecord | None, best: HistoryRecord | None) -> dict[str
     return fields
 
 
-def format_status(status: dict[str, Any]) -> str:
-    stage = f" (stage {status['stage']})" if status.get("stage") else ""
+def format_status(status: RunStatus) -> str:
+    stage = f" (stage {status.stage})" if status.stage else ""
+    screened = (status.proposed, status.screened_out)
     lines = [
-        f"run {status['name']} in {status['run_dir']}{stage}",
-        f"  {_generations_text(status)}, {status['evaluations']} evaluations ({status['forward_windows']} forward "
-        f"and {status['backward_windows']} backward window passes)"
-        + (f" ({status['stopped_by_racing']} stopped by racing)" if status["stopped_by_racing"] else "")
-        + ("; " + screening_text((status["proposed"], status["screened_out"])).strip() if status["proposed"] else ""),
+        f"run {status.name} in {status.run_dir}{stage}",
+        f"  {_generations_text(status)}, {status.evaluations} evaluations ({status.forward_windows} forward "
+        f"and {status.backward_windows} backward window passes)"
+        + (f" ({status.stopped_by_racing} stopped by racing)" if status.stopped_by_racing else "")
+        + ("; " + screening_text(screened).strip() if status.proposed else ""),
         f"  {state_text(status)}",
     ]
-    if "model" in status:
+    if status.target_length is not None:  # job.json is written
         lines.append(
-            f"  {status['original_length']} -> {status['target_length']} tokens ({status['factor']} factors), "
-            f"model {status['model']}"
+            f"  {status.original_length} -> {status.target_length} tokens ({status.factor} factors), "
+            f"model {status.model}"
         )
-    if status["best_perplexity"] is not None:
-        attention = status.get("best_attention_factor")
+    if status.best_perplexity is not None:
+        attention = status.best_attention_factor
         scale = f", attention factor {attention:.4f}" if attention is not None else ""
-        lines.append(f"  best perplexity {status['best_perplexity']:.4f} (candidate {status['best_key']}{scale})")
-    for name, ppl in sorted(status["seed_perplexities"].items(), key=lambda item: item[1] or float("inf")):
-        gain = f"  best is {100 * (1 - status['best_perplexity'] / ppl):.1f}% lower" if ppl else ""
+        lines.append(f"  best perplexity {status.best_perplexity:.4f} (candidate {status.best_key}{scale})")
+    for name, ppl in sorted(status.seed_perplexities.items(), key=lambda item: item[1] or float("inf")):
+        gain = f"  best is {100 * (1 - status.best_perplexity / ppl):.1f}% lower" if ppl else ""
         lines.append(f"  seed {name:12s} perplexity {ppl:.4f}{gain}" if ppl else f"  seed {name:12s} diverged")
     return "\n".join(lines)
 
 
-def _generations_text(status: dict[str, Any]) -> str:
+def _generations_text(status: RunStatus) -> str:
     """The optimizer, and generations numbered as the search's log numbers them: 0 is the initial population (a
     gradient run's: its seeds, then one generation per step and one for the rounding to the grid); a hybrid's
     polish under way, where it stands."""
-    done, last, steps = status["generation"], status["generations"], status.get("descent_steps")
-    optimizer = f"{status['optimizer']}: " if status.get("optimizer") else ""
+    done, last, steps = status.generation, status.generations, status.descent_steps
+    optimizer = f"{status.optimizer}: "
     if steps is not None:
         meaning = f"0 the seeds, 1-{steps} descent steps, {steps + 1} the best point rounded to the grid"
     else:
@@ -247,36 +310,31 @@ def _generations_text(status: dict[str, Any]) -> str:
     if done is None:
         return f"{optimizer}generation 0/{last} not done yet ({meaning})"
     text = f"{optimizer}generation {done}/{last} done ({meaning})"
-    polish = status.get("polish")
-    return text + (f"; {_polish_text(polish)}" if polish else "")
+    return text + (f"; {_polish_text(status.polish)}" if status.polish else "")
 
 
-def _polish_text(polish: dict[str, Any]) -> str:
+def _polish_text(polish: PolishProgress) -> str:
     """A hybrid's polish between two generations: its steps done and what comes next (or its rounded best, not
     yet adopted into the population)."""
-    where = polish_position(polish["steps_done"], polish["steps"], polish["rounded"])
-    after = f"the polish after generation {polish['after_generation']}"
-    if polish["rounded"]:
+    where = polish_position(polish.steps_done, polish.steps, polish.rounded)
+    after = f"the polish after generation {polish.after_generation}"
+    if polish.rounded:
         return f"{after}: {where}, not yet adopted"
-    return f"{after}: {polish['steps_done']}/{polish['steps']} steps done, next {where}"
+    return f"{after}: {polish.steps_done}/{polish.steps} steps done, next {where}"
 
 
-def state_text(status: dict[str, Any]) -> str:
+def state_text(status: RunStatus) -> str:
     """finished / running (who, how recently, ETA) / stopped (when, why, and how to go on)."""
-    if status["state"] == "finished":
-        return "finished" + (" (stopped early: no improvement)" if status["stopped_early"] else "")
-    if status["state"] == "running":
-        eta = f", ETA {status['eta_seconds'] / 60:.1f} min" if status["eta_seconds"] is not None else ""
-        if status["heartbeat"] != "running":  # the lock is held, the new holder has not written its heartbeat yet
+    if status.state == "finished":
+        return "finished" + (" (stopped early: no improvement)" if status.stopped_early else "")
+    if status.state == "running":
+        eta = f", ETA {status.eta_seconds / 60:.1f} min" if status.eta_seconds is not None else ""
+        if status.heartbeat != "running":  # the lock is held, the new holder has not written its heartbeat yet
             return f"running (starting){eta}"
-        return (
-            f"running (pid {status['pid']} on {status['host']}, last update {_ago(status['last_update_seconds'])}){eta}"
-        )
-    reason = f" ({status['stop_reason']})" if status["stop_reason"] else ""
-    stopped_at = status["stopped_at"].replace("T", " ")
-    return (
-        f"stopped at {stopped_at}{reason}; resume with `longrope search --resume {shlex.quote(status['resume_dir'])}`"
-    )
+        return f"running (pid {status.pid} on {status.host}, last update {_ago(status.last_update_seconds)}){eta}"
+    reason = f" ({status.stop_reason})" if status.stop_reason else ""
+    stopped_at = status.stopped_at.replace("T", " ")
+    return f"stopped at {stopped_at}{reason}; resume with `longrope search --resume {shlex.quote(status.resume_dir)}`"
 
 
 def _ago(seconds: float) -> str:
