@@ -27,6 +27,7 @@ from search_helpers import FunctionEvaluator, known_problem_run, make_coordinato
 from longrope.search.cli.main import main
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.optimizers.factory import load_job_config
+from longrope.search.optimizers.searcher import PolishProgress
 from longrope.search.run import heartbeat as heartbeats
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.stages import stage_configs
@@ -456,3 +457,17 @@ def test_a_progressive_job_s_status_is_its_latest_started_stage_named(tmp_path, 
     make_coordinator(last, RunDir(last.output_dir), FunctionEvaluator()).run()
     done = run_status(RunDir(tmp_path))
     assert (done.stage, done.state, done.stop_reason, done.finished) == ("2/2", "finished", None, True)
+
+
+def test_status_json_prints_a_polish_whole_and_leaves_out_only_what_is_unset(tmp_path):
+    """A polish built from an older state.json (format 1 or 2, `legacy_progress`) sets no `rounded`: the JSON
+    still says `"rounded": false`, as it did when the status was a dict. Unset top-level fields alone are left
+    out (no job.json here: no model, no lengths)."""
+    config = job(tmp_path, "search.generations=1")
+    RunDir(tmp_path).create(config)
+    make_coordinator(config, RunDir(tmp_path), FunctionEvaluator()).run()
+    polish = PolishProgress(after_generation=1, steps_done=0, steps=4)
+    shown = run_status(RunDir(tmp_path)).model_copy(update={"polish": polish}).as_json()
+    assert shown["polish"] == {"after_generation": 1, "steps_done": 0, "steps": 4, "rounded": False}
+    assert shown["eta_seconds"] is None and shown["stop_reason"] is None  # null, not absent
+    assert not {"model", "target_length", "best_attention_factor", "stage"} & set(shown)

@@ -269,7 +269,9 @@ class RunDir:
         (`polish_seconds` only once a polish step has run, as every format has written it)."""
         stamped = state.model_copy(update={"format": FORMAT, "config_hash": self.config_hash()})
         unused = set() if state.polish_seconds else {"polish_seconds"}
-        write_json_atomic(self.file(STATE), stamped.model_dump(mode="json", exclude=unused))
+        written = stamped.model_dump(mode="json", exclude=unused)
+        RunState.model_validate(written)  # what is written is what read_state accepts (the state as its kind's)
+        write_json_atomic(self.file(STATE), written)
 
     def config_hash(self) -> str:
         """The run's identity hash as config.json stores it (found intact when read), read once per RunDir (the

@@ -97,7 +97,8 @@ class RunStatus(BaseModel):
     stage: str | None = None  # a progressive job's latest started stage, "2/3"
 
     def as_json(self) -> dict:
-        return self.model_dump(exclude_unset=True)
+        """Every field set, whole (`polish` with its defaults too), none of those left out."""
+        return {name: value for name, value in self.model_dump().items() if name in self.model_fields_set}
 
 
 def run_status(
