@@ -17,7 +17,7 @@ from longrope.search.export.factors_export import ExportError, factors_file_of_r
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.run.job_context import JobContext
 from longrope.search.run.jobs import run_search
-from longrope.search.run.run_store import RunDir
+from longrope.search.run.run_store import RunDir, best_of
 from longrope.search.run.stages import stage_dir
 from longrope.workers.reference_recipe import reference_model_dir
 
@@ -51,10 +51,10 @@ def test_progressive_stages_seed_each_stage_from_the_last_and_resume_at_any_stag
     config = load_job_config(None, [*TINY, "target_length=1024", "search.stages=[256, 512]", f"output_dir={out}"])
     best = run(config)
     folders = [stage_dir(out, k, n) for k, n in enumerate((256, 512, 1024))]
-    stage_best = [RunDir(folder).best_record() for folder in folders]
+    stage_best = [best_of(RunDir(folder).read_history()) for folder in folders]
     assert best == stage_best[-1]
     for earlier, later, length in ((folders[0], folders[1], 512), (folders[1], folders[2], 1024)):
-        previous = RunDir(earlier).best_record()
+        previous = best_of(RunDir(earlier).read_history())
         seeds = {r.seed: r for r in RunDir(later).read_history().values() if r.seed}
         name = f"file:{earlier.name}"
         np.testing.assert_allclose(seeds[name].factors, previous.factors, atol=0.005 + 1e-9)

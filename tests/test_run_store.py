@@ -18,7 +18,7 @@ from search_helpers import FunctionEvaluator, make_coordinator
 from longrope.search.config.job_config import JobConfig
 from longrope.search.run.coordinator import Coordinator
 from longrope.search.run.run_check import read_run
-from longrope.search.run.run_store import RunDir, RunStoreError, write_json_atomic
+from longrope.search.run.run_store import RunDir, RunStoreError, best_of, write_json_atomic
 
 
 def job(tmp_path, generations: int = 4) -> JobConfig:
@@ -311,6 +311,6 @@ def test_a_run_directory_written_before_racing_still_reads_and_resumes(tmp_path)
     assert run_dir.read_config() == config
     assert run_dir.config_hash() == old_hash, "a format-1 run keeps the hash it was written with"
     best = coordinator(config, run_dir).run()
-    assert best == run_dir.best_record()
+    assert best == best_of(run_dir.read_history())
     raced = config.model_copy(update={"search": config.search.model_copy(update={"schedule": "steady"})})
     assert raced.hash() != config.hash(), "a field away from its default is part of the run's identity"

@@ -25,7 +25,7 @@ from longrope.search.optimizers.factory import make_searcher
 from longrope.search.optimizers.genome import Genome, GenomeGrid
 from longrope.search.optimizers.history_record import recorded_factors
 from longrope.search.run.run_formats import with_older_behaviour
-from longrope.search.run.run_store import RunDir
+from longrope.search.run.run_store import RunDir, best_of
 
 WINDOWS = 8
 
@@ -240,7 +240,7 @@ def test_a_used_up_grid_finishes_the_run_and_a_resume_does_not_try_again(tmp_pat
     best, _ = run_job(config, RunDir(tmp_path), QueueEvaluator(capacity=3))
     finals = final_lines(RunDir(tmp_path))
     assert len(finals) == len({r["key"] for r in finals}) <= 17
-    assert best == RunDir(tmp_path).best_record()
+    assert best == best_of(RunDir(tmp_path).read_history())
     state = json.loads((tmp_path / "state.json").read_text())
     own = state["optimizer"]["state"] or replayed_state(config, RunDir(tmp_path))  # steady: kept; else: replayed
     assert own["exhausted"] and state["finished"]

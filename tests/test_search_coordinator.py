@@ -12,7 +12,7 @@ from known_problem import OPTIMUM, objective, problem
 from search_helpers import JOB_RECORD, FunctionEvaluator, make_coordinator, replayed_state, run_job
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.run.run_store import RunDir, RunStoreError
+from longrope.search.run.run_store import RunDir, RunStoreError, best_of
 
 
 def job(tmp_path, **search) -> JobConfig:
@@ -39,7 +39,7 @@ def test_finds_the_known_optimum(tmp_path):
         (json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()),
         key=lambda record: record["mean_nll"],
     )
-    assert RunDir(tmp_path).best_record() == best and best.line() == json.dumps(coordinator_best)
+    assert best_of(RunDir(tmp_path).read_history()) == best and best.line() == json.dumps(coordinator_best)
     lines = (tmp_path / "history.jsonl").read_text().splitlines()
     assert len(lines) == len({json.loads(line)["key"] for line in lines}), "no candidate scored twice"
 
@@ -91,7 +91,7 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
     config = job(tmp_path, generations=1, n_hat={"enabled": True, "choices": [0, 8]})
     run_job(config, RunDir(tmp_path), FunctionEvaluator())
     write_json_atomic(tmp_path / "job.json", JOB_RECORD)
-    best = RunDir(tmp_path).best_record()
+    best = best_of(RunDir(tmp_path).read_history())
     better = best.mean_nll / 2  # a better candidate with n_hat, as a search may find (its line self-consistent)
     line = {
         **json.loads(best.line()),
@@ -116,7 +116,7 @@ def test_another_runs_best_seeds_a_new_search(tmp_path):
 
     first = job(tmp_path / "first", generations=1)
     run_job(first, RunDir(tmp_path / "first"), FunctionEvaluator())
-    best = RunDir(tmp_path / "first").best_record()
+    best = best_of(RunDir(tmp_path / "first").read_history())
     # the reference model has 16 pairs, as the cheap problem does
     config = load_job_config(None, ["target_length=1024", f"search.seed_files=[{tmp_path / 'first'}]"])
     seed, moved = [s for s in JobContext.resolve(config).seeds() if s.name.startswith("file:")]

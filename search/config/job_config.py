@@ -126,7 +126,7 @@ def _first_difference(first: Any, second: Any, where: str) -> str | None:
     return None if first == second else where
 
 
-def digest(fields: dict[str, Any]) -> str:
+def digest(fields: dict[str, Any] | list) -> str:
     """sha256 (first 16 hex digits) of JSON fields with sorted keys: the run directory's one hash."""
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 

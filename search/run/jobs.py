@@ -8,14 +8,12 @@ there: no model, no windows, no Ray (not even imported: the pool is imported onl
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from longrope.search.config.job_config import JobConfig
+from longrope.search.config.job_config import JobConfig, digest
 from longrope.search.config.strict import JobConfigError
 from longrope.search.downloads.debian_docs import read_corpus_record
 from longrope.search.optimizers.factory import make_searcher, search_plan
@@ -288,8 +286,7 @@ def _backward_cost(config: JobConfig, options: _Options) -> float | None:
 
 def seeds_hash(seeds: list[Seed]) -> str:
     """Identity of the seeds as resolved: the optimizer's first generation is drawn from them."""
-    payload = [[s.name, [float(v) for v in s.factors], s.attention_factor] for s in seeds]
-    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
+    return digest([[s.name, [float(v) for v in s.factors], s.attention_factor] for s in seeds])
 
 
 def job_record(context: JobContext, windows: Windows, config_hash: str) -> JobRecord:

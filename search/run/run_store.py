@@ -337,13 +337,6 @@ class RunDir:
         with os_errors(str(self.file(HISTORY)), "cut the torn last line", RunStoreError):
             os.truncate(self.file(HISTORY), history.good_length)
 
-    def best_record(self) -> HistoryRecord:
-        """The run's best scored candidate (see `best_of`), read from history.jsonl."""
-        best = best_of(self.read_history())
-        if best is None:
-            raise RunStoreError(f"{self.file(HISTORY)}: {NOT_SCORED_YET}")
-        return best
-
     def check_directory(self) -> None:
         """The run directory itself is there and is a directory: one line for a path too long for the system, a
         symlink loop, a missing folder or a file, instead of an OSError traceback or "config.json: missing"."""

@@ -12,7 +12,7 @@ import shlex
 import statistics
 import time
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,21 +38,6 @@ from longrope.search.run.run_store import (
 from longrope.search.run.stages import stage_lengths, started_stages
 
 KILLED = "no clean stop was recorded: killed (SIGKILL, out of memory) or its machine went down"
-
-
-class Liveness(BaseModel):
-    """Whether the run is finished, running or stopped; who wrote its heartbeat and how long ago; for a stopped
-    run, when (ISO 8601, local time) and why it stopped."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    state: Literal["finished", "running", "stopped"]
-    pid: int | None = None
-    host: str | None = None
-    heartbeat: str | None = None  # heartbeat.json's own state, "running" once the holder has written it
-    last_update_seconds: float | None = None
-    stopped_at: str | None = None
-    stop_reason: str | None = None
 
 
 class RunStatus(BaseModel):
@@ -120,8 +105,8 @@ def run_status(
     run = read_run(run_dir)
     history = run.records
     life = liveness(run_dir, run.finished, now=now, host=host, stale_after_s=stale_after_s)
-    polish = polish_status(run)
-    eta = _eta_seconds(run, polish) if life.state == "running" else None
+    polish = None if run.finished or run.progress is None else run.progress.polish  # a hybrid's polish under way
+    eta = _eta_seconds(run, polish) if life["state"] == "running" else None
     best = run.best
     forward, backward = window_passes(history)
     return RunStatus(
@@ -129,7 +114,7 @@ def run_status(
         resume_dir=str(run_dir.path),
         name=config.name,
         optimizer=config.search.optimizer,
-        descent_steps=_descent_steps(run),
+        descent_steps=searcher_class(config.search.optimizer).descent_steps(config.search),
         generation=run.generation_done,
         generations=run.last_generation,
         polish=polish,
@@ -140,7 +125,7 @@ def run_status(
         **screening_fields(run),
         finished=run.finished,
         stopped_early=bool(run.state and run.state.stopped_early),
-        **life.model_dump(),
+        **life,
         best_perplexity=best.perplexity if best else None,
         best_key=best.key if best else None,
         seed_perplexities=seed_perplexities(history),
@@ -156,19 +141,6 @@ def screening_fields(run: CheckedRun) -> dict[str, int | None]:
         return {"proposed": None, "screened_out": None}
     progress = run.progress
     return {"proposed": progress.proposed if progress else 0, "screened_out": progress.screened_out if progress else 0}
-
-
-def _descent_steps(run: CheckedRun) -> int | None:
-    """A gradient run's steps (its generations are the seeds, the steps and the rounding); None for the others."""
-    return searcher_class(run.config.search.optimizer).descent_steps(run.config.search)
-
-
-def polish_status(run: CheckedRun) -> PolishProgress | None:
-    """A hybrid's polish under way or due now (between generation `after_generation` and the next): its steps
-    done of `steps`, and whether its best is rounded to the grid; None for other optimizers, or no polish now."""
-    if run.finished or run.progress is None or run.progress.polish is None:
-        return None
-    return run.progress.polish
 
 
 def _eta_seconds(run: CheckedRun, polish: PolishProgress | None) -> float | None:
@@ -223,10 +195,10 @@ def _staged_status(run_dir: RunDir, config: JobConfig, *, now: float, host: str,
     return status.model_copy(update=named)
 
 
-def liveness(run_dir: RunDir, finished: bool, *, now: float, host: str, stale_after_s: float) -> Liveness:
-    """The run's state: finished, running (the lock is held, or the heartbeat says so credibly: see
-    `heartbeat.is_alive`) or stopped; with who wrote the heartbeat, how long ago, and for a stopped run when and
-    why it stopped."""
+def liveness(run_dir: RunDir, finished: bool, *, now: float, host: str, stale_after_s: float) -> dict[str, Any]:
+    """`RunStatus`'s liveness fields: the run's state, finished, running (the lock is held, or the heartbeat says
+    so credibly: see `heartbeat.is_alive`) or stopped; who wrote the heartbeat, how long ago, and for a stopped run
+    when and why it stopped."""
     beat = heartbeats.read_heartbeat(run_dir.file(heartbeats.HEARTBEAT))
     alive = heartbeats.is_alive(beat, run_dir.lock_held(), now=now, host=host, stale_after_s=stale_after_s)
     state = "finished" if finished else "running" if alive else "stopped"
@@ -235,15 +207,15 @@ def liveness(run_dir: RunDir, finished: bool, *, now: float, host: str, stale_af
     else:
         stopped_at = _iso(beat.updated_at if beat else _last_write(run_dir))
         stop_reason = (beat.stop_reason if beat.state == "stopped" else KILLED) if beat else None
-    return Liveness(
-        state=state,
-        pid=beat.pid if beat else None,
-        host=beat.host if beat else None,
-        heartbeat=beat.state if beat else None,
-        last_update_seconds=max(0.0, now - beat.updated_at) if beat else None,
-        stopped_at=stopped_at,
-        stop_reason=stop_reason,
-    )
+    return {
+        "state": state,
+        "pid": beat.pid if beat else None,
+        "host": beat.host if beat else None,
+        "heartbeat": beat.state if beat else None,
+        "last_update_seconds": max(0.0, now - beat.updated_at) if beat else None,
+        "stopped_at": stopped_at,
+        "stop_reason": stop_reason,
+    }
 
 
 def _iso(timestamp: float) -> str:

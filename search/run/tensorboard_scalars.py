@@ -25,13 +25,11 @@ never go back. Nothing here feeds back into the search: history.jsonl is the sam
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from pathlib import Path
 
 from longrope.search.config.job_config import JobConfig
-from longrope.search.config.strict import JobConfigError
 from longrope.search.run.reporting import Progress
 from longrope.search.run.run_store import RunStoreError
 from longrope.search.run.trajectory import window_equivalents
@@ -40,15 +38,6 @@ from longrope.workers.errors import os_errors
 TENSORBOARD_DIR = "tensorboard"
 INSTALL = "pip install 'longrope-search[tensorboard]'"
 EVENT_FILES = "events.out.tfevents.*"
-
-
-def check_tensorboard(config: JobConfig) -> None:
-    """Refuse, before anything is written, a job that asks for TensorBoard scalars where the package is missing."""
-    if config.search.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise JobConfigError(
-            f"search.tensorboard: true needs the tensorboard package, which is not installed here: {INSTALL} "
-            "(or set search.tensorboard: false)"
-        )
 
 
 def check_tensorboard_folder(config: JobConfig) -> None:
