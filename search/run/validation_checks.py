@@ -100,9 +100,12 @@ def tensorboard_checks(config: JobConfig, *, offline: bool = False) -> list[dict
     if not config.search.tensorboard:
         return []
     if importlib.util.find_spec("tensorboard") is None:
-        missing = f"search.tensorboard: true needs the tensorboard package, which is not installed here: {INSTALL}"
+        missing = (
+            f"search.tensorboard: true needs the tensorboard package, which is not installed here: {INSTALL} "
+            "(or set search.tensorboard: false)"
+        )
         if not offline:
-            raise JobConfigError(f"{missing} (or set search.tensorboard: false)")
+            raise JobConfigError(missing)
         return [validation_check("search.tensorboard", True, "skipped", f"--offline: {missing}")]
     detail = "the tensorboard package is installed (scalars go to RUN/tensorboard/)"
     return [validation_check("search.tensorboard", True, "ok", detail)]
