@@ -55,15 +55,15 @@ def assert_same_export(today: dict, old: dict) -> None:
 
 
 def test_the_fixtures_cover_every_older_format_and_optimizer():
-    """At least three commits; a GA, a gradient and a hybrid run, and one killed mid-generation; and a fixture of
-    every format before this one (whoever raises run_formats.FORMAT adds one of the format it replaces)."""
+    """At least three commits; a run of every optimizer, a surrogate-screened GA and a staged (progressive) run,
+    and one killed mid-generation; and a fixture of every format before this one (whoever raises run_formats.FORMAT
+    adds one of the format it replaces)."""
     commits = {name.split("-")[0] for name in RUNS}
     assert len(commits) >= 3, RUNS
-    optimizers = {
-        json.loads((FIXTURES / n / "config.json").read_text())["config"]["search"].get("optimizer", "dim_mono")
-        for n in RUNS
-    }
-    assert {"dim_mono", "gradient", "hybrid"} <= optimizers
+    searches = [json.loads((FIXTURES / n / "config.json").read_text())["config"]["search"] for n in RUNS]
+    assert {"dim_mono", "cmaes", "gradient", "hybrid"} <= {s.get("optimizer", "dim_mono") for s in searches}
+    assert any(s.get("surrogate", {}).get("enabled") for s in searches), "a screened GA"
+    assert any(s.get("stages") for s in searches), "a staged run"
     assert UNFINISHED, "a run killed mid-generation"
     formats = {json.loads((FIXTURES / n / "config.json").read_text()).get("format", 1) for n in RUNS}
     assert set(range(1, FORMAT)) <= formats
