@@ -124,3 +124,26 @@ def test_a_killed_one_resumes_to_the_result_the_old_code_reached(name, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     today = exported(run, tmp_path / "factors.json")
     assert_same_export(today, json.loads((FIXTURES / f"{name}.resumed.export.json").read_text()))
+
+
+def test_a_resume_checks_what_it_resolved_against_job_json_as_stored(tmp_path, capsys):
+    """A resume resolves the model, windows and seeds again and holds them against job.json as `read_run` read it:
+    a job.json that pins other seeds (here written as a resealed record, as if a seed file had changed since the
+    run started) is refused in one line, and no run file is written (only the windows cache, which the check
+    needs, may be: it is keyed by its contents)."""
+    from cli_checks import snapshot
+
+    from longrope.search.run.job_record import JobRecord
+
+    run = copy_of("013706b-killed", tmp_path)
+    job = JobRecord.model_validate_json((run / "job.json").read_text())
+    (run / "job.json").write_text(json.dumps(job.model_copy(update={"seeds_hash": "0123456789abcdef"}).sealed()))
+
+    def run_files():
+        return {name: entry for name, entry in snapshot(run).items() if not name.startswith("windows-cache")}
+
+    before = run_files()
+    assert main(["search", "--no-progress", "--resume", str(run)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "job.json: seeds_hash was '0123456789abcdef' when the run started, is now" in error, error
+    assert run_files() == before

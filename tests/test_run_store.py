@@ -234,18 +234,18 @@ def test_a_resume_may_move_to_other_workers_only(clean):
 def test_resume_refuses_a_run_whose_seeds_or_data_changed(clean):
     from search_helpers import JOB_RECORD
 
-    from longrope.search.run.job_record import JobRecord, check_job_record
+    from longrope.search.run.job_record import JobRecord, check_job_record, read_job_record
 
     run_dir, _ = clean
     stored = JobRecord.model_validate({**JOB_RECORD, "seeds_hash": "aaaa"})
     write_json_atomic(run_dir.file("job.json"), stored.model_dump(mode="json"))
-    assert check_job_record(run_dir, stored) is False  # unchanged: nothing to write
+    as_read = read_job_record(run_dir)
+    assert check_job_record(run_dir, as_read, stored) is False  # unchanged: nothing to write
     for change in ({"seeds_hash": "bbbb"}, {"search_windows_hash": "other"}, {"partial_rotary_factor": 0.5}):
         name = next(iter(change))
         with pytest.raises(RunStoreError, match=rf"job\.json: {name} was .* start a new run instead"):
-            check_job_record(run_dir, stored.model_copy(update=change))
-    run_dir.file("job.json").unlink()
-    assert check_job_record(run_dir, stored) is True  # killed before job.json: the resume writes it
+            check_job_record(run_dir, as_read, stored.model_copy(update=change))
+    assert check_job_record(run_dir, None, stored) is True  # killed before job.json: the resume writes it
 
 
 def test_a_backup_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):

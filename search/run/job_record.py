@@ -147,12 +147,12 @@ def read_job_record(run_dir: RunDir) -> JobRecord:
     return record
 
 
-def check_job_record(run_dir: RunDir, record: JobRecord) -> bool:
+def check_job_record(run_dir: RunDir, stored: JobRecord | None, record: JobRecord) -> bool:
     """On resume: True when job.json must still be written (a kill right after config.json); an error when the
-    stored record differs from what this resume resolved (the model or the data changed under the run)."""
-    if not run_dir.file(JOB_FILE).exists():
+    stored record (as `read_run` read it) differs from what this resume resolved (the model or the data changed
+    under the run)."""
+    if stored is None:
         return True
-    stored = read_job_record(run_dir)
     for name in PINNED_FIELDS:
         if getattr(stored, name) is not None and getattr(stored, name) != getattr(record, name):
             raise RunStoreError(

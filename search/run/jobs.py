@@ -100,7 +100,7 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> His
         rebuild(run_dir, searcher, checked.state, checked.history)
         windows = _search_windows(context)
         record = job_record(context, windows, run_dir.config_hash())
-        if check_job_record(run_dir, record):  # every check has passed: now the directory may be written
+        if check_job_record(run_dir, checked.job, record):  # every check has passed: now the directory may be written
             write_json_atomic(run_dir.file(JOB_FILE), record.sealed())
         _cut_torn_tail(run_dir, checked, options.reporter)
         options.reporter.log(
