@@ -147,3 +147,24 @@ def test_a_resume_checks_what_it_resolved_against_job_json_as_stored(tmp_path, c
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "job.json: seeds_hash was '0123456789abcdef' when the run started, is now" in error, error
     assert run_files() == before
+
+
+@pytest.mark.slow
+def test_a_resume_writes_a_lost_job_json_again(tmp_path):
+    """A run that lost job.json (killed between config.json and job.json, or deleted) resumes: the resume writes
+    job.json again from what it resolved, the same record the old code wrote but for where today's model lives,
+    and reaches the old code's result."""
+    name = "013706b-killed"
+    run = copy_of(name, tmp_path)
+    (run / "job.json").unlink()
+    longrope = shutil.which("longrope", path=str(Path(sys.executable).parent))
+    resumed = subprocess.run(
+        [longrope, "search", "--no-progress", "--resume", str(run)], capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    old, new = (json.loads((folder / "job.json").read_text()) for folder in (FIXTURES / name, run))
+    where = {"model_dir", "record_hash"}  # the model's install path, and so the record's hash
+    assert {k: v for k, v in new.items() if k not in where} == {k: v for k, v in old.items() if k not in where}
+    expected = json.loads((FIXTURES / f"{name}.resumed.export.json").read_text())
+    expected["provenance"]["model"] = new["model_dir"]  # the export names the model job.json now records
+    assert_same_export(exported(run, tmp_path / "factors.json"), expected)
