@@ -61,7 +61,7 @@ def test_run_directory_is_complete(reference_model_run):
     state = run_dir.read_state()
     assert state.finished and state.progress.generation == 3 and state.searcher is None  # the GA is replayed
     history = run_dir.read_history()
-    assert len(history) == 8 + 2 * 6 and best == best_of(run_dir.read_history())
+    assert len(history) == 8 + 2 * 6 and best == best_of(history)
     assert {r.seed for r in history.values()} >= {"pi", "ntk", "yarn"}
     assert all(len(r.nll) == 4 and r.tokens == [1024] * 4 for r in history.values())
 
