@@ -1,15 +1,16 @@
-"""The shape of every file a run directory holds, as plain JSON, and the snapshot it is checked against.
+"""The shape of every file a run directory holds, as plain JSON, and the last release's snapshot of it.
 
-Why: a run directory outlives the code that wrote it (users keep one for weeks and upgrade in the middle), so a
-change to what config.json, job.json, history.jsonl, state.json or heartbeat.json hold must come with a fixture
-run directory written by the code before the change (tests/fixtures/old_runs/README.md says how), which today's
-readers are then tested on. The shape is each pydantic model's fields (name, type, constraints, default, aliases),
+Why: a run directory outlives the release that wrote it, so from 1.0 on every release reads every earlier
+release's run directories. The shape is each pydantic model's fields (name, type, constraints, default, aliases),
 its config rules (extra, strict, ...) and its validators' code, walked into nested models, plus what the fields
 typed `Any` hold (a genome, the generator state): written by hand rather than with `model_json_schema`, whose
 output changes with the pydantic release, not with our files.
 
-`python tests/run_file_shapes.py --write` rewrites the snapshot; it refuses while the shape changed and no new
-fixture was added since the snapshot was last written.
+Each release's snapshot lies beside its fixture run directories, in tests/fixtures/releases/<version>/shapes.json
+(`python tests/release_fixtures.py <version>` writes both, with the code of that release). A change to a shape
+since the newest release needs a new run-directory format (`run_store.FORMAT`) whose reader still reads that
+release's format (`run_store.READABLE_FORMATS`); the release's fixtures hold the reader to it. Commits within a
+release owe each other nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import hashlib
 import inspect
 import io
 import json
-import sys
 import textwrap
 import tokenize
 import types
@@ -35,11 +35,9 @@ from longrope.search.optimizers.genome import Genome
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.run.heartbeat import Heartbeat
 from longrope.search.run.job_record import JobRecord
-from longrope.search.run.run_formats import FORMAT
-from longrope.search.run.run_store import RunState
+from longrope.search.run.run_store import FORMAT, RunState
 
-FIXTURES = Path(__file__).parent / "fixtures" / "old_runs"
-SNAPSHOT = FIXTURES / "shapes.json"
+RELEASES = Path(__file__).parent / "fixtures" / "releases"
 FILES = {
     "config.json": JobConfig,
     "job.json": JobRecord,
@@ -184,30 +182,26 @@ def current_shapes() -> dict:
     }
 
 
-def fixture_names() -> list[str]:
-    return sorted(path.name for path in FIXTURES.iterdir() if (path / "config.json").is_file())
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
-def read_snapshot() -> dict:
-    return json.loads(SNAPSHOT.read_text())
+def releases() -> list[str]:
+    """The releases with fixtures, oldest first."""
+    return sorted((path.name for path in RELEASES.iterdir() if path.is_dir()), key=version_key)
 
 
-def write_snapshot() -> str:
-    """Rewrite the snapshot with today's shapes and fixtures; refused (a message) while the shapes changed and no
-    fixture was added since it was last written."""
-    shapes, old = current_shapes(), read_snapshot() if SNAPSHOT.exists() else None
-    if old is not None and old["shapes"] != shapes and set(fixture_names()) <= set(old["fixtures"]):
-        return (
-            "refused: the run directory's files changed shape, and no fixture was added since the snapshot; write "
-            "one with the code before the change (tests/fixtures/old_runs/README.md says how), then rerun this"
-        )
-    SNAPSHOT.write_text(json.dumps({"shapes": shapes, "fixtures": fixture_names()}, indent=1) + "\n")
-    return f"wrote {SNAPSHOT}"
+def release_runs(version: str) -> list[str]:
+    """The run directories a release's fixtures hold (a staged run's stages live inside its folder)."""
+    folder = RELEASES / version
+    return sorted(path.name for path in folder.iterdir() if (path / "config.json").is_file())
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/run_file_shapes.py --write")
-    message = write_snapshot()
-    print(message)
-    sys.exit(1 if message.startswith("refused") else 0)
+def read_snapshot(version: str) -> dict:
+    return json.loads((RELEASES / version / "shapes.json").read_text())
+
+
+def write_snapshot(version: str) -> None:
+    """The shapes of this code's run files, as release `version`'s snapshot."""
+    (RELEASES / version).mkdir(parents=True, exist_ok=True)
+    (RELEASES / version / "shapes.json").write_text(json.dumps(current_shapes(), indent=1) + "\n")

@@ -130,7 +130,8 @@ def foreign_state(t: Path) -> Path:
 
 
 def foreign_legacy_state(t: Path) -> Path:
-    """A state.json of an older version (no config hash) from a 3-generation run, in a 1-generation run."""
+    """A state.json stripped of its config hash, from a 3-generation run, in a 1-generation run: caught by its
+    generation counts."""
     run = foreign_state(t)
     edit_json(run / "state.json", lambda state: {k: v for k, v in state.items() if k != "config_hash"})
     return run

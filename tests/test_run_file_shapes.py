@@ -1,9 +1,12 @@
-"""A change to a file a run directory holds comes with a fixture of the previous format.
+"""A run file's shape changed since the last release comes with a new run-directory format that still reads the
+release's.
 
 The files' shapes (every field, type, constraint and default of their pydantic models, `run_file_shapes`) are
-checked against the snapshot tests/fixtures/old_runs/shapes.json, which can only be rewritten once a fixture run
-directory was added: so a field added to the config or to state.json, however harmless it looks, first gets a
-run directory of the code before it, which tests/test_old_run_dirs.py then reads, exports and resumes."""
+checked against the newest release's snapshot, tests/fixtures/releases/<version>/shapes.json: a change to any
+model the release wrote, however harmless it looks, needs `run_store.FORMAT` moved on, with the release's format
+still among `READABLE_FORMATS`, and tests/test_release_runs.py then reads, exports and resumes that release's
+fixture run directories with today's code. A model the release did not have (a new optimizer's state) is no
+change: no run directory of that release holds one."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import run_file_shapes
 from pydantic import ConfigDict, Field, create_model, field_validator
 
 from longrope.search.run.job_record import JobRecord
+from longrope.search.run.run_store import FORMAT, READABLE_FORMATS
 
 
 def first_difference(old: object, new: object, where: str = "") -> str | None:
@@ -28,12 +32,42 @@ def first_difference(old: object, new: object, where: str = "") -> str | None:
     return None if old == new else f"{where}: {old!r} -> {new!r}"
 
 
-def test_the_run_files_have_the_snapshots_shape():
-    change = first_difference(run_file_shapes.read_snapshot()["shapes"], run_file_shapes.current_shapes())
-    assert change is None, (
-        f"a run directory's file changed shape ({change.lstrip('.')}): add a fixture run directory written by the "
-        "code before this change (tests/fixtures/old_runs/README.md), then `python tests/run_file_shapes.py --write`"
+def release_change(release: dict, today: dict) -> str | None:
+    """The first change to what a release's run directories hold: a model it wrote, the file a model is written to,
+    a searcher kind's state model, or what the `Any` fields hold. Models and kinds added since are no change."""
+    old, new = release["models"], today["models"]
+    for name in old:
+        if found := first_difference(old[name], new.get(name, {}), f".models.{name}"):
+            return found
+    for part in ("files", "payloads"):
+        if found := first_difference(release[part], today[part], f".{part}"):
+            return found
+    kinds = {kind: today["searcher_states"].get(kind) for kind in release["searcher_states"]}
+    return first_difference(release["searcher_states"], kinds, ".searcher_states")
+
+
+def test_a_shape_changed_since_the_last_release_moves_the_format_on():
+    version = run_file_shapes.releases()[-1]
+    release = run_file_shapes.read_snapshot(version)
+    change = release_change(release, run_file_shapes.current_shapes())
+    if change is None:
+        assert release["format"] == FORMAT, f"the shapes are release {version}'s: so is its format"
+        return
+    assert release["format"] != FORMAT and release["format"] in READABLE_FORMATS, (
+        f"a run directory's file changed shape since release {version} ({change.lstrip('.')}): move "
+        f"run_store.FORMAT on from {release['format']!r} and keep reading {release['format']!r} (READABLE_FORMATS); "
+        f"tests/test_release_runs.py holds the reader to release {version}'s fixtures"
     )
+
+
+def test_a_model_or_optimizer_added_since_the_release_is_no_change():
+    release = run_file_shapes.read_snapshot(run_file_shapes.releases()[-1])
+    today = json.loads(json.dumps(release))
+    today["models"]["RandomState"] = {"config": {}, "fields": {"seen": {"type": "int"}}, "validators": {}}
+    today["searcher_states"]["random"] = "RandomState"
+    assert release_change(release, today) is None
+    del today["models"]["JobRecord"]["fields"]["model_dir"]
+    assert release_change(release, today) == ".models.JobRecord.fields.model_dir: removed"
 
 
 def test_a_field_added_with_a_default_changes_the_shape():
@@ -77,30 +111,3 @@ def test_two_models_of_one_name_are_both_walked():
     shapes = run_file_shapes.model_shapes({"a.json": create_model("A", inner=(first, ...)), "b.json": second})
     inner = {name: shape["fields"] for name, shape in shapes.items() if name.endswith("Inner")}
     assert sorted(map(list, inner.values())) == [["x"], ["y"]]
-
-
-@pytest.fixture
-def snapshot_copy(tmp_path, monkeypatch):
-    path = tmp_path / "shapes.json"
-    path.write_text(run_file_shapes.SNAPSHOT.read_text())
-    monkeypatch.setattr(run_file_shapes, "SNAPSHOT", path)
-    return path
-
-
-def test_the_snapshot_is_not_rewritten_for_a_new_shape_without_a_new_fixture(snapshot_copy):
-    snapshot = json.loads(snapshot_copy.read_text())
-    del snapshot["shapes"]["models"]["RunState"]["fields"]["finished"]  # the code "before" had no such field
-    snapshot_copy.write_text(json.dumps(snapshot))
-    before = snapshot_copy.read_bytes()
-    assert run_file_shapes.write_snapshot().startswith("refused: the run directory's files changed shape")
-    assert snapshot_copy.read_bytes() == before
-
-
-def test_the_snapshot_is_rewritten_once_a_fixture_was_added(snapshot_copy):
-    snapshot = json.loads(snapshot_copy.read_text())
-    del snapshot["shapes"]["models"]["RunState"]["fields"]["finished"]
-    snapshot["fixtures"] = snapshot["fixtures"][:-1]  # the newest fixture came after the snapshot
-    snapshot_copy.write_text(json.dumps(snapshot))
-    assert run_file_shapes.write_snapshot() == f"wrote {snapshot_copy}"
-    rewritten = json.loads(snapshot_copy.read_text())
-    assert rewritten == {"shapes": run_file_shapes.current_shapes(), "fixtures": run_file_shapes.fixture_names()}

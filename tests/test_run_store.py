@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import signal
@@ -18,7 +17,7 @@ from search_helpers import FunctionEvaluator, make_coordinator
 from longrope.search.config.job_config import JobConfig
 from longrope.search.run.coordinator import Coordinator
 from longrope.search.run.run_check import read_run
-from longrope.search.run.run_store import RunDir, RunStoreError, best_of, write_json_atomic
+from longrope.search.run.run_store import RunDir, RunStoreError, write_json_atomic
 
 
 def job(tmp_path, generations: int = 4) -> JobConfig:
@@ -278,39 +277,37 @@ def test_resuming_a_finished_run_starts_no_worker(clean, capsys):
     assert not ray.is_initialized(), "nothing to score: no Ray, no model copies"
 
 
-def test_a_run_directory_written_before_racing_still_reads_and_resumes(tmp_path):
-    """config.json as the release before racing wrote it: no optimizer/schedule/racing/cmaes fields (nor the
-    later space/critical_dim/length_scale/factor/long_factors/stages/tensorboard and data.objective), and its hash
-    taken over the config without them (computed here from the dump, a second formulation)."""
-    later_search = (
-        "gradient",
-        "optimizer",
-        "schedule",
-        "racing",
-        "cmaes",
-        "space",
-        "critical_dim",
-        "length_scale",
-        "factor",
-        "long_factors",
-        "stages",
-        "tensorboard",  # never part of a run's identity, whatever its value
-    )
-    config = job(tmp_path, generations=2)
-    identity = config.model_dump(mode="json", exclude={"output_dir", "workers"})
-    for name in later_search:
-        del identity["search"][name]
-    del identity["data"]["objective"]
-    old_hash = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    stored = config.model_dump(mode="json")
-    for name in later_search:
-        del stored["search"][name]
-    del stored["data"]["objective"]
+@pytest.mark.parametrize(
+    ("stored", "held"),
+    [
+        (None, "holds a pre-release format (no format key), written before release 1.0"),
+        (3, "holds pre-release format 3, written before release 1.0"),
+        ("2.0", "holds format 2.0, written by a newer longrope-search"),
+        ("one", "format must be one of ['1.0'], got 'one'"),
+    ],
+)
+def test_a_run_directory_of_another_format_is_refused_and_left_as_it_is(tmp_path, capsys, stored, held):
+    """config.json's or state.json's `format` other than the one this release reads: one line naming the file, the
+    format it holds and the one this release reads, exit 2, and not a byte of the directory changed."""
+    from longrope.search.cli.main import main
+
+    config = job(tmp_path, generations=1)
     run_dir = RunDir(tmp_path)
-    write_json_atomic(run_dir.file("config.json"), {"config_hash": old_hash, "config": stored})
-    assert run_dir.read_config() == config
-    assert run_dir.config_hash() == old_hash, "a format-1 run keeps the hash it was written with"
-    best = coordinator(config, run_dir).run()
-    assert best == best_of(run_dir.read_history())
-    raced = config.model_copy(update={"search": config.search.model_copy(update={"schedule": "steady"})})
-    assert raced.hash() != config.hash(), "a field away from its default is part of the run's identity"
+    run_dir.create(config)
+    coordinator(config, run_dir).run()
+    for name in ("config.json", "state.json"):
+        document = json.loads(run_dir.file(name).read_text())
+        document.pop("format")
+        write_json_atomic(run_dir.file(name), document if stored is None else {**document, "format": stored})
+        before = {path.name: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()}
+        for command in (
+            ["status", str(tmp_path)],
+            ["export", str(tmp_path), "-o", str(tmp_path / "f.json")],
+            ["search", "--resume", str(tmp_path)],
+        ):
+            assert main(command) == 2
+            error = capsys.readouterr().err.strip()
+            assert error.count("\n") == 0 and error.startswith(f"longrope: error: {run_dir.file(name)}: {held}"), error
+            assert "this release reads format 1.0" in error or "must be one of" in error
+        assert {path.name: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == before
+        write_json_atomic(run_dir.file(name), {**document, "format": "1.0"})

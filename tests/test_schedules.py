@@ -24,7 +24,6 @@ from longrope.search.optimizers.cmaes import CmaesOptimizer
 from longrope.search.optimizers.factory import make_searcher
 from longrope.search.optimizers.genome import Genome, GenomeGrid
 from longrope.search.optimizers.history_record import recorded_factors
-from longrope.search.run.run_formats import with_older_behaviour
 from longrope.search.run.run_store import RunDir, best_of
 
 WINDOWS = 8
@@ -173,18 +172,17 @@ def test_cmaes_parametrisation_is_monotone_and_round_trips_the_seeds():
     assert optimizer.grid.factors(optimizer.decode(x))[:4].tolist() == [2.0, 3.0, 3.0, 3.0]
 
 
-def test_cmaes_is_sized_by_its_own_settings_and_an_older_run_by_the_gas():
+def test_cmaes_is_sized_by_its_own_settings_or_by_the_gas():
     """Own sizing: pycma's default population 4 + floor(3 ln 16) = 4 + 8 = 12 for 16 pairs (Hansen 2016, Table 1),
-    `cmaes.generations` of them after the 3 seeds. A config.json written before `cmaes.sizing` existed reads as
-    'ga': the GA's budget, 16 + 10 x 32 = 336 candidates, spent in generations of 16 + 16 samples."""
+    `cmaes.generations` of them after the 3 seeds. Sizing 'ga': the GA's budget, 16 + 10 x 32 = 336 candidates,
+    spent in generations of 16 + 16 samples."""
     own = cmaes({"cmaes": {"generations": 7}})
     assert (own.popsize, own.iterations, own.budget, own.total_generations) == (12, 7, 3 + 7 * 12, 8)
     assert cmaes({"cmaes": {"generations": 7, "population": 5}}).budget == 3 + 7 * 5
     stored = job("unused", optimizer="cmaes").model_dump(mode="json")
-    del stored["search"]["cmaes"]["sizing"], stored["search"]["cmaes"]["generations"]
-    older = JobConfig.model_validate(with_older_behaviour(stored)).search
-    assert older.cmaes.sizing == "ga"
-    searcher = make_searcher(older, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
+    stored["search"]["cmaes"]["sizing"] = "ga"
+    by_ga = JobConfig.model_validate(stored).search
+    searcher = make_searcher(by_ga, pairs=PAIRS, scale=4.0, seeds=problem().seeds)
     assert searcher.popsize == 32 and searcher.iterations == -(-(336 - 3) // 32) == 11
 
 

@@ -48,9 +48,8 @@ def test_a_progressive_job_s_status_is_its_latest_started_stage_named(tmp_path, 
 
 
 def test_status_json_prints_a_polish_whole_and_leaves_out_only_what_is_unset(tmp_path):
-    """A polish built from an older state.json (format 1 or 2, `legacy_progress`) sets no `rounded`: the JSON
-    still says `"rounded": false`, as it did when the status was a dict. Unset top-level fields alone are left
-    out (no job.json here: no model, no lengths)."""
+    """A polish that sets no `rounded` is printed whole: the JSON says `"rounded": false`. Unset top-level fields
+    alone are left out (no job.json here: no model, no lengths)."""
     config = job(tmp_path, "search.generations=1")
     RunDir(tmp_path).create(config)
     make_coordinator(config, RunDir(tmp_path), FunctionEvaluator()).run()

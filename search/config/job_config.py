@@ -18,7 +18,7 @@ from longrope.search.config.workers_section import WorkersConfig
 from longrope.workers.path_limits import RUN_DIR_ROOM
 
 # what never changes a run's result: where it is written, who scores it, whether TensorBoard watches it. Frozen for
-# a format: adding to it would change every stored hash of that format (run_formats.FORMAT says which is current)
+# a run-directory format: adding to it would change every stored hash of that format
 UNRELATED_FIELDS = {"output_dir": True, "workers": True, "search": {"tensorboard": True}}
 
 
@@ -77,14 +77,9 @@ class JobConfig(Strict):
 
     def hash(self) -> str:
         """The identity hash a run started now from this config writes into config.json (`identity_hash` of its JSON
-        dump). An existing run keeps the hash it was written with (`RunDir.config_hash`), which may differ: an
-        older format, or fields this code has added since."""
+        dump). An existing run keeps the hash it was written with (`RunDir.config_hash`), which differs where this
+        code has added fields since."""
         return digest(self.identity())
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        """A config with no field set (target_length aside, which has no default), as JSON."""
-        return cls.model_construct(target_length=2).model_dump(mode="json")
 
     def identity(self) -> dict:
         """Everything that changes a run's result, as JSON: what a resume and a new run compare against the

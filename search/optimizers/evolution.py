@@ -385,9 +385,7 @@ class DimMonoEvolution(Searcher):
         state counts. Their order is the order they were told in: generation 0 whole, in the order it was asked
         (`generation_keys`), then each child as it landed, which is when its line was appended (a resume tells the
         asks out that history.jsonl holds in that order too). Each genome is the grid's for the recorded factors,
-        checked against its key; the early stop's bests are those scores replayed in order (`EarlyStop.replayed`).
-        An older state's own `told` and bests are read only where the history gives another count: code before
-        447a254 (2026-12-01) wrote state.json before it asked."""
+        checked against its key; the early stop's bests are those scores replayed in order (`EarlyStop.replayed`)."""
         state = EvolutionState.model_validate(state)
         out = set(state.out_keys())
         told = {r.key: r for r in records if r.final and r.key not in out}
@@ -396,13 +394,10 @@ class DimMonoEvolution(Searcher):
         children = [key for key in told if key not in first_keys]
         counts = (len(state.generation_keys), state.children_told) if state.generation > 0 else (0, 0)
         if (len(first), len(children)) != counts:
-            if state.told is None:
-                raise ValueError(
-                    f"history.jsonl holds {len(first)} told candidates of generation 0 and {len(children)} "
-                    f"children, state.json counts {counts[0]} and {counts[1]}"
-                )
-            self.load_state(state)
-            return
+            raise ValueError(
+                f"history.jsonl holds {len(first)} told candidates of generation 0 and {len(children)} "
+                f"children, state.json counts {counts[0]} and {counts[1]}"
+            )
         pairs = [[self._recorded_genome(told[key]).to_json(), json_score(told[key].score)] for key in first + children]
         scores = [told[key].score for key in first], [told[key].score for key in children]
         early_stop = EarlyStop.replayed(self.settings.early_stop, *scores, self.children_per_generation)

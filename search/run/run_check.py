@@ -15,9 +15,9 @@ needs them to agree, and refuses in one line naming the file that disagrees:
   and a mean NLL that is what its per-window NLLs give under the job's objective;
 - state.json: the config it belongs to, the optimizer the config names, its generation counts against the
   config and the history; and for a steady GA, whose own state it holds, parents that history.jsonl holds as
-  told. Nothing in it copies the history (format 5): a resume takes a steady GA's told candidates, and the early
-  stop's best after each generation, from history.jsonl, and rebuilds every other searcher by replaying it,
-  refusing a line the search does not ask for (`replay.check_replayed`).
+  told. Nothing in it copies the history: a resume takes a steady GA's told candidates, and the early stop's best
+  after each generation, from history.jsonl, and rebuilds every other searcher by replaying it, refusing a line
+  the search does not ask for (`replay.check_replayed`).
 
 status, export, compare and verify (run directories as factors), seeds from a run and `--resume` all read a run
 through `read_run`, so one directory gets one verdict. It writes nothing.
@@ -93,9 +93,7 @@ class CheckedRun:
     @property
     def progress(self) -> SearchProgress | None:
         """Where the search stands (None: no generation has ended yet)."""
-        if self.state is None:
-            return None
-        return self.state.search_progress(self.config.search, self.last_generation)
+        return None if self.state is None else self.state.progress
 
     @property
     def last_generation(self) -> int:
@@ -255,8 +253,7 @@ def _check_state(run_dir: RunDir, config: JobConfig, state: RunState | None, rec
     problem = _state_problem(config, run_dir.config_hash(), state)
     if problem:
         raise RunStoreError(f"{where}: {problem}")
-    progress = state.search_progress(config.search, last_generation(config, state))
-    _check_progress(run_dir, progress.generation, records)
+    _check_progress(run_dir, state.progress.generation, records)
     if config.search.schedule == "steady":  # the one searcher whose own state state.json holds
         if state.searcher is None:
             raise RunStoreError(f"{where}: optimizer.state is null, but a steady search keeps its state here")
@@ -280,7 +277,7 @@ def _state_problem(config: JobConfig, config_hash: str, state: RunState) -> str 
 
 def _other_run(stored_hash: str | None, config_hash: str) -> str | None:
     """A job.json or state.json stamped with another run's config hash (copied from another run directory);
-    None for this run's, or an old file written before files were stamped."""
+    None for this run's, or a file not stamped."""
     if stored_hash is None or stored_hash == config_hash:
         return None
     return (

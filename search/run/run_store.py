@@ -8,12 +8,16 @@
   in the middle of a generation loses no evaluation, and a resumed run takes those scores instead of
   recomputing them;
 - state.json: what the history cannot give (`RunState`), written atomically whenever a generation ends or new
-  candidates go out: where the search stands, how it stopped, its timings, and only for the steady GA its
-  generator, parents and asks out (what it was told, and its early stop's bests, are history.jsonl's). A resumed
+  candidates go out: where the search stands, how it stopped, its timings, and only for a searcher whose state
+  depends on the order results arrived in (the steady GA) that state, less what history.jsonl holds. A resumed
   run builds its searcher afresh from the same seed and replays the history: it asks for exactly the candidates
   already in history.jsonl, each told its recorded result, none scored again.
 - heartbeat.json: who holds the run (pid, host), its last sign of life, and how it stopped (`heartbeat.py`);
   read only by `status`, never by the search, so no time reaches the files above.
+
+config.json and state.json carry the run-directory `format` (FORMAT). A release reads its own format and every
+earlier release's; a directory in another format (a newer release's, or one written before release 1.0) is refused
+in one line naming the format it holds and the one this release reads, and nothing in it is changed.
 
 A run directory has one writer at a time: `RunDir.lock()` takes an exclusive `flock` on the directory itself
 (nothing is written for it), held for the run's life and released by the kernel when the process dies.
@@ -31,19 +35,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from longrope.search.config.job_config import JobConfig
+from longrope.search.config.job_config import JobConfig, identity_hash
 from longrope.search.optimizers.factory import config_problem
 from longrope.search.optimizers.history_record import HistoryRecord
-from longrope.search.optimizers.saved_state import OptimizerState, legacy_progress, legacy_state
+from longrope.search.optimizers.saved_state import OptimizerState
 from longrope.search.optimizers.searcher import SearcherState, SearchProgress
-from longrope.search.run.run_formats import FORMAT, format_problem, hash_matches, with_older_behaviour
 from longrope.workers.atomic_files import atomic_file, fsync_folder
 from longrope.workers.errors import LongRopeError, os_errors
 from longrope.workers.path_limits import os_error_text, shown_path
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
+FORMAT = "1.0"  # the run-directory format this release writes; the formats it reads: READABLE_FORMATS
+READABLE_FORMATS = (FORMAT,)
 
 
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
@@ -53,45 +58,49 @@ NOT_SCORED_YET = "no scored candidate yet (is the run still starting?)"  # every
 
 
 class RunState(BaseModel):
-    """state.json: what history.jsonl cannot give. Format 5 holds the searcher's own state only for a searcher
-    that cannot be rebuilt by replaying the history (`Searcher.replays`: the steady GA's generator, parents and asks
-    out, less what it was told and the early stop's bests, which history.jsonl gives: `Searcher.stored_state`); every
-    other searcher is rebuilt on resume by asking again and telling the recorded results. Beside it: where the
-    search stands (`progress`, for `status`), how it stopped, and its timings (for the ETA).
-
-    Formats 1 and 2 held every searcher's state (told scores, a descent's point and Adam moments, the early stop's
-    bests: copies of what history.jsonl holds). They are read, and only the steady GA's state is used, less its
-    told scores and bests, which history.jsonl gives (`Searcher.resume`): a resume replays the others, and
-    `progress` is derived from the state (`legacy_progress`). Formats 3 and 4 still held the steady GA's bests,
-    and format 3 its told genomes and scores; they are not read either. A format-1 state.json (`{"evolution":
-    ...}`) is first moved into the format-2 shape (`legacy_state`)."""
+    """state.json: what history.jsonl cannot give. The searcher's own state only for a searcher that is not rebuilt
+    by replaying the history (`Searcher.replays`: the steady GA's generator, parents and asks out, less what it was
+    told and its early stop's bests, which history.jsonl gives); null for every other searcher, which a resume
+    rebuilds by asking again and telling the recorded results. Beside it: where the search stands (`progress`, for
+    `status`), how it stopped, and its timings (for the ETA)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     optimizer: OptimizerState
-    progress: SearchProgress | None = None  # absent before format 3
+    progress: SearchProgress
     generation_seconds: list[Seconds]
     polish_seconds: list[Seconds] = []  # hybrid: each polish step's (and its rounding's), for status's ETA
     finished: bool = False
     stopped_early: bool = False  # the searcher's own stop rule ended it before its budget
     total_generations: int | None = Field(default=None, ge=1)  # the searcher's (CMA-ES: by its budget)
-    config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
-    format: int = 1  # absent in format 1 (run_formats.FORMAT is written); read_state refuses a newer one first
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy(cls, data: Any) -> Any:
-        return legacy_state(data) if isinstance(data, dict) and "evolution" in data else data
+    config_hash: str | None = None  # the run's config (config.json's config_hash), stamped by `RunDir.write_state`
+    format: str = FORMAT  # read_state refuses another format before the rest is read
 
     @property
     def searcher(self) -> SearcherState | None:  # the searcher's own state, when state.json holds it
         return self.optimizer.state
 
-    def search_progress(self, search: Any, last_generation: int) -> SearchProgress:
-        """Where the search stands: format 3's `progress`, or what an older state's searcher state says."""
-        if self.progress is not None:
-            return self.progress
-        return legacy_progress(self.optimizer.state, search, last_generation)
+
+def format_problem(stored: Any) -> str | None:
+    """What keeps this release from reading a file of format `stored` (None: a format it reads). Run directories
+    written before release 1.0 hold an integer format (1 to 5) or none; a newer release's may mean something else by
+    its fields, so neither is guessed at."""
+    if stored in READABLE_FORMATS:
+        return None
+    reads = f"this release reads format {' and '.join(READABLE_FORMATS)}"
+    if stored is None or type(stored) is int:
+        held = "a pre-release format (no format key)" if stored is None else f"pre-release format {stored}"
+        return f"holds {held}, written before release 1.0; {reads} (nothing was changed; start a new run)"
+    if isinstance(stored, str) and _version(stored) > _version(FORMAT):
+        return f"holds format {stored}, written by a newer longrope-search; {reads} (nothing was changed; upgrade)"
+    return f"format must be one of {list(READABLE_FORMATS)}, got {stored!r}"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return ()
 
 
 def first_error(exc: ValidationError) -> str:
@@ -230,30 +239,30 @@ class RunDir:
             raise RunStoreError(f"output_dir {str(self.path)!r} already holds this run; continue it with --resume")
 
     def read_config(self) -> JobConfig:
-        """config.json's config, read by today's code from any format (`run_formats`), and found to be what the
-        run wrote: its config_hash recomputed from the JSON as stored (format 1: by the rule of its day)."""
+        """config.json's config, found to be what the run wrote: its format one this release reads, and its
+        config_hash recomputed from the JSON as stored (never as today's model re-dumps it, so a field added later
+        with a default leaves the run's identity as it was)."""
         data = self.read_json(CONFIG)
-        version = self._checked_format(CONFIG, data) if isinstance(data, dict) else 1  # a newer one: upgrade, first
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             kind = type(data).__name__ if not isinstance(data, dict) else "object without a 'config' object"
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config (a JSON {kind})")
+        self._check_format(CONFIG, data)
         try:
-            config = JobConfig.model_validate(with_older_behaviour(data["config"]))
+            config = JobConfig.model_validate(data["config"])
             problem = config_problem(config)  # a setting its optimizer cannot honour
         except (KeyError, TypeError, ValueError) as exc:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({str(exc).splitlines()[0]})") from exc
         if problem:
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config ({problem})")
         stored_hash = data.get("config_hash")
-        if not hash_matches(version, data["config"], stored_hash):
+        if stored_hash != identity_hash(data["config"]):
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
         self._config_hash = stored_hash
         return config
 
-    def _checked_format(self, name: str, data: dict[str, Any]) -> int:
-        if problem := format_problem(data.get("format", 1)):
+    def _check_format(self, name: str, data: dict[str, Any]) -> None:
+        if problem := format_problem(data.get("format")):
             raise RunStoreError(f"{self.file(name)}: {problem}")
-        return data.get("format", 1)
 
     def check_matches(self, config: JobConfig, stored: JobConfig | None = None, hint: str = "") -> None:
         """Refuse a config other than the run's (`stored`, when read already; config.json otherwise)."""
@@ -285,7 +294,7 @@ class RunDir:
             return None
         state = self.read_json(STATE)
         if isinstance(state, dict):
-            self._checked_format(STATE, state)
+            self._check_format(STATE, state)
         try:
             return RunState.model_validate(state)
         except ValidationError as exc:
