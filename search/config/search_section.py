@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from longrope.search.config.optimizer_sections import checked_sections, section
 
 from longrope.search.config.strict import (
     MAX_COUNT,
@@ -191,6 +193,12 @@ class GradientConfig(Strict):
 
 
 class SearchConfig(Strict):
+    """The search section. Beside these fields it holds `<kind>:`, the settings of an optimizer registered with a
+    settings model of its own (`optimizer_sections`), kept as pydantic's extra fields so config.json writes them
+    where the user did."""
+
+    model_config = ConfigDict(**Strict.model_config | {"extra": "allow"})
+
     population: int = Field(default=64, ge=2, le=MAX_COUNT, description="candidates in generation 0")
     generations: int = Field(default=40, ge=0, le=MAX_COUNT, description="generations after generation 0")
     parents: int = Field(default=32, ge=1, le=MAX_COUNT, description="the best candidates kept as parents")
@@ -272,6 +280,16 @@ class SearchConfig(Strict):
             if second <= first:
                 raise ValueError(f"stage lengths must increase, got {first} then {second}")
         return value
+
+    @model_validator(mode="after")
+    def _optimizer_sections(self) -> SearchConfig:
+        extra = self.__pydantic_extra__
+        extra.update(checked_sections(extra))
+        return self
+
+    def optimizer_settings(self) -> BaseModel:
+        """The configured optimizer's own settings (its registered section), for an optimizer that has some."""
+        return section(self.optimizer, self.__pydantic_extra__ or {})
 
     @model_validator(mode="after")
     def _sizes(self) -> SearchConfig:
