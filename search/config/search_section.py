@@ -8,7 +8,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from longrope.search.config.optimizer_sections import checked_sections, section
-
 from longrope.search.config.strict import (
     MAX_COUNT,
     MAX_FACTOR,
