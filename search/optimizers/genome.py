@@ -15,10 +15,11 @@ Two search spaces (`search.space`, resolved once by `resolve_space`):
   `lambda_i = lambda_cd^(i/d_cd)` (geometric from 1 to lambda_cd, NTK-like). One Genome type serves both: in
   longrope2 the steps of the pairs below d_cd are `round(lambda_i / grid_step)`, a function of the critical pair's
   steps alone (so equal searched parts give equal keys), while `GenomeGrid.factors` returns the exact lambda_i.
-  Where we differ from the official code (commit 5e669a53): the +4 cap is a constraint every genome meets
-  (`is_valid`), where the official code only bounds the last pair's own redraw with it; the critical pair's lower
-  bound is S (the official one is max(S, lambda_{d_cd - 1})); length_scale defaults to 2 x S (the official default
-  S leaves no room for strictly increasing pairs); and seeds are projected into the space (see `genome`).
+  Where we differ from the official code (microsoft/LongRoPE, `evolution/search.py`): the +4 cap is a constraint
+  every genome meets (`is_valid`), where the official code only bounds the last pair's own redraw with it; the
+  critical pair's lower bound is S (the official one is max(S, lambda_{d_cd - 1})); length_scale defaults to 2 x S
+  (the official default S leaves no room for strictly increasing pairs); and seeds are projected into the space
+  (see `genome`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gradient descent on the factors (issue 20): the fitness is differentiable in every lambda_i, so descend it.
+"""Gradient descent on the factors: the fitness is differentiable in every lambda_i, so descend it.
 
 Perplexity depends on a factor only through cos/sin of p * theta^(-2i/d) / lambda_i (and on the attention factor,
 which multiplies cos and sin), so one backward pass through the model's input path gives d NLL / d lambda for
@@ -338,9 +338,6 @@ class GradientDescent(Searcher):
         stop = ": early stop" if self.stopped_early else ""
         gain = f"no gain >= {self.settings.min_improvement:g}"
         return f"  held-out: {gain} for {self.since_gain}/{self.patience} steps{stop}"
-
-    def outstanding(self) -> list[Candidate]:
-        return list(self.pending.values())
 
     def position(self) -> str:
         return generation_label(self.generation, self.total_generations, self.steps)

@@ -1,8 +1,8 @@
 """A run's cost trajectory: its best search NLL so far against the window-equivalents it has spent, after each
 line of history.jsonl, in the order the lines were written.
 
-A window-equivalent (issue 20's unit of cost) is one window's forward pass; a window that also had a backward
-pass (a descent step's gradient windows) costs 1 + c, c being what a backward costs in forwards:
+A window-equivalent (the unit a search's cost is counted in) is one window's forward pass; a window that also had a
+backward pass (a descent step's gradient windows) costs 1 + c, c being what a backward costs in forwards:
 `longrope estimate` prices it as a FLOPs ratio (`cost.budget.backward_cost`), bench/backward_cost.py measures it
 (2.82 on the demo's CPU). One implementation for `longrope status --plot`, the TensorBoard scalars and the
 benchmarks (bench/search_cost.py), so they all count alike.
