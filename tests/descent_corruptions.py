@@ -1,7 +1,7 @@
-"""The corruption suite's cases for a descent (issue 27, items 3-8; issue 37): state.json's polish times and
-history.jsonl's descent lines, edited as a user or a copy between runs would; each with a substring of the one
-error line every reader must give (tests/test_run_dir_checks.py runs them with the other corruptions). A format-3
-state.json holds no descent (a resume replays it from history.jsonl), so the cases that edited one are gone."""
+"""The corruption suite's cases for a descent: state.json's polish times and history.jsonl's descent lines,
+edited as a user or a copy between runs would; each with a substring of the one error line every reader must give
+(tests/test_run_dir_checks.py runs them with the other corruptions). state.json holds no descent (a resume replays
+it from history.jsonl), so no case edits one."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ DESCENT_CORRUPTIONS = [
 ]
 
 # Found only by a resume, which replays history.jsonl through the searcher: the search asks for a point other than
-# the one recorded after the edited line. Format 3 keeps no copy of a descent's state for status or export to
+# the one recorded after the edited line. state.json keeps no copy of a descent's state for status or export to
 # compare a line with (the history is the record); the coordinator refuses it before scoring anything.
 RESUME_CORRUPTIONS = [
     pytest.param(

@@ -324,7 +324,7 @@ CASES = [
         "search.racing.z = nan: must be a finite number",
         id="racing-z-nan-override",
     ),
-    # better factors: objectives, stages, short factors (issue 9)
+    # objectives, stages, short factors
     pytest.param(
         lambda t: search(t, base(t, data={"objective": {"perplexity": 0, "needle": 0}})),
         "data.objective: weights must sum to more than 0, got {",

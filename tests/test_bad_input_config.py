@@ -1,6 +1,6 @@
-"""Bad job configs and paths (issue 19), run in-process through `main(argv)` as tests/test_bad_input_cli.py runs
+"""Bad job configs and paths, run in-process through `main(argv)` as tests/test_bad_input_cli.py runs
 its table: exit 2, exactly one `longrope: error:` line naming the field and the value, nothing on stdout, nothing
-written under the test's folder. Then the good paths the same fixes touched: `--set` mapping merge, `validate`'s
+written under the test's folder. Then the good paths beside those checks: `--set` mapping merge, `validate`'s
 verdict, `--help` entries and configs/README.md's field table.
 
 The demo config (`configs/demo.yaml`) scores the shipped reference model: a byte-level Llama with 4 layers,
@@ -66,7 +66,7 @@ def factors_file(t: Path) -> Path:
 # ---- the table: id -> (argv builder, a substring of the one error line, or a tuple of them) ----
 
 CASES = [
-    # item 8: model.config_overrides go through the model's config class, its meta-device build and size checks
+    # model.config_overrides go through the model's config class, its meta-device build and size checks
     pytest.param(
         lambda t: validate(t, "model.config_overrides={num_hidden_layers: -1}"),
         "model.config_overrides.num_hidden_layers = -1: must be at least 1",
@@ -118,7 +118,7 @@ CASES = [
         "model.config_overrides.sliding_windw = None: LlamaConfig has no such attribute",
         id="overrides-unknown-key",
     ),
-    # item 11: a population needs at least one seed
+    # a population needs at least one seed
     pytest.param(
         lambda t: validate(t, "search.seeds=[]"),
         "search.seeds: a population needs at least one seed",
@@ -129,7 +129,7 @@ CASES = [
         "search.seeds: a population needs at least one seed",
         id="seeds-empty-search",
     ),
-    # item 13: a control character in a `--set` value or a config file
+    # a control character in a `--set` value or a config file
     pytest.param(
         lambda t: validate(t, "name=a\x01b"),
         "--set name: cannot read value 'a\\x01b' (not valid YAML: control character U+0001 at offset 1",
@@ -140,7 +140,7 @@ CASES = [
         "c.yaml: not valid YAML: control character U+001B at offset 27",
         id="yaml-control-character",
     ),
-    # item 14: the device string
+    # the device string
     pytest.param(
         lambda t: validate(t, "model.device=tpu9"),
         "model.device = 'tpu9': not a device torch knows",
@@ -156,7 +156,7 @@ CASES = [
         "--device 'tpu9': not a device torch knows",
         id="verify-device-unknown",
     ),
-    # item 16: paths longer than the operating system takes
+    # paths longer than the operating system takes
     pytest.param(
         lambda t: validate(t, f"output_dir={t / LONG_NAME}"),
         ("output_dir = ", "characters): a path component of 300 bytes (at most 255)"),
@@ -212,14 +212,14 @@ CASES = [
         "characters): path too long for this system",
         id="resume-long-run-dir",
     ),
-    # item 19: the error names what the user gave
+    # the error names what the user gave
     pytest.param(
         lambda t: search(t, "output_dir=/proc/longrope"),
         "output_dir: cannot write the windows cache",
         id="output-dir-unwritable-names-output-dir",
     ),
     pytest.param(lambda t: ["validate", "/dev/null"], "/dev/null: not a regular file", id="config-is-a-device"),
-    # item 23: search checks the test source up front, as validate does
+    # search checks the test source up front, as validate does
     pytest.param(
         lambda t: search(t, f"data.test_source={t / 'no-such-test-data'}"),
         "data.test_source: ",
@@ -242,7 +242,7 @@ def test_output_dir_unwritable_does_not_blame_the_cache_dir(tmp_path, capsys, ca
     assert line.startswith("longrope: error: output_dir: ") and "'/proc/longrope/windows-cache/" in line
 
 
-# ---- item 17: a mapping given to `--set` merges into its section ----
+# ---- a mapping given to `--set` merges into its section ----
 
 
 def test_set_section_mapping_merges_into_the_file_and_earlier_sets():
@@ -259,7 +259,7 @@ def test_set_mapping_valued_field_is_replaced_whole():
     assert config.data.objective == {"needle": 1}
 
 
-# ---- item 27: validate's verdict ----
+# ---- validate's verdict ----
 
 
 def test_validate_prints_a_verdict_and_a_short_summary(capsys):
@@ -278,7 +278,7 @@ def test_validate_json_prints_the_full_document(capsys):
     assert {check["what"] for check in document["checks"]} >= {"config", "model.path", "data.test_source"}
 
 
-# ---- item 29: --help and configs/README.md ----
+# ---- --help and configs/README.md ----
 
 
 def subcommand(name: str):
@@ -310,7 +310,7 @@ def test_every_config_field_has_a_description():
     assert all(field.description for field in fields), [field.name for field in fields if not field.description]
 
 
-# ---- item 14: the torch-free device check says what torch.device says ----
+# ---- the torch-free device check says what torch.device says ----
 
 
 @pytest.mark.parametrize(
@@ -334,7 +334,7 @@ def test_device_check_agrees_with_torch(device):
     assert (device_problem(device) is None) == (parsed == device), (device, parsed)
 
 
-# ---- booleans where numbers go (issue 27, item 14) ----
+# ---- booleans where numbers go ----
 
 
 def numeric_fields(node: dict, prefix: str = "") -> list[tuple[str, object]]:
@@ -353,10 +353,10 @@ def numeric_fields(node: dict, prefix: str = "") -> list[tuple[str, object]]:
 
 
 def test_a_boolean_is_refused_wherever_a_number_goes():
-    """`search.gradient.steps=true` ran 1 step, `learning_rate=true` was 1.0, `search.generations=true` was 1 and
-    `polish_every=false` "must be >= 1": YAML's true/false were read as 1/0. Every numeric field of the demo
-    config (and of the sections it leaves at their defaults) refuses both, naming the field and what goes there;
-    a list of numbers refuses a boolean among them."""
+    """YAML's true/false would read as 1/0 (`search.gradient.steps=true` one step, `learning_rate=true` 1.0,
+    `polish_every=false` "must be >= 1"), so every numeric field of the demo config (and of the sections it leaves
+    at their defaults) refuses both, naming the field and what goes there; a list of numbers refuses a boolean among
+    them."""
     config = load_job_config(DEMO).model_dump(mode="json")
     fields = numeric_fields(config)
     names = {name for name, _ in fields}

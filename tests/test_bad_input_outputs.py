@@ -1,4 +1,4 @@
-"""What `export`, `verify` and `compare` read and write (issue 19): `export -o` writes through a symlink, to stdout
+"""What `export`, `verify` and `compare` read and write: `export -o` writes through a symlink, to stdout
 for `-`, in the format its extension names, and refuses a FIFO or an over-long name; `verify` and `compare` read a
 factors file, a run directory or a model's weights and refuse a binary file, a FIFO, a truncated checkpoint or
 factors of another model in one line; `compare` takes its job from a run directory and never writes into one.
@@ -193,7 +193,7 @@ CASES = [
         "model.safetensors' is truncated: its header is 4024 bytes long, the file holds 992 after its length",
         id="verify-model-truncated-in-header",
     ),
-    # issue 27, item 19: verify said "match" for factors that search and validate refuse (one check of long factors)
+    # verify refuses the factors that search and validate refuse (one check of long factors)
     pytest.param(
         lambda t: ["verify", str(bent_factors(t / "down.json", 5, 0.5)), "--model", str(REFERENCE), "--no-logits"],
         "down.json': rope_parameters.long_factor: factors must be non-decreasing, got",
@@ -209,7 +209,7 @@ CASES = [
         "huge.json': rope_parameters.long_factor: factors must be at most 10000, got 1e+300 at pair 15",
         id="verify-factor-1e300",
     ),
-    # item 20: the file is named whatever is wrong with it; a CSV export points at its factors file
+    # the file is named whatever is wrong with it; a CSV export points at its factors file
     pytest.param(
         lambda t: ["verify", str(csv_export(t)), "--model", str(REFERENCE)],
         "gd.csv': not valid JSON (Extra data at line 2); a CSV export: its factors file is '{t}/gd.csv.json' beside it",
@@ -250,7 +250,7 @@ def test_bad_input_is_one_line_and_writes_nothing(make_args, expected, tmp_path,
 
 
 COMPARE_CASES = [
-    # issue 27, item 20: the file is named, whatever is wrong with it
+    # the file is named, whatever is wrong with it
     pytest.param(
         lambda t: demo_compare(t, "--factors", str(bent_factors(t / "f" / "neg.json", 3, -1.0, absolute=True))),
         "factors file '{t}/f/neg.json': rope_parameters.long_factor: factors must be >= 1, got -1.0 at pair 3",

@@ -1,5 +1,5 @@
-"""A bfloat16 worker ranks candidates as a float32 one does (issue 22): the agreement measures worked by hand, and
-the reference model scored in both dtypes by the project's Scorer. bench/bf16_ranking.py holds the figures at
+"""A bfloat16 worker ranks candidates as a float32 one does: the agreement measures worked by hand, and the
+reference model scored in both dtypes by the project's Scorer. bench/bf16_ranking.py holds the figures at
 1024 tokens and at 8192 tokens on a Llama-3-8B-wide random model."""
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def tick_texts(labels) -> list[str]:
     return [label.get_text() for label in labels if label.get_text()]
 
 
-# --- plots (issue 11, item 7) ----------------------------------------------------------------------------------
+# --- plots -----------------------------------------------------------------------------------------------------
 
 
 def test_perplexity_plot_has_plain_log_ticks_error_bars_and_marked_lengths(tmp_path):
@@ -112,7 +112,7 @@ def test_perplexity_plot_has_plain_log_ticks_error_bars_and_marked_lengths(tmp_p
 
 def test_pi_does_not_squash_the_band_where_methods_differ():
     """PI (~30) is off the y range, drawn as labelled markers on the top edge; the 3-6 band keeps most of the
-    height (on the old plot, with PI on scale, it got about a quarter)."""
+    height (with PI on scale it would get about a quarter)."""
     fig = plot_perplexity(synthetic_result())
     (ax,) = fig.axes
     bottom, top = ax.get_ylim()
@@ -203,7 +203,7 @@ def test_the_window_count_is_said_in_the_singular_for_one_window():
     assert describe_windows({"512": 1, "1024": 4}) == "windows per length: 512: 1, 1024: 4"
 
 
-# --- the command line: labels (item 1) and output directories (item 2) -----------------------------------------
+# --- the command line: labels and output directories -----------------------------------------------------------
 
 
 def factors_file(path: Path, top: float = 8.0, attention: float = 1.1) -> Path:

@@ -1,5 +1,5 @@
-"""compare shows its progress (issue 19, item 21): every result it waits for is counted, per phase (the NTK
-settings tried, then methods x window sets), as a bar with an ETA on a terminal and as plain lines when piped.
+"""compare shows its progress: every result it waits for is counted, per phase (the NTK settings tried, then
+methods x window sets), as a bar with an ETA on a terminal and as plain lines when piped.
 
 The worker pool underneath ComparePool is an in-process fake with WorkerPool's interface (compare_fakes.
 InProcessPool), so ComparePool's own counting runs as it does on Ray."""

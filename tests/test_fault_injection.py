@@ -100,7 +100,7 @@ def write_config(folder: Path, output_dir: str) -> Path:
 
 
 def saved_state(run_dir: Path) -> dict:
-    """state.json less its timings: where the search stands and how it stopped (format 3 keeps no searcher state
+    """state.json less its timings: where the search stands and how it stopped (state.json keeps no searcher state
     but the steady GA's: a resume replays history.jsonl, whose lines the tests compare as well)."""
     state = json.loads((run_dir / "state.json").read_text())
     return {key: value for key, value in state.items() if not key.endswith("_seconds")}
@@ -266,7 +266,7 @@ def test_sigterm_that_ray_turns_into_a_plain_keyboard_interrupt_still_exits_143(
     assert capsys.readouterr().err.strip() == "longrope: stopped by SIGTERM"
 
 
-# ---- gradient descent (issue 20): killed at random points, resumed to the uninterrupted run ----
+# ---- gradient descent: killed at random points, resumed to the uninterrupted run ----
 
 GRADIENT = {
     **CONFIG,

@@ -1,4 +1,4 @@
-"""Gradient descent on the factors and the hybrid polish (issue 20), on the cheap known objective (no model): the
+"""Gradient descent on the factors and the hybrid polish, on the cheap known objective (no model): the
 parametrization against the constraints and against finite differences, the descent's records and cost counts,
 data-parallel chunks, exact resume after a crash at every point, and bad `search.gradient` values."""
 
@@ -366,7 +366,7 @@ def test_polish_count_by_hand(every, generations, polishes):
 
 @pytest.mark.parametrize("optimizer", ["gradient", "hybrid"])
 def test_a_run_killed_anywhere_reads_cleanly(tmp_path, optimizer):
-    """The replay check of a descent's state (run_check, issue 27 items 3-8) refuses no state a run writes: killed
+    """The replay check of a descent's state (run_check) refuses no state a run writes: killed
     after the first result of every evaluator call (seeds, each step's chunks, the rounding; a hybrid's
     generations and its two polishes, attention factor searched), every run directory reads as sound."""
     extra = ["search.attention_factor.mode=searched", "search.gradient.windows_per_step=1"]

@@ -35,7 +35,7 @@ def first_pair_reaching(theta: float, d: int, length: int) -> int:
 
 
 def test_critical_dim_worked_by_hand():
-    # LongRoPE2 (arXiv 2502.20082, sec. 3; microsoft/LongRoPE evolution/search.py at 5e669a53):
+    # LongRoPE2 (arXiv 2502.20082, sec. 3; microsoft/LongRoPE evolution/search.py):
     # d_cd = ceil(log_theta(L0 / 2pi) * d/2) - 1. Llama-3-8B: log(8192 / 2pi) / log(5e5) * 64 = 7.1731 / 13.1224 * 64
     # = 34.98 -> ceil 35, minus 1 (the official example script overrides it by hand to 33)
     assert critical_dim(5e5, 128, 8192) == 34
@@ -144,7 +144,7 @@ def test_state_round_trips_in_longrope2():
 
 @pytest.mark.parametrize(("d", "length_scale"), [(5, None), (12, 12.0), (0, 5.0)])
 def test_a_steady_state_resumes_from_the_recorded_factors_in_longrope2(d, length_scale):
-    """state.json keeps no told genomes (format 4): a resume rebuilds each from its recorded factors (6 decimals),
+    """state.json keeps no told genomes: a resume rebuilds each from its recorded factors (6 decimals),
     here where the pairs below the critical one are lambda_cd^(i/d_cd) and off the grid, and each must give its
     key back; the state then is the one the search held."""
     settings = longrope2(schedule="steady", critical_dim=d, length_scale=length_scale, seed=7)

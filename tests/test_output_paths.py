@@ -1,7 +1,7 @@
-"""Where `export -o`, `export --into` and `status --plot` may write (issue 27, items 1, 2, 9-12, 18, 21): never over a
-file of a run directory, by any path that resolves to one; one set of rules for an output path, the same for both
-commands; a plot in the format its name says; the runs drawn named with their length, each once; a log axis whose
-labelled ticks enclose every value drawn.
+"""Where `export -o`, `export --into` and `status --plot` may write: never over a file of a run directory, by any
+path that resolves to one; one set of rules for an output path, the same for both commands; a plot in the format its
+name says; the runs drawn named with their length, each once; a log axis whose labelled ticks enclose every value
+drawn.
 
 Every refusal is checked by `cli_error_line`: exit 2, one error line, and the whole folder (the runs in it too)
 byte-identical afterwards.
@@ -42,8 +42,8 @@ def writers(run: Path, target: Path) -> list[list[str]]:
 
 @pytest.mark.parametrize("name", RUN_FILES)
 def test_no_command_writes_over_a_file_of_a_run_directory(run, name, tmp_path, capsys, caplog):
-    """Item 1 and 2: `status RUN --plot RUN/history.jsonl` and `export RUN -o RUN/config.json` replaced the run's
-    record; named directly, through `..`, or through a symlink, it is refused and the run is left as it was."""
+    """`status RUN --plot RUN/history.jsonl` and `export RUN -o RUN/config.json` would replace the run's record:
+    named directly, through `..`, or through a symlink, it is refused and the run is left as it was."""
     link = tmp_path / "innocent.png"
     link.symlink_to(run / name)
     for target in (run / name, run / ".." / run.name / name, link):
@@ -98,8 +98,8 @@ def test_a_run_s_own_other_files_may_be_written(run, tmp_path, capsys):
     ids=["fifo", "directory", "symlink-loop", "missing-folder"],
 )
 def test_one_rule_for_every_output_path(run, tmp_path, make, expected, capsys, caplog):
-    """Item 12: --plot replaced a FIFO with a file, and made a missing folder silently; export refused the FIFO.
-    Both commands now give the same answer for each path: one helper."""
+    """A FIFO, a folder, a symlink loop or a missing folder as the output path: --plot and export give the same
+    answer for each path (one helper), and make no folder."""
     target = tmp_path / ("missing" if expected == "the folder" else "") / "out.png"
     make(target)
     answers = [
@@ -112,8 +112,7 @@ def test_one_rule_for_every_output_path(run, tmp_path, make, expected, capsys, c
 
 
 def test_a_dangling_symlink_is_written_through_by_both(run, tmp_path):
-    """Item 12: --plot replaced a dangling link with a file; like export, it now creates the link's target and
-    leaves the link."""
+    """A dangling link as the output path: --plot, like export, creates the link's target and leaves the link."""
     for argv_of, name in (
         (lambda t: ["export", str(run), "-o", str(t)], "f.json"),
         (lambda t: ["status", str(run), "--plot", str(t)], "p.png"),
@@ -129,7 +128,7 @@ def test_a_dangling_symlink_is_written_through_by_both(run, tmp_path):
     [("p.pdf", b"%PDF"), ("p.jpg", b"\xff\xd8\xff"), ("p.svg", b"<?xml"), ("p.PNG", b"\x89PNG"), ("p", b"\x89PNG")],
 )
 def test_the_plot_is_written_in_the_format_its_name_says(run, tmp_path, name, magic):
-    """Item 11: `--plot x.pdf` wrote PNG bytes under that name. No extension: PNG."""
+    """`--plot x.pdf` writes a PDF, `x.jpg` a JPEG, and so on. No extension: PNG."""
     assert main(["status", str(run), "--plot", str(tmp_path / name)]) == 0
     assert (tmp_path / name).read_bytes().startswith(magic)
 
@@ -140,7 +139,8 @@ def test_a_plot_name_matplotlib_cannot_write_is_refused(run, tmp_path, capsys, c
 
 
 def test_a_run_given_twice_is_refused(run, capsys, caplog):
-    """Item 21: `status R R --plot` drew the same run twice (compare already refused a file given twice)."""
+    """`status R R --plot` is refused rather than drawing the same run twice, as compare refuses a file given
+    twice."""
     for argv in (["status", str(run), str(run), "--plot"], ["status", str(run), str(run / ".." / run.name)]):
         line = cli_error_line(argv, capsys, caplog, folder=run.parent)
         assert "give each run directory once" in line, argv
@@ -148,14 +148,15 @@ def test_a_run_given_twice_is_refused(run, capsys, caplog):
 
 @pytest.mark.parametrize("value", ["1e308", "101", "nan", "-0.5"])
 def test_backward_cost_out_of_any_real_range_is_refused(run, value, capsys, caplog):
-    """Item 10: 1e308 was taken, the gradient steps left the plot and the x label became a 300-digit number."""
+    """--backward-cost outside 0-100 is refused: 1e308 would push the gradient steps off the plot and make the x
+    label a 300-digit number."""
     line = cli_error_line(["status", str(run), "--plot", "--backward-cost", value], capsys, caplog, folder=run.parent)
     assert f"--backward-cost: must be a number from 0 to 100, got '{value}'" in line
 
 
 def test_runs_of_different_lengths_say_so(tmp_path, capsys, monkeypatch):
-    """Item 9: runs of 256 and 512 tokens were drawn on one axis without a word: now each line names its length,
-    and the title says the lines are not comparable."""
+    """Runs of 256 and 512 tokens drawn on one axis: each line names its length, and the title says the lines are
+    not comparable."""
     short = known_problem_run(tmp_path / "short", "target_length=256")
     long = known_problem_run(
         tmp_path / "long", "target_length=512", target_length=512, search_windows={"count": 1, "tokens": 513}
@@ -172,9 +173,9 @@ def test_runs_of_different_lengths_say_so(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("low, high", [(3.2, 27.7), (3.2, 3.7), (3.61, 3.65), (1.05, 1.2), (5.0, 5.0), (2.0, 4e5)])
 def test_the_y_ticks_enclose_every_value(low, high):
-    """Item 18: the demo's final values 3.2-3.7 had no tick label below 4, and the axis ended at the data. The
-    ticks now start at or below the lowest value and end at or above the highest (with a 1% margin), are of one
-    1-2-5-like series, and are few enough to read."""
+    """The ticks start at or below the lowest value and end at or above the highest (with a 1% margin), so the
+    demo's final values 3.2-3.7 get a labelled tick below 4 and the axis does not end at the data; they are of one
+    1-2-5-like series, and few enough to read."""
     ticks = enclosing_log_ticks(low, high)
     assert ticks[0] <= low / 1.01 and ticks[-1] >= high * 1.01
     assert 2 <= len(ticks) <= 10 and ticks == sorted(set(ticks))

@@ -1,6 +1,6 @@
-"""The hybrid's polish by backtracking line search (issue 30, item 4): each step is kept only where it lowers the
-search NLL, so a polish never ends worse than the evolution's best it started from. Worked by hand on a quadratic,
-then on the known problem against the Adam polish it replaces."""
+"""The hybrid's polish by backtracking line search: each step is kept only where it lowers the search NLL, so a
+polish never ends worse than the evolution's best it started from. Worked by hand on a quadratic, then on the known
+problem against the Adam polish (`search.gradient.polish_method=adam`)."""
 
 from __future__ import annotations
 

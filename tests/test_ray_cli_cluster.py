@@ -1,6 +1,6 @@
-"""A real Ray cluster started with the `ray` CLI (README, "On a GPU cluster"), on this machine's CPUs.
+"""A real Ray cluster started with the `ray` CLI (docs/gpu-cluster.md), on this machine's CPUs.
 
-`ray start --head` with free local ports and its own --temp-dir, then the README's two ways in: `longrope search`
+`ray start --head` with free local ports and its own --temp-dir, then that page's two ways in: `longrope search`
 with `workers.address=auto` from a shell on the head node, and `ray job submit` to the dashboard's job server,
 with `ray job stop` and `longrope search --resume` through the job server. Every run has the same config (the
 demo at a small budget; `output_dir` and `workers` are not part of a run's identity), so every finished run

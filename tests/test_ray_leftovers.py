@@ -1,4 +1,4 @@
-"""An embedded Ray leaves no process behind when its driver dies, however it dies (issue 19, item 18).
+"""An embedded Ray leaves no process behind when its driver dies, however it dies.
 
 The real CLI runs a small search with a private Ray temp dir (`RAY_TMPDIR`, which Ray takes as the root of its
 session folders: `get_user_temp_dir` in ray/_common/utils.py); the driver is killed once Ray's processes are up,

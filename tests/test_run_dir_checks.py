@@ -1,5 +1,4 @@
-"""A run directory's files checked against each other, by every command that reads one (issue 19, items 1-6, 12,
-16, 19, 25).
+"""A run directory's files checked against each other, by every command that reads one.
 
 The corrupted-directory suite: each corruption a user (or a copy between runs) can make, and each command that
 reads a run directory (status, status --json, export, compare --factors RUN, search --resume) must refuse it in one

@@ -1,5 +1,5 @@
-"""`longrope status RUN... --plot` (issue 22, "Watching a long search"): the best search perplexity against the
-window-equivalents spent, every run on one axis, as a PNG.
+"""`longrope status RUN... --plot` (docs/search-cost.md, "Watching a long search"): the best search perplexity
+against the window-equivalents spent, every run on one axis, as a PNG.
 
 The cost trajectory is checked against one worked by hand from a tiny history (a racing candidate's partial
 line, a stopped one, a gradient step's backward windows, a tie); the figure's lines against it; the CLI's PNG

@@ -68,7 +68,7 @@ def stopped_run(run_dir: Path, error: BaseException, **coordinator_options):
     return raised.value
 
 
-# ---- item 3: status of a live, a killed, another host's and a finished run ----
+# ---- status of a live, a killed, another host's and a finished run ----
 
 
 HOLDER = textwrap.dedent(
@@ -187,7 +187,7 @@ def test_why_a_run_stopped_is_recorded_and_shown(tmp_path, error, sigterm_seen, 
     assert "ETA" not in text
 
 
-# ---- item 5: a worker's out-of-memory through `longrope search`: one console line, and status ----
+# ---- a worker's out-of-memory through `longrope search`: one console line, and status ----
 
 
 @pytest.mark.slow
@@ -231,7 +231,7 @@ def test_worker_oom_is_one_console_line_and_the_stop_reason_in_status(tmp_path, 
     assert "can't allocate memory" in format_status(status)
 
 
-# ---- item 3: resuming a finished run starts no Ray ----
+# ---- resuming a finished run starts no Ray ----
 
 
 RESUMER = textwrap.dedent(
@@ -265,7 +265,7 @@ def test_resuming_a_finished_run_says_so_without_starting_ray(tmp_path):
     assert snapshot(run_dir) == before, "resuming a finished run writes nothing"
 
 
-# ---- item 4: progress off a terminal and on one ----
+# ---- progress off a terminal and on one ----
 
 
 def progress_run(run_dir: Path, console: Console, *overrides: str):
@@ -348,7 +348,7 @@ def test_a_small_gain_is_printed_with_the_digits_that_show_it():
     assert perplexity_text(0.1, math.inf) == "1.1052"  # generation 0 has nothing before it
 
 
-# ---- gradient and hybrid runs: what their generations are, the polish, the ETA (issue 27, items 15-17) ----
+# ---- gradient and hybrid runs: what their generations are, the polish, the ETA ----
 
 
 def logged_lines(config, run_dir: Path, evaluator, *, resume: bool = False) -> list[str]:
@@ -361,7 +361,7 @@ def logged_lines(config, run_dir: Path, evaluator, *, resume: bool = False) -> l
 
 
 def test_a_resumed_polish_says_where_in_the_polish_it_goes_on(tmp_path):
-    """Item 15: killed in the polish after generation 2 of 2 (step 1 of 4 told): the position is that polish's
+    """Killed in the polish after generation 2 of 2 (step 1 of 4 told): the position is that polish's
     step 2/4, not "generation 3/2"; the coordinator's first line says so too (`jobs._resume` logs the same)."""
     run = mid_polish(tmp_path / "run")
     config = cheap_config(run, "data.search_windows=4", "search.seed=3", *HYBRID)
@@ -374,7 +374,7 @@ def test_a_resumed_polish_says_where_in_the_polish_it_goes_on(tmp_path):
 
 
 def test_polish_lines_say_which_best_they_give(tmp_path):
-    """Item 17: a polish step's line gives the polish's best and the run's, named, and which polish it is."""
+    """A polish step's line gives the polish's best and the run's, named, and which polish it is."""
     run = tmp_path / "run"
     config = cheap_config(run, "data.search_windows=4", "search.seed=3", *HYBRID)
     RunDir(run).create(config)
@@ -386,7 +386,7 @@ def test_polish_lines_say_which_best_they_give(tmp_path):
 
 
 def test_status_names_the_optimizer_and_a_polish_under_way(tmp_path):
-    """Item 17: a hybrid killed in its polish: status names the optimizer and the polish's steps done; JSON too."""
+    """A hybrid killed in its polish: status names the optimizer and the polish's steps done; JSON too."""
     store = RunDir(mid_polish(tmp_path / "run"))
     status = run_status(store)
     text = format_status(status)
@@ -399,7 +399,7 @@ def test_status_names_the_optimizer_and_a_polish_under_way(tmp_path):
 
 
 def test_a_gradient_run_says_what_its_generations_are(tmp_path):
-    """Item 17: steps=5 makes generations 0-6: the log and status say 0 is the seeds, 1-5 the steps and 6 the
+    """steps=5 makes generations 0-6: the log and status say 0 is the seeds, 1-5 the steps and 6 the
     best point rounded to the grid."""
     run = tmp_path / "run"
     config = cheap_config(run, "data.search_windows=4", "search.seed=3", *GRADIENT)
@@ -416,7 +416,7 @@ def test_a_gradient_run_says_what_its_generations_are(tmp_path):
 
 
 def test_a_live_hybrid_s_eta_counts_the_polish_still_to_run(tmp_path):
-    """Item 16: a hybrid at generation 1 of 2, polishing (4 steps and the rounding) after generation 2: the ETA is
+    """A hybrid at generation 1 of 2, polishing (4 steps and the rounding) after generation 2: the ETA is
     one generation (60 s, the median past generation 0) and 5 polish steps, timed at a GA candidate's share of a
     generation (60 / 4 children) before any polish step is timed; once one is, at the polish steps' median."""
     run = descent_run(tmp_path / "run", HYBRID, fail_on_call=3)

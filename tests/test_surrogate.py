@@ -1,4 +1,4 @@
-"""search.surrogate: the GA's children screened by a ridge surrogate before scoring (issue 30), on the known
+"""search.surrogate: the GA's children screened by a ridge surrogate before scoring, on the known
 problem (no model): the ridge fit against a second formulation and a function worked by hand, the screening
 against a surrogate fitted by hand, the counts status and the log give, determinism, exact resume after a crash
 anywhere, and bad values."""

@@ -1,4 +1,4 @@
-"""TensorBoard scalars of a running search (`search.tensorboard: true`, issue 22): read back from the event files
+"""TensorBoard scalars of a running search (`search.tensorboard: true`): read back from the event files
 with TensorBoard's own EventAccumulator and compared with history.jsonl's bests worked out here; the search is
 the same with them on or off (history.jsonl byte for byte); a resumed run writes no step twice and none out of
 order; a job asking for them where the package is missing is refused before anything is written.
@@ -194,7 +194,7 @@ def test_a_resume_may_turn_tensorboard_on_and_nothing_else(tmp_path, capsys, cap
     ids=["file", "dangling-link"],
 )
 def test_a_resume_refuses_a_tensorboard_that_is_no_folder_before_scoring(make, expected, tmp_path, capsys, caplog):
-    """Issue 27 item 13: RUN/tensorboard a file or a dangling link, `--resume --set search.tensorboard=true`: one
+    """RUN/tensorboard a file or a dangling link, `--resume --set search.tensorboard=true`: one
     line naming it, before anything is scored (history.jsonl and heartbeat.json untouched: `cli_error_line`)."""
     run_dir = stopped_run(tmp_path / "run")
     make(run_dir / "tensorboard")
