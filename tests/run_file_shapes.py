@@ -50,7 +50,8 @@ FILES = {
 def builtin_searcher_states() -> dict[str, type[BaseModel]]:
     """state.json's `optimizer.state`, per optimizer: the state model of each searcher this package registers
     (a test may register one of its own; it writes no run directory a user keeps)."""
-    return {kind: cls.state_model for kind, cls in sorted(SEARCHERS.items()) if cls.__module__.startswith("longrope.")}
+    builtin = {kind: cls for kind, cls in sorted(SEARCHERS.items()) if cls.__module__.startswith("longrope.")}
+    return {kind: cls.state_model for kind, cls in builtin.items() if cls.state_model is not None}
 
 
 CONFIG_KEYS = ("extra", "strict", "allow_inf_nan", "populate_by_name", "validate_by_name", "validate_by_alias")

@@ -90,8 +90,8 @@ def make_coordinator(
     search_problem = search_problem or problem(getattr(evaluator, "windows", 1))
     searcher = built_searcher(config, search_problem)
     if resume:
-        history, state = restore(run_dir, searcher)
-        options |= {"history": history.records, "state": state}
+        history, state, outstanding = restore(run_dir, searcher)
+        options |= {"history": history.records, "state": state, "outstanding": outstanding}
     return Coordinator(config.search, search_problem, run_dir, evaluator, searcher, **options)
 
 
@@ -102,8 +102,8 @@ def restore(run_dir, searcher):
 
     history = run_dir.load_history()
     state = run_dir.read_state()
-    rebuild(run_dir, searcher, state, history)
-    return history, state
+    outstanding = rebuild(run_dir, searcher, state, history)
+    return history, state, outstanding
 
 
 def built_searcher(config, search_problem: SearchProblem):

@@ -186,9 +186,6 @@ class CmaesOptimizer(Searcher):
     def best(self) -> tuple[str, float]:
         return best_score(self.scores)
 
-    def outstanding(self) -> list[Candidate]:
-        return [self.candidate(genome) for genome in self.pending.values()]
-
     @property
     def stopped_early(self) -> bool:
         return self.early_stop.stopped

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.loading import read_job_config
+from longrope.search.config.optimizer_sections import register_section
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.config.strict import JobConfigError
 from longrope.search.optimizers.cmaes import CmaesOptimizer
@@ -30,10 +31,16 @@ SEARCHERS: dict[str, type[Searcher]] = {}
 
 
 def register(cls: type[Searcher]) -> type[Searcher]:
-    """Add an optimizer under its `kind` (what `search.optimizer` names and state.json's optimizer.kind holds)."""
-    if not getattr(cls, "kind", None) or cls.kind in SEARCHERS:
-        raise ValueError(f"an optimizer needs a kind of its own, got {getattr(cls, 'kind', None)!r}")
-    SEARCHERS[cls.kind] = cls
+    """Add an optimizer under its `kind` (what `search.optimizer` names and state.json's optimizer.kind holds), and
+    its settings model, when it has one, as the config's `search.<kind>:` section."""
+    kind = getattr(cls, "kind", None)
+    if not kind or kind in SEARCHERS:
+        raise ValueError(f"an optimizer needs a kind of its own, got {kind!r}")
+    if cls.settings_model is not None and kind in SearchConfig.model_fields:
+        raise ValueError(f"optimizer {kind!r}: its settings section would take the name of search.{kind}")
+    SEARCHERS[kind] = cls
+    if cls.settings_model is not None:
+        register_section(kind, cls.settings_model)
     return cls
 
 

@@ -138,11 +138,6 @@ class HybridSearch(Searcher):
     def threshold(self) -> str | None:
         return None if self.polish is not None else self.evolution.threshold()
 
-    def outstanding(self) -> list[Candidate]:
-        if self.polish is None:
-            return self.evolution.outstanding()
-        return [replace(c, generation=self.evolution.generation) for c in self.polish.outstanding()]  # as `ask`'s
-
     def position(self) -> str:
         """Where the run goes on from: its next generation, or the polish between two generations, as "the polish
         after generation g/last, step k/n" (its steps carry the generation after g, which printed as a generation

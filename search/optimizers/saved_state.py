@@ -33,6 +33,8 @@ class OptimizerState(BaseModel):
         kind = data.get("kind")
         if kind not in SEARCHERS:
             raise ValueError(f"kind: unknown optimizer {kind!r}; one of {', '.join(SEARCHERS)}")
+        if SEARCHERS[kind].state_model is None:
+            raise ValueError(f"state: optimizer {kind!r} keeps no state here (a replay of history.jsonl rebuilds it)")
         typed = _saved_model(SEARCHERS[kind]).model_validate(data)  # its errors name optimizer.state.<field>
         return {"kind": kind, "state": typed.state}
 

@@ -112,17 +112,65 @@ class SearcherState(BaseModel):
 
 
 class Searcher(ABC):
-    """What the coordinator needs of an optimizer (see the module docstring), with a default for everything but
-    `ask`, `tell`, `plan` and the class's `kind` and `state_model`: a new optimizer is those, plus one entry in
-    `factory.SEARCHERS` (Ray Tune's `Searcher` and pycma's `OOOptimizer` are shaped the same way).
+    """What the coordinator needs of an optimizer (see the module docstring). What an optimizer must decide is
+    `ask`, `tell`, `plan` (what it scores at most, for the estimate and the progress bar) and its stop (`done`:
+    by default once `generation` reaches `generations_range`'s most); everything else has a default. A searcher
+    whose state is rebuilt by replaying history.jsonl (`replays`, the default) keeps nothing in state.json and needs
+    no `state_model`. A new optimizer is a module with such a class, plus its entry in `factory.SEARCHERS`, plus
+    `settings_model` when it has settings of its own (read from the config's `search.<kind>:` section).
 
-    The default `state()` / `load_state()` copy the attributes named as the state model's fields, so a searcher
-    whose state is its attributes writes neither. The capability flags say which settings it can honour; the
-    config's rules are read from them (`factory.settings_problem`), never from an optimizer's name. Each is False
-    here: an optimizer claims what it does."""
+    The capability flags say which settings it can honour; the config's rules are read from them
+    (`factory.settings_problem`), never from an optimizer's name. Each is False here: an optimizer claims what it
+    does. A small one, run in memory (`optimize`), the seeds and then a sample of random monotone factors:
+
+    >>> import numpy as np
+    >>> from longrope.search.config.search_section import SearchConfig
+    >>> from longrope.search.optimizers.genome import GenomeGrid, Seed
+    >>> from longrope.search.optimizers.optimize import optimize
+    >>> class RandomSearch(Searcher):
+    ...     kind = "random_example"
+    ...
+    ...     def __init__(self, settings, grid, seeds):
+    ...         super().__init__(settings, grid, seeds)
+    ...         self.out, self.told = {}, {}
+    ...
+    ...     @staticmethod
+    ...     def plan(search, seeds):
+    ...         return SearchPlan(seeds + search.generations * search.population, 0, "seeds, then samples")
+    ...
+    ...     def ask(self, count):
+    ...         if self.out or self.done():
+    ...             return []
+    ...         rng = np.random.default_rng([self.settings.seed, self.generation])  # replays: no state kept
+    ...         top = self.grid.high * self.grid.step
+    ...         draws = [np.sort(rng.uniform(1, top, self.grid.pairs)) for _ in range(self.settings.population)]
+    ...         genomes = [self.grid.from_seed(s) for s in self.seeds] if self.generation == 0 else [
+    ...             self.grid.genome(factors) for factors in draws]
+    ...         self.out = {g.key: self.grid.candidate(g, self.generation) for g in genomes}
+    ...         return list(self.out.values())
+    ...
+    ...     def tell(self, results):
+    ...         for result in results:
+    ...             self.out.pop(result.key)
+    ...             self.told[result.key] = result.score
+    ...         if self.out:
+    ...             return []
+    ...         self.generation += 1
+    ...         best = self.best()[1]
+    ...         return [GenerationEnd(f"generation {self.generation - 1}", self.generation - 1, best, best)]
+    ...
+    ...     def best(self):
+    ...         return best_score(self.told)
+    >>> settings = SearchConfig(population=4, parents=2, generations=2)
+    >>> searcher = RandomSearch(settings, GenomeGrid(settings, pairs=8, scale=4.0), [Seed("pi", np.full(8, 4.0))])
+    >>> key, score = optimize(lambda candidate: float(np.mean(np.log(candidate.factors / 3) ** 2)), searcher)
+    >>> searcher.done(), len(searcher.told) == searcher.budget == 1 + 2 * 4
+    (True, True)
+    """
 
     kind: ClassVar[str]
-    state_model: ClassVar[type[BaseModel]]
+    state_model: ClassVar[type[BaseModel] | None] = None  # what state.json holds of it, when it does not replay
+    settings_model: ClassVar[type[BaseModel] | None] = None  # its own settings: the config's `search.<kind>:`
     supports_racing: ClassVar[bool] = False  # search.racing: ranks children against `threshold()`
     supports_steady: ClassVar[bool] = False  # search.schedule 'steady': breeds from the parents of the moment
     supports_n_hat: ClassVar[bool] = False  # search.n_hat.enabled: n_hat as a searched gene
@@ -199,7 +247,9 @@ class Searcher(ABC):
         return SearchProgress(generation=self.generation, stopped_early=self.stopped_early)
 
     def outstanding(self) -> list[Candidate]:
-        return []  # asked and not told: out again on resume (a searcher whose asks are in its state says which)
+        """Asked and not told, out again on resume: what a searcher that does not replay keeps in its state (a
+        replay finds a replaying searcher's asks out itself)."""
+        return []
 
     def position(self) -> str:
         return generation_label(self.generation, self.total_generations)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from longrope.encodings import RopeMethod
@@ -95,6 +96,7 @@ class Coordinator:
         backward_cost: float | None = None,
         history: Records | None = None,
         state: RunState | None = None,
+        outstanding: Sequence[Candidate] = (),
     ):
         self.settings, self.problem, self.run_dir, self.evaluator = settings, problem, run_dir, evaluator
         self.searcher = searcher
@@ -106,6 +108,7 @@ class Coordinator:
         self.watcher = watcher
         self.groups = window_groups(problem.windows, settings.racing)
         self.history: Records = dict(history or {})  # a resumed run's, as read and checked
+        self.outstanding = list(outstanding)  # a resumed run's asks out when it stopped (`replay.rebuild`)
         self.tasks: dict[str, _Task] = {}
         self.generation_seconds = list(state.generation_seconds) if state else []
         self.polish_seconds = list(state.polish_seconds) if state else []  # a hybrid's polish steps: status's ETA
@@ -145,7 +148,7 @@ class Coordinator:
         # asked before a crash, not told: out again, those history.jsonl holds told first in the order of their
         # lines (the order they landed in, which is how a steady GA's resume reads what it was told)
         landed = {key: place for place, key in enumerate(k for k, record in self.history.items() if record.final)}
-        for candidate in sorted(self.searcher.outstanding(), key=lambda c: landed.get(c.key, len(landed))):
+        for candidate in sorted(self.outstanding, key=lambda c: landed.get(c.key, len(landed))):
             self._launch(candidate)
         self._fill()
         while self.tasks:

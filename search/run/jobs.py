@@ -20,7 +20,7 @@ from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.optimizers.searcher import Searcher
+from longrope.search.optimizers.searcher import Candidate, Searcher
 from longrope.search.run.coordinator import Coordinator, SearchProblem
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.job_context import JobContext
@@ -97,7 +97,7 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> His
         config = (config or checked.config).model_copy(update={"output_dir": str(run_dir.path)})
         context = _checked_context(config)
         searcher = _searcher(context)
-        rebuild(run_dir, searcher, checked.state, checked.history)
+        outstanding = rebuild(run_dir, searcher, checked.state, checked.history)
         windows = _search_windows(context)
         record = job_record(context, windows, run_dir.config_hash())
         if check_job_record(run_dir, checked.job, record):  # every check has passed: now the directory may be written
@@ -106,7 +106,7 @@ def _resume(run_dir: RunDir, config: JobConfig | None, options: _Options) -> His
         options.reporter.log(
             f"search: resuming at {searcher.position()} with {final_count(checked.records)} candidates already scored"
         )
-        return _score(context, run_dir, windows, searcher, checked, options)
+        return _score(context, run_dir, windows, searcher, checked, options, outstanding)
 
 
 def _cut_torn_tail(run_dir: RunDir, checked: CheckedRun, reporter: SearchReporter) -> None:
@@ -231,6 +231,7 @@ def _score(
     searcher: Searcher,
     checked: CheckedRun | None,
     options: _Options,
+    outstanding: list[Candidate] | None = None,
 ) -> HistoryRecord:
     """Start the workers and search. heartbeat.json covers the workers' start too (Ray, model loads: minutes on a
     large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
@@ -266,6 +267,7 @@ def _score(
                 backward_cost=_backward_cost(config, options),
                 history=checked.records if checked else None,
                 state=checked.state if checked else None,
+                outstanding=outstanding or (),
             )
             return coordinator.run()
         finally:

@@ -25,15 +25,15 @@ from longrope.search.run.run_store import HISTORY, STATE, History, Records, RunD
 ASK_ALL = 1 << 20  # a replay asks for everything a searcher hands out at once (a generational one ignores counts)
 
 
-def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history: History) -> None:
+def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history: History) -> list[Candidate]:
     """Bring a fresh `searcher` to where the run stood: state.json's state with history.jsonl's final lines for a
     searcher that does not replay, else a replay of the history; one RunStoreError (the run directory is damaged)
-    otherwise. Writes nothing."""
+    otherwise. Returns the candidates it had asked for and not been told of (out when the run stopped: the
+    coordinator sends them first). Writes nothing."""
     if searcher.replays:
-        replay(run_dir, searcher, history.records)
-        return
+        return replay(run_dir, searcher, history.records)
     if state is None:
-        return  # killed before generation 0 ended: the fresh searcher asks for it again
+        return []  # killed before generation 0 ended: the fresh searcher asks for it again
     if state.searcher is None:
         raise RunStoreError(f"{run_dir.file(STATE)}: optimizer.state is null, but a steady search resumes from it")
     try:
@@ -43,13 +43,15 @@ def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history
             f"{run_dir.file(STATE)}: the steady search's state does not rebuild with history.jsonl's lines ({exc}); "
             "the run directory is damaged"
         ) from exc
+    return searcher.outstanding()
 
 
-def replay(run_dir: RunDir, searcher: Searcher, records: Records) -> None:
+def replay(run_dir: RunDir, searcher: Searcher, records: Records) -> list[Candidate]:
     """Tell a fresh `searcher` the recorded result of each candidate it asks for, as far as history.jsonl goes;
-    RunStoreError (one line) when a recorded line is not what the search asks for, or the search never asks for
-    one. Writes nothing."""
+    returns those it asked for that history.jsonl does not hold as final. RunStoreError (one line) when a recorded
+    line is not what the search asks for, or the search never asks for one. Writes nothing."""
     asked: set[str] = set()
+    missing: list[Candidate] = []
     frontier = math.inf  # the generation of the first candidate the history does not hold
     while not searcher.done():
         batch = searcher.ask(ASK_ALL)
@@ -67,6 +69,7 @@ def replay(run_dir: RunDir, searcher: Searcher, records: Records) -> None:
             "never asked for (the results recorded before it lead elsewhere: an edited line, or a line of another "
             "run?); the run directory is damaged"
         )
+    return missing
 
 
 def _told_from(run_dir: RunDir, searcher: Searcher, candidate: Candidate, records: Records) -> bool:
