@@ -169,7 +169,9 @@ class History:
 
 class RunDir:
     def __init__(self, path: str | Path):
-        self.path, self._config_hash = Path(path), None
+        self.path = Path(path)
+        self._config: JobConfig | None = None  # config.json as read and checked once (a run's config never changes)
+        self._config_hash: str | None = None
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -219,7 +221,7 @@ class RunDir:
         self.check_new(config)
         document = {"format": FORMAT, "config_hash": config.hash(), "config": config.model_dump(mode="json")}
         write_json_atomic(self.file(CONFIG), document)
-        self._config_hash = config.hash()
+        self._config, self._config_hash = config, config.hash()
 
     def check_new(self, config: JobConfig) -> None:
         """Refuse, without writing anything, a directory that already holds a run."""
@@ -241,7 +243,9 @@ class RunDir:
     def read_config(self) -> JobConfig:
         """config.json's config, found to be what the run wrote: its format one this release reads, and its
         config_hash recomputed from the JSON as stored (never as today's model re-dumps it, so a field added later
-        with a default leaves the run's identity as it was)."""
+        with a default leaves the run's identity as it was). Read once per RunDir."""
+        if self._config is not None:
+            return self._config
         data = self.read_json(CONFIG)
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             kind = type(data).__name__ if not isinstance(data, dict) else "object without a 'config' object"
@@ -257,7 +261,7 @@ class RunDir:
         stored_hash = data.get("config_hash")
         if stored_hash != identity_hash(data["config"]):
             raise RunStoreError(f"{self.file(CONFIG)}: config_hash does not match its config (edited by hand?)")
-        self._config_hash = stored_hash
+        self._config, self._config_hash = config, stored_hash
         return config
 
     def _check_format(self, name: str, data: dict[str, Any]) -> None:
