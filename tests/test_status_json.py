@@ -12,9 +12,9 @@ from search_helpers import FunctionEvaluator, make_coordinator
 from longrope.search.cli.main import main
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.optimizers.searcher import PolishProgress
+from longrope.search.reports.status import format_status, run_status
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.stages import stage_configs
-from longrope.search.run.status import format_status, run_status
 
 RESUME = "resume with `longrope search --resume"
 

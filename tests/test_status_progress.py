@@ -26,9 +26,9 @@ from search_helpers import FunctionEvaluator, known_problem_run, make_coordinato
 
 from longrope.search.cli.reporter import ConsoleReporter
 from longrope.search.optimizers.factory import load_job_config
+from longrope.search.reports.status import KILLED, format_status, run_status
 from longrope.search.run import heartbeat as heartbeats
 from longrope.search.run.run_store import RunDir
-from longrope.search.run.status import KILLED, format_status, run_status
 from longrope.workers.errors import Terminated, WorkerPoolError
 
 TESTS = Path(__file__).resolve().parent

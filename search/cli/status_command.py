@@ -14,9 +14,9 @@ from pathlib import Path
 from longrope.search.cli.console import cli_console
 from longrope.search.cli.estimate_command import job_backward_cost
 from longrope.search.config.strict import JobConfigError
-from longrope.search.run.output_paths import check_output_path
+from longrope.search.export.output_paths import check_output_path
+from longrope.search.reports.status import RunStatus, format_status, run_status
 from longrope.search.run.run_store import RunDir
-from longrope.search.run.status import RunStatus, format_status, run_status
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.path_limits import shown_path
 from longrope.workers.user_files import repeated_path

@@ -12,7 +12,7 @@ import json
 from dataclasses import fields, replace
 from pathlib import Path
 
-from longrope.search.run.output_paths import check_not_run_directory
+from longrope.search.export.output_paths import check_not_run_directory
 from longrope.workers.reference_recipe import ENCODING_NAMES, TrainingRecipe
 
 

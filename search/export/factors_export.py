@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from longrope.search.config.factors_file import FactorsFile, LongRopeParameters, Provenance, read_factors_file
+from longrope.search.export.output_paths import check_not_run_directory, check_output_path, write_output
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.run.job_record import read_job_record
-from longrope.search.run.output_paths import check_not_run_directory, check_output_path, write_output
 from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import (
     CONFIG,

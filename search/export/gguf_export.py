@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict
 
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import ExportError, export_path, factors_json
-from longrope.search.run.output_paths import write_output
+from longrope.search.export.output_paths import write_output
 from longrope.workers.gguf_model import GGUF_MAGIC, PLAIN_SCALING_TYPES, ROPE_FREQS, field_value
 
 ARCHITECTURE = "llama"

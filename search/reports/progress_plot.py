@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from longrope.search.export.output_paths import write_output
 from longrope.search.reports.plot_axes import enclosing_log_ticks, log_axis, method_colours
-from longrope.search.run.output_paths import write_output
 from longrope.search.run.run_store import NOT_SCORED_YET, RunDir, RunStoreError
 from longrope.search.run.stages import is_staged, stage_lengths, started_stages
 from longrope.search.run.trajectory import CostPoint, cost_trajectory, window_equivalents
