@@ -120,7 +120,7 @@ def built_searcher(config, search_problem: SearchProblem):
 
 
 def replayed_state(config, run_dir, windows: int = 1) -> dict:
-    """The searcher's state as a resume rebuilds it (state.json keeps none since format 3): a fresh searcher told
+    """The searcher's state as a resume rebuilds it (state.json keeps none of it): a fresh searcher told
     history.jsonl's results as it asks for them (`replay.replay`), as JSON."""
     from longrope.search.run.replay import replay
 

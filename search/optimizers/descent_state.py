@@ -1,6 +1,6 @@
 """A descent's state (`GradientDescent.state().descent`), typed and finite: what the optimizer hands around in
-memory (a polish is a descent inside the hybrid), and what a format-1/2 state.json held. Format 3 writes none: a
-descent is a function of its recorded points, NLLs and gradients, so a resume replays history.jsonl instead."""
+memory (a polish is a descent inside the hybrid). state.json holds none: a descent is a function of its recorded
+points, NLLs and gradients, so a resume replays history.jsonl instead."""
 
 from __future__ import annotations
 

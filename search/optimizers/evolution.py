@@ -53,9 +53,9 @@ CROSSOVER_PASSES = 20  # the official max_crossover_try
 class EvolutionState(SearcherState):
     """`DimMonoEvolution`'s state: the generator, every told genome and score, the parents, what is out.
 
-    As state.json holds it (a steady run's: `stored_state`) `told` is null (format 4 on) and so is `early_stop`
-    (format 5 on): history.jsonl holds every told genome's factors and score in the order they were told, from which
-    `resume` takes them and the best after each generation the early stop recorded."""
+    As state.json holds it (a steady run's: `stored_state`) `told` and `early_stop` are null: history.jsonl holds
+    every told genome's factors and score in the order they were told, from which `resume` takes them and the best
+    after each generation the early stop recorded."""
 
     generation: int = Field(ge=0)
     rng: dict[str, Any]  # the PCG64 generator's state
@@ -82,7 +82,7 @@ class EvolutionState(SearcherState):
 
     @property
     def stopped_early(self) -> bool:
-        """Formats 1-2 read it; a stored state from format 5 on has none (see state.json's `progress`)."""
+        """In memory; a stored state has none (state.json's `progress` says whether the run stopped early)."""
         return self.early_stop is not None and self.early_stop.stopped
 
 

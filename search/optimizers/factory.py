@@ -62,11 +62,6 @@ def searcher_class(kind: str) -> type[Searcher]:
     return SEARCHERS[kind]
 
 
-def state_model(kind: str) -> type:
-    """The pydantic model of a searcher's state (state.json's optimizer.state)."""
-    return SEARCHERS[kind].state_model
-
-
 def search_problem(settings: SearchConfig) -> str | None:
     """The first setting of the search section its optimizer cannot honour, as an error line naming the field;
     None when there is none."""

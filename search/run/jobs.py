@@ -292,7 +292,7 @@ def seeds_hash(seeds: list[Seed]) -> str:
 
 
 def job_record(context: JobContext, windows: Windows, config_hash: str) -> JobRecord:
-    """job.json for this run (`config_hash`: config.json's, as stored: a format-1 run keeps its own)."""
+    """job.json for this run (`config_hash`: config.json's, as stored)."""
     return JobRecord(
         config_hash=config_hash,
         seeds_hash=seeds_hash(context.seeds()),
