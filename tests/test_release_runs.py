@@ -79,7 +79,7 @@ def test_status_reads_it(version, name, tmp_path, capsys):
     status = json.loads(capsys.readouterr().out)
     old = fixture_json(version, name, "status")
     assert (status["best_perplexity"], status["best_key"]) == (old["best_perplexity"], old["best_key"])
-    assert status["generation_done"] == old["generation_done"]
+    assert (status["generation"], status["finished"]) == (old["generation"], old["finished"])
 
 
 @pytest.mark.parametrize(("version", "name"), RUNS, ids=ids(RUNS))

@@ -37,7 +37,7 @@ class Windows:
     @property
     def content_hash(self) -> str:
         """sha256 of the token ids (and the loss mask where there is one): two jobs with the same hash scored the
-        same predictions. Plain windows hash as they always did, so older run directories still match."""
+        same predictions. Plain windows (no mask) hash their tokens alone."""
         digest = hashlib.sha256(np.ascontiguousarray(self.tokens, dtype=np.int64).tobytes())
         if self.loss_mask is not None:
             digest.update(np.packbits(self.loss_mask).tobytes())

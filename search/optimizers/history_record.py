@@ -39,7 +39,7 @@ class HistoryRecord(BaseModel):
     perplexity: float | None = Field(ge=1)
     nll: list[float | None]  # per window scored so far (all of them when scored), summed over its tokens
     tokens: list[int]
-    windows: str | None = None  # the search windows' hash (job.json's search_windows_hash); absent in older runs
+    windows: str | None = None  # the search windows' hash (job.json's search_windows_hash); absent in memory
     # a descent step's (gradient, hybrid): the windows of its backward pass [first, last), their count, and the
     # gradient of the objective on them (d / d factors, then d / d attention factor; null where not finite)
     gradient_windows: list[int] | None = None
@@ -79,8 +79,8 @@ class HistoryRecord(BaseModel):
         return self.status in FINAL_STATUSES
 
     def line(self) -> str:
-        """Its history.jsonl line: the fields it was made or read with, in field order (a field an older run did
-        not write stays absent)."""
+        """Its history.jsonl line: the fields it was made or read with, in field order (a field not given stays
+        absent)."""
         return json.dumps(self.model_dump(mode="json", exclude_unset=True))
 
     def _descent_problem(self) -> str | None:

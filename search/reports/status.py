@@ -223,7 +223,8 @@ def _iso(timestamp: float) -> str:
 
 
 def _last_write(run_dir: RunDir) -> float:
-    """When a run without a heartbeat (an older version's) last wrote anything: its stop time, as near as known."""
+    """When a run without a heartbeat (lost, or killed before it wrote one) last wrote anything: its stop time,
+    as near as known."""
     times = [run_dir.file(name).stat().st_mtime for name in (STATE, HISTORY, CONFIG) if run_dir.file(name).exists()]
     return max(times)
 

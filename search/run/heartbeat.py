@@ -53,7 +53,7 @@ def this_host() -> str:
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:
-    """The heartbeat, or None when there is none (a run of an older version) or it cannot be read: it only
+    """The heartbeat, or None when there is none (lost, or not yet written) or it cannot be read: it only
     informs `status`, which then falls back on the lock, so it must never make a run unreadable."""
     try:
         return Heartbeat.model_validate_json(path.read_bytes())

@@ -17,7 +17,7 @@ from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.run.run_store import RunDir, RunStoreError, first_error
 
 JOB_FILE = "job.json"
-# what a resume re-resolves and must find unchanged (None in a job.json from an older version: not checked)
+# what a resume re-resolves and must find unchanged (None where the run had none: not checked)
 PINNED_FIELDS = (
     "search_windows_hash",
     "seeds_hash",
@@ -47,11 +47,11 @@ class WindowsShape(BaseModel):
 
     count: int
     tokens: int  # tokens per window: target_length + 1 (n + 1 tokens are read at n positions)
-    documents: list[WindowSource] | None = None  # absent in runs written before it was recorded
+    documents: list[WindowSource] | None = None  # absent where windows are not cut from named documents
 
     @model_serializer(mode="wrap")
     def _without_absent_documents(self, handler):
-        """A record from before `documents` existed dumps (and so hashes) as it was written."""
+        """A record without `documents` dumps (and so hashes) without the key, as it was written."""
         fields = handler(self)
         if fields.get("documents") is None:
             fields.pop("documents", None)
@@ -102,7 +102,7 @@ class JobRecord(RopeShape):
     factor: Literal["long", "short"] = "long"
     long_factor: list[float] | None = None
     attention_factor: float | None = None
-    config_hash: str | None = None  # the run's config (config.json's config_hash); absent in older runs
+    config_hash: str | None = None  # the run's config (config.json's config_hash)
     record_hash: str | None = None  # this record's own fields (`sealed`), so an edit by hand is seen
 
     def sealed(self) -> dict[str, Any]:
@@ -130,8 +130,9 @@ class JobRecord(RopeShape):
 
 
 def read_job_record(run_dir: RunDir) -> JobRecord:
-    """job.json, whole (every field valid) and as the run wrote it: its record_hash matches its fields as stored (never
-    as today's model re-dumps them, so a field added to JobRecord later leaves an older record's hash as it was)."""
+    """job.json, whole (every field valid) and as the run wrote it: its record_hash matches its fields as stored
+    (never as today's model re-dumps them, so a field added to JobRecord later leaves an earlier release's record
+    hash as it was)."""
     data = run_dir.read_json(JOB_FILE)
     try:
         record = JobRecord.model_validate(data)

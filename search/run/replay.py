@@ -1,9 +1,9 @@
 """A resumed searcher rebuilt from the run directory, before anything is written: the history is the record.
 
-Format 3 on keeps no copy of a replayed searcher's state (`Searcher.replays`: every optimizer but the steady GA): a
+state.json keeps no copy of a replayed searcher's state (`Searcher.replays`: every optimizer but the steady GA): a
 resumed run builds its searcher afresh and tells it history.jsonl's results as it asks for them, so the searcher
-reaches exactly where it stood; the candidates it asked for that the history does not hold go out first (its
-`outstanding()`). The steady GA, whose parents depend on the order results arrived in, loads its generator,
+reaches exactly where it stood; the candidates it asked for that the history does not hold go out first. The steady
+GA, whose parents depend on the order results arrived in, loads its generator,
 parents and asks out from state.json instead, and what it was told from history.jsonl (`Searcher.resume`). The
 replay is also the check of the history itself, done before the run's directory or workers are touched:
 
