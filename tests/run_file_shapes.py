@@ -33,6 +33,7 @@ from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import SEARCHERS
 from longrope.search.optimizers.genome import Genome
 from longrope.search.optimizers.history_record import HistoryRecord
+from longrope.search.optimizers.searcher import StatefulSearcher
 from longrope.search.run.heartbeat import Heartbeat
 from longrope.search.run.job_record import JobRecord
 from longrope.search.run.run_store import FORMAT, RunState
@@ -51,7 +52,7 @@ def builtin_searcher_states() -> dict[str, type[BaseModel]]:
     """state.json's `optimizer.state`, per optimizer: the state model of each searcher this package registers
     (a test may register one of its own; it writes no run directory a user keeps)."""
     builtin = {kind: cls for kind, cls in sorted(SEARCHERS.items()) if cls.__module__.startswith("longrope.")}
-    return {kind: cls.state_model for kind, cls in builtin.items() if cls.state_model is not None}
+    return {kind: cls.state_model for kind, cls in builtin.items() if issubclass(cls, StatefulSearcher)}
 
 
 CONFIG_KEYS = ("extra", "strict", "allow_inf_nan", "populate_by_name", "validate_by_name", "validate_by_alias")

@@ -37,10 +37,10 @@ from longrope.search.optimizers.screening import ChildScreen, bred_children, sco
 from longrope.search.optimizers.searcher import (
     Candidate,
     GenerationEnd,
-    Searcher,
     SearcherState,
     SearchPlan,
     SearchProgress,
+    StatefulSearcher,
     best_score,
     json_score,
     rank_score,
@@ -86,7 +86,7 @@ class EvolutionState(SearcherState):
         return self.early_stop is not None and self.early_stop.stopped
 
 
-class DimMonoEvolution(Searcher):
+class DimMonoEvolution(StatefulSearcher):
     """The release's GA as a `Searcher` (searcher.py): ask(count) -> candidates, tell(results), done(), best(),
     threshold(), state() / load_state(). Every setting of the search section applies to it."""
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SerializeAsAny, create_model, model_validator
 
 from longrope.search.optimizers.factory import SEARCHERS
-from longrope.search.optimizers.searcher import Searcher, SearcherState
+from longrope.search.optimizers.searcher import SearcherState, StatefulSearcher
 
 
 class OptimizerState(BaseModel):
@@ -33,14 +33,14 @@ class OptimizerState(BaseModel):
         kind = data.get("kind")
         if kind not in SEARCHERS:
             raise ValueError(f"kind: unknown optimizer {kind!r}; one of {', '.join(SEARCHERS)}")
-        if SEARCHERS[kind].state_model is None:
+        if not issubclass(SEARCHERS[kind], StatefulSearcher):
             raise ValueError(f"state: optimizer {kind!r} keeps no state here (a replay of history.jsonl rebuilds it)")
         typed = _saved_model(SEARCHERS[kind]).model_validate(data)  # its errors name optimizer.state.<field>
         return {"kind": kind, "state": typed.state}
 
 
 @functools.cache
-def _saved_model(searcher: type[Searcher]) -> type[BaseModel]:
+def _saved_model(searcher: type[StatefulSearcher]) -> type[BaseModel]:
     """`{"kind": ..., "state": <the searcher's state_model>}` as a model of its own."""
     kind, state = searcher.kind, (searcher.state_model, ...)
     return create_model(

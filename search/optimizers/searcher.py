@@ -97,7 +97,7 @@ class SearchProgress(BaseModel):
 
 class SearcherState(BaseModel):
     """What every searcher's state model is: strict JSON. state.json holds it only for a searcher that cannot be
-    rebuilt by replaying history.jsonl (`Searcher.replays`); `generation` is every state's (a field, or a property
+    rebuilt by replaying history.jsonl (`StatefulSearcher`); `generation` is every state's (a field, or a property
     of a composed state)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -114,9 +114,10 @@ class SearcherState(BaseModel):
 class Searcher(ABC):
     """What the coordinator needs of an optimizer (see the module docstring). What an optimizer must decide is
     `ask`, `tell`, `plan` (what it scores at most, for the estimate and the progress bar) and its stop (`done`:
-    by default once `generation` reaches `generations_range`'s most); everything else has a default. A searcher
-    whose state is rebuilt by replaying history.jsonl (`replays`, the default) keeps nothing in state.json and needs
-    no `state_model`. A new optimizer is a module with such a class, plus its entry in `factory.SEARCHERS`, plus
+    by default once `generation` reaches `generations_range`'s most); everything else has a default. A resume
+    rebuilds it by replaying history.jsonl: asking again and telling each recorded result, so state.json keeps none
+    of it (only a searcher whose moves depend on arrival order keeps its state there: `StatefulSearcher`). A new
+    optimizer is a module with such a class, plus its entry in `factory.SEARCHERS`, plus
     `settings_model` when it has settings of its own (read from the config's `search.<kind>:` section).
 
     The capability flags say which settings it can honour; the config's rules are read from them
@@ -169,7 +170,6 @@ class Searcher(ABC):
     """
 
     kind: ClassVar[str]
-    state_model: ClassVar[type[BaseModel] | None] = None  # what state.json holds of it, when it does not replay
     settings_model: ClassVar[type[BaseModel] | None] = None  # its own settings: the config's `search.<kind>:`
     supports_racing: ClassVar[bool] = False  # search.racing: ranks children against `threshold()`
     supports_steady: ClassVar[bool] = False  # search.schedule 'steady': breeds from the parents of the moment
@@ -229,42 +229,47 @@ class Searcher(ABC):
     def done(self) -> bool:
         return self.generation >= self.total_generations
 
-    def best(self) -> tuple[str, float]:
-        return best_score(self.state().told_scores())
-
     def threshold(self) -> str | None:
         return None  # the candidate a raced child is compared with (`supports_racing`)
-
-    @property
-    def replays(self) -> bool:
-        """Whether the searcher is rebuilt exactly by asking again and telling history.jsonl's results in the order
-        it asks for them (nothing in it depends on when a result arrived): then state.json holds none of its state
-        and a resume replays the history. A steady-state GA, whose parents depend on arrival order, does not."""
-        return True
 
     def progress(self) -> SearchProgress:
         """Where it stands, for `status` (state.json's `progress`)."""
         return SearchProgress(generation=self.generation, stopped_early=self.stopped_early)
 
-    def outstanding(self) -> list[Candidate]:
-        """Asked and not told, out again on resume: what a searcher that does not replay keeps in its state (a
-        replay finds a replaying searcher's asks out itself)."""
-        return []
-
     def position(self) -> str:
         return generation_label(self.generation, self.total_generations)
+
+
+class StatefulSearcher(Searcher):
+    """A searcher that a replay of history.jsonl cannot rebuild, because what it does depends on the order results
+    arrived in (the steady GA: its parents change after every child): state.json keeps its state, less what
+    history.jsonl records, and a resume loads it (`replay.rebuild`). `replays` says whether this run of it can be
+    replayed after all (the same GA, generational)."""
+
+    state_model: ClassVar[type[BaseModel]]
+
+    @property
+    def replays(self) -> bool:
+        return False
+
+    def best(self) -> tuple[str, float]:
+        return best_score(self.state().told_scores())
+
+    def outstanding(self) -> list[Candidate]:
+        """Asked and not told when the state was stored: out again first on resume."""
+        return []
 
     def state(self) -> BaseModel:
         return self.state_model.model_validate({name: getattr(self, name) for name in self.state_model.model_fields})
 
     def stored_state(self) -> BaseModel | None:
-        """What state.json holds of it: nothing for a searcher that `replays`; else its state, less what
-        history.jsonl records (a searcher that keeps such a copy overrides this and `resume`)."""
+        """What state.json holds of it: nothing where this run `replays`; else its state, less what history.jsonl
+        records (a searcher that keeps such a copy overrides this and `resume`)."""
         return None if self.replays else self.state()
 
     def resume(self, state: BaseModel, records: Sequence[HistoryRecord]) -> None:
-        """Where a searcher that does not replay stood: its stored state, and history.jsonl's records in the order
-        of their lines (for what the stored state leaves out)."""
+        """Where it stood: its stored state, and history.jsonl's records in the order of their lines (for what the
+        stored state leaves out)."""
         self.load_state(state)
 
     def load_state(self, state: dict[str, Any] | BaseModel) -> None:

@@ -59,7 +59,7 @@ NOT_SCORED_YET = "no scored candidate yet (is the run still starting?)"  # every
 
 class RunState(BaseModel):
     """state.json: what history.jsonl cannot give. The searcher's own state only for a searcher that is not rebuilt
-    by replaying the history (`Searcher.replays`: the steady GA's generator, parents and asks out, less what it was
+    by replaying the history (a `StatefulSearcher`: the steady GA's generator, parents and asks out, less what it was
     told and its early stop's bests, which history.jsonl gives); null for every other searcher, which a resume
     rebuilds by asking again and telling the recorded results. Beside it: where the search stands (`progress`, for
     `status`), how it stopped, and its timings (for the ETA)."""
