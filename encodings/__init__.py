@@ -11,7 +11,6 @@ from longrope.encodings.errors import EncodingConfigError, PositionOutOfRangeErr
 from longrope.encodings.hf_params import from_hf, from_hf_config
 from longrope.encodings.rope_methods import (
     ROPE_METHODS,
-    DynamicFrequencyCache,
     DynamicNtkRope,
     LinearRope,
     Llama3Rope,
@@ -24,7 +23,6 @@ from longrope.encodings.rotary import apply_rotary, default_inv_freq, rotary_cos
 
 __all__ = [
     "ROPE_METHODS",
-    "DynamicFrequencyCache",
     "DynamicNtkRope",
     "EncodingConfigError",
     "LinearRope",

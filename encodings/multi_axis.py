@@ -17,8 +17,6 @@ from longrope.encodings.interface import EncodingKind, PositionalEncoding
 from longrope.encodings.rope_methods import RopeMethod
 from longrope.encodings.rotary import apply_rotary
 
-MROPE_AXES = ("temporal", "height", "width")
-
 
 def mrope_pair_axes(mrope_section: Sequence[int], *, interleaved: bool = False) -> torch.Tensor:
     """Axis index (0 = t, 1 = h, 2 = w) of each rotary pair.

@@ -166,16 +166,6 @@ def test_cos_sin_equal_transformers_rotary_module(name, length):
     torch.testing.assert_close(sin, ref_sin, rtol=1e-6, atol=atol)
 
 
-def test_dynamic_growth_rule_follows_transformers_module():
-    """Growth only past the cache, and reset to the original below max_position_embeddings."""
-    params = {"rope_type": "dynamic", "factor": 2.0}
-    module = hf_rotary_module(params, head_dim=64, max_position_embeddings=256)
-    cache = from_hf(params, head_dim=64, max_position_embeddings=256).frequency_cache()
-    for length in (100, 512, 384, 1024, 300, 200, 600, 256):
-        module(torch.zeros(1), torch.arange(length)[None])
-        torch.testing.assert_close(cache.update(length), module.inv_freq, rtol=1e-6, atol=0, msg=f"length {length}")
-
-
 def test_longrope_switch_is_at_original_length():
     params = ROTARY_MODULE_CASES["longrope"]
     method = from_hf(params, head_dim=64, max_position_embeddings=1024)

@@ -15,7 +15,7 @@ from longrope.encodings import LongRope, from_hf_config
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.models import load_model
 from longrope.workers.rope_patch import patched_rotary
-from longrope.workers.scorer import Scorer, chunked_nll
+from longrope.workers.scorer import Scorer, chunked_loss
 
 ORIGINAL = 64
 TARGET = 256
@@ -85,13 +85,24 @@ def test_patch_is_restored(tiny_llama_dir):
     assert model.model.rotary_emb is original
 
 
-def test_chunked_nll_equals_full_logits_cross_entropy(generator):
+def test_chunked_loss_equals_full_logits_cross_entropy(generator):
+    """The scorer's loss (`chunked_loss`, a few positions' logits at a time) against the whole [B, T, vocab] logits
+    at once: the summed NLL per row, with no mask and with one (only the masked-in positions count), and the argmax
+    misses within the mask, for chunks of one position, of uneven size, and of the whole row."""
     hidden = torch.randn(3, 50, 16, generator=generator)
     head = torch.nn.Linear(16, 40, bias=False)
     targets = torch.randint(0, 40, (3, 50), generator=generator)
-    full = F.cross_entropy(head(hidden).transpose(1, 2), targets, reduction="none").double().sum(1)
+    mask = torch.rand(3, 50, generator=generator) < 0.3
+    mask[1] = False  # a row with nothing to count
+    logits = head(hidden)
+    per_position = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").double()
+    wrong = logits.argmax(dim=-1) != targets
     for chunk in (1, 7, 64, 10_000):
-        torch.testing.assert_close(chunked_nll(hidden, targets, head, chunk_tokens=chunk), full, rtol=1e-6, atol=1e-6)
+        nll, _ = chunked_loss(hidden, targets, head, chunk_tokens=chunk)
+        torch.testing.assert_close(nll, per_position.sum(1), rtol=1e-6, atol=1e-6)
+        masked, misses = chunked_loss(hidden, targets, head, chunk_tokens=chunk, loss_mask=mask)
+        torch.testing.assert_close(masked, (per_position * mask).sum(1), rtol=1e-6, atol=1e-6)
+        assert misses.tolist() == (wrong & mask).sum(1).tolist() and misses[1] == 0 and masked[1] == 0
 
 
 def candidates(rope) -> list[LongRope]:

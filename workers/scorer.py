@@ -51,13 +51,6 @@ class CandidateScore:
         return math.exp(self.mean_nll) if math.isfinite(self.mean_nll) else math.inf
 
 
-def chunked_nll(
-    hidden: torch.Tensor, targets: torch.Tensor, lm_head, *, chunk_tokens: int, logit_softcap: float | None = None
-) -> torch.Tensor:
-    """Summed NLL per row of `hidden` [B, T, H] predicting `targets` [B, T], `chunk_tokens` positions at a time."""
-    return chunked_loss(hidden, targets, lm_head, chunk_tokens=chunk_tokens, logit_softcap=logit_softcap)[0]
-
-
 def chunked_loss(
     hidden: torch.Tensor,
     targets: torch.Tensor,

@@ -24,7 +24,7 @@ from longrope.encodings.rope_methods.batch import CandidateRows, batch_cos_sin, 
 from longrope.encodings.rope_methods.linear import LinearRope
 from longrope.encodings.rope_methods.llama3 import Llama3Rope
 from longrope.encodings.rope_methods.longrope import LongRope, longrope_inv_freq
-from longrope.encodings.rope_methods.ntk import DynamicFrequencyCache, DynamicNtkRope, NtkRope
+from longrope.encodings.rope_methods.ntk import DynamicNtkRope, NtkRope
 from longrope.encodings.rope_methods.yarn import YarnRope
 
 ROPE_METHODS: dict[str, type[RopeMethod]] = {
@@ -35,7 +35,6 @@ __all__ = [
     "CONTEXT_FIELDS",
     "ROPE_METHODS",
     "CandidateRows",
-    "DynamicFrequencyCache",
     "DynamicNtkRope",
     "LinearRope",
     "Llama3Rope",

@@ -10,8 +10,9 @@ vLLM's `dynamic` with an `alpha` key (`DynamicNTKAlphaRotaryEmbedding`) is this 
 Dynamic (transformers 5.x `modeling_rope_utils.py`, `_compute_dynamic_ntk_parameters`): with
 `L0 = max_position_embeddings` (not `original_max_position_embeddings`) and `L = max(seq_len, L0)`,
 `b' = b * (s * L / L0 - (s - 1)) ** (d / (d - 2))`, attention factor 1; at L <= L0 the bracket is 1, plain RoPE.
-Worked values (d 128, b 1e4, L0 4096, s 2): L 8192 gives b' 30527.7, L 16384 gives 72195.7. When a running model
-recomputes is transformers' `dynamic_rope_update` decorator (`DynamicFrequencyCache`). vLLM 0.33.0's
+Worked values (d 128, b 1e4, L0 4096, s 2): L 8192 gives b' 30527.7, L 16384 gives 72195.7. A running transformers
+model recomputes them only as its sequence grows (`dynamic_rope_update`); a scored window is one forward at one
+length, so the frequencies here are a function of that length alone. vLLM 0.33.0's
 `DynamicNTKScalingRotaryEmbedding` (dynamic_ntk_scaling_rope.py) instead builds one static table of P =
 max_position_embeddings rows on `b * (s * P / max_trained_positions - (s - 1)) ** (d / (d - 2))`, which is b itself
 when the config has no `max_trained_positions` (plain RoPE, as transformers up to P; tests/test_runtimes.py checks
@@ -65,8 +66,7 @@ class DynamicNtkRope(RopeMethod):
     """Dynamic NTK (`dynamic`): the NTK base change grows with the sequence length past `max_position_embeddings`.
 
     `theta' = theta * (factor * L / L0 - (factor - 1)) ** (d / (d - 2))` with `L = max(seq_len, L0)` and, as in
-    transformers, `L0 = max_position_embeddings` (not `original_max_position_embeddings`). How a running model
-    moves between lengths (growth only, reset below L0) is `DynamicFrequencyCache`.
+    transformers, `L0 = max_position_embeddings` (not `original_max_position_embeddings`).
     """
 
     rope_type: ClassVar[str] = "dynamic"
@@ -82,31 +82,3 @@ class DynamicNtkRope(RopeMethod):
 
     def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
         return default_inv_freq(self.rotary_dim, self.scaled_theta(seq_len))
-
-    def frequency_cache(self) -> DynamicFrequencyCache:
-        return DynamicFrequencyCache(self)
-
-
-class DynamicFrequencyCache:
-    """transformers' `dynamic_rope_update` rule for a running model, as a small state machine.
-
-    The frequencies are recomputed only when a forward's length (max position + 1) grows past the cached
-    length, and reset to the originals when a forward is shorter than `max_position_embeddings` after growth.
-    So a shorter sequence that is still past L0 keeps the larger base it was given before (transformers 5.x
-    `modeling_rope_utils.py`, `dynamic_rope_update`; keys already in a KV cache are not re-rotated).
-    """
-
-    def __init__(self, method: DynamicNtkRope):
-        self.method = method
-        self.original_length = method.max_position_embeddings
-        self.cached_length = self.original_length
-        self.inv_freq = method.inv_freq(None)
-
-    def update(self, seq_len: int) -> torch.Tensor:
-        if seq_len > self.cached_length:
-            self.inv_freq = self.method.inv_freq(seq_len)
-            self.cached_length = seq_len
-        if seq_len < self.original_length and self.cached_length > self.original_length:
-            self.inv_freq = self.method.original_inv_freq()
-            self.cached_length = self.original_length
-        return self.inv_freq

@@ -45,7 +45,6 @@ from longrope.search.export.gguf_export import GgufRope, check_expressible, gguf
 from longrope.search.export.llama_gguf import vocab_size, write_llama_gguf
 from longrope.workers.model_build import quiet_transformers
 
-RUNTIME = "llama.cpp"
 PACKAGE = "llama_cpp"
 BEYOND_ORIGINAL = 1024  # positions checked past L0 (all of them when the target is closer)
 COS_SIN_ULPS = 4  # measured: 1.1 steps on SmolLM2-135M's shape (64-dim heads, theta 1e5) at 1k-16k tokens
