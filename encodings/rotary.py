@@ -32,6 +32,8 @@ LAYOUTS: tuple[Layout, ...] = ("rotate_half", "interleaved")
 def rotary_dim_for(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
     """Number of rotated dims per head; HF and vLLM both truncate `head_dim * partial_rotary_factor`."""
     dim = int(head_dim * partial_rotary_factor)
+    if (dim < 2 or dim % 2) and partial_rotary_factor == 1.0:
+        raise EncodingConfigError(f"head_dim: must be even and at least 2, got {head_dim}")
     if dim < 2 or dim % 2:
         raise EncodingConfigError(
             f"partial_rotary_factor: head_dim {head_dim} x {partial_rotary_factor} gives rotary dim {dim}; "

@@ -52,12 +52,12 @@ CASES = [
             "--beta-slow",
             "32",
         ),
-        "--beta-fast: must be greater than --beta-slow (32.0), got 1.0",
+        "--beta-fast: must be greater than beta_slow (32), got 1",
         id="factors-beta-fast-below-slow",
     ),
     pytest.param(
         lambda t: factors("pi", "--factor", "4", "--original-length", "0", "--head-dim", "32"),
-        "--original-length: must be a positive integer, got 0",
+        "--original-length: must be greater than 0, got 0",
         id="factors-original-length-zero",
     ),
     pytest.param(

@@ -72,6 +72,45 @@ def test_factors_json_drops_into_transformers(method, tmp_path):
     assert exported.provenance.method == method
 
 
+FLAG_CASES = {
+    "yarn": (
+        ["--beta-fast", "64", "--beta-slow", "2", "--no-truncate", "--attention-factor", "1.5"],
+        {"beta_fast": 64.0, "beta_slow": 2.0, "truncate": False, "attention_factor": 1.5},
+    ),
+    "llama3": (
+        ["--low-freq-factor", "2", "--high-freq-factor", "8"],
+        {"low_freq_factor": 2.0, "high_freq_factor": 8.0},
+    ),
+}
+
+
+@pytest.mark.parametrize("method", sorted(FLAG_CASES))
+def test_a_methods_own_flags_set_its_rope_parameters(method, tmp_path):
+    """Each flag sets its key over the nominal setting: the printed block, read by transformers as longrope at the
+    target, gives transformers' own frequencies and attention factor for the method with those keys."""
+    flags, keys = FLAG_CASES[method]
+    args = ["--factor", "8", "--original-length", "4096", "--head-dim", "128", *flags]
+    result = run_cli("encodings", "factors", method, *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    block = FactorsFile.model_validate_json(result.stdout).rope_parameters.model_dump(exclude_none=True)
+    nominal = {"rope_type": method, "factor": 8.0, "original_max_position_embeddings": 4096}
+    nominal |= {"llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0}}.get(method, {})
+    shape = {"head_dim": 128, "max_position_embeddings": 32768, "seq_len": 32768}
+    expected, got = hf_inv_freq({**nominal, **keys}, **shape), hf_inv_freq(block, **shape)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-6, atol=0)
+    assert got[1] == pytest.approx(expected[1], rel=1e-12)
+    assert not torch.allclose(got[0], hf_inv_freq(nominal, **shape)[0]), "the flags must change the frequencies"
+
+
+def test_a_baselines_name_is_its_method(tmp_path):
+    """pi is Position Interpolation (rope_type linear), none plain RoPE (default)."""
+    for name, rope_type in (("pi", "linear"), ("none", "default")):
+        result = run_cli(
+            "encodings", "factors", name, "--factor", "4", "--original-length", "64", "--head-dim", "8", cwd=tmp_path
+        )
+        assert FactorsFile.model_validate_json(result.stdout).provenance.method == rope_type, result.stderr
+
+
 def test_factors_yarn_matches_reference_vector(tmp_path):
     result = run_cli(
         "encodings", "factors", "yarn", "--factor", "8", "--original-length", "4096", "--head-dim", "128", cwd=tmp_path
@@ -84,18 +123,23 @@ def test_factors_yarn_matches_reference_vector(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["linear", "--factor", "0.5"], "rope_parameters.factor = 0.5"),
+        (["linear", "--factor", "0.5"], "--factor: must be greater than or equal to 1, got 0.5"),
         (["warp", "--factor", "2"], "method: unknown value 'warp'"),
         (["yarn", "--factor", "nan"], "--factor: must be a finite number in (0, 10000], got nan"),
         (["yarn", "--factor", "4", "--param", "beta_fast"], "--param: expected KEY=VALUE"),
+        (["yarn", "--factor", "4", "--param", "warp=2"], "--param warp: not a key of rope_type yarn (its own: "),
+        (["pi", "--factor", "4", "--beta-fast", "64"], "--beta-fast: a setting of yarn, not of linear"),
+        (["llama3", "--factor", "4", "--high-freq-factor", "0.5"], "--high-freq-factor: must be greater than"),
+        (["yarn", "--factor", "4", "--theta", "1"], "--theta: must be greater than 1, got 1.0"),
+        (["yarn", "--factor", "4", "--head-dim", "0"], "--head-dim: must be greater than 0, got 0"),
         (
             ["longrope", "--factor", "4", "--param", "long_factor=[1, 2]", "--param", "short_factor=[1, 1]"],
-            "rope_parameters.long_factor: expected 64 values",
+            "--param short_factor: expected 64 values",
         ),
     ],
 )
 def test_factors_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
-    result = run_cli("encodings", "factors", *args, "--original-length", "4096", "--head-dim", "128", cwd=tmp_path)
+    result = run_cli("encodings", "factors", "--original-length", "4096", "--head-dim", "128", *args, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()

@@ -61,7 +61,7 @@ def test_compare_from_the_cli_reports_its_progress(tmp_path, in_process_pool, ca
     args = ["compare", str(CONFIGS / "demo.yaml"), *[p for s in settings for p in ("--set", s)], "--lengths", "128,256"]
     assert main(args) == 0
     err = capsys.readouterr().err
-    assert "compare: 96/96 NTK and YaRN settings tried (100%)" in err
+    assert "compare: 96/96 ntk and yarn settings tried (100%)" in err
     scored = re.search(r"compare: (\d+)/(\d+) method x window sets scored \(100%\)", err)
     assert scored and scored.group(1) == scored.group(2) == str(11 * 2 + 10 * 2), err
 

@@ -299,12 +299,13 @@ GOOD = {"--theta": "1e4", "--head-dim": "32", "--original-length": "128"}
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--theta", "1", "must be a finite number > 1, got 1.0"),
-        ("--theta", "0.5", "must be a finite number > 1, got 0.5"),
-        ("--head-dim", "31", "must be an even integer >= 2, got 31"),
-        ("--head-dim", "0", "must be an even integer >= 2, got 0"),
+        ("--theta", "1", "must be greater than 1, got 1.0"),
+        ("--theta", "0.5", "must be greater than 1, got 0.5"),
+        ("--head-dim", "31", "must be even and at least 2, got 31"),
+        ("--head-dim", "0", "must be greater than 0, got 0"),
         ("--original-length", "1", "must be >= 2 tokens, got 1"),
-        ("--partial-rotary-factor", "0", "must be in (0, 1]"),
+        ("--partial-rotary-factor", "0", "must be greater than 0, got 0.0"),
+        ("--partial-rotary-factor", "0.03", "head_dim 32 x 0.03 gives rotary dim 0; it must be even and at least 2"),
     ],
 )
 def test_cli_bad_values_one_line_exit_2(capsys, flag, value, message):

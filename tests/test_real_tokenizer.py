@@ -26,6 +26,7 @@ import yaml
 from conftest import save_tiny_llama
 
 from longrope.search.cli.main import main
+from longrope.search.reports.compare_result import BASELINES
 from longrope.workers.corpus import corpus_documents
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,6 @@ ORIGINAL, TARGET = 64, 256  # the model's max_position_embeddings, and the searc
 VOCAB = 384  # 256 byte-level symbols, 2 special tokens, 126 merges
 FIELD = "content"  # a text field other than the default, given as data.text_field
 SEARCH_WINDOWS, TEST_WINDOWS = 4, 4
-BASELINES = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "ntk_tuned")
 
 
 def train_bpe():

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from longrope.encodings import LinearRope, LongRope, NtkRope, RopeMethod, YarnRope, apply_rotary, rotary_cos_sin
-from longrope.encodings.rope_methods import batch_cos_sin
+from longrope.encodings import (
+    EncodingConfigError,
+    LinearRope,
+    LongRope,
+    NtkRope,
+    RopeMethod,
+    YarnRope,
+    apply_rotary,
+    from_hf,
+    rotary_cos_sin,
+)
+from longrope.encodings.baselines import baseline_methods, seed_names, tuned_names
+from longrope.encodings.rope_methods import batch_cos_sin, registry
 from longrope.encodings.rotary import interleaved_to_rotate_half_permutation
 
 HEAD_DIM = 64
@@ -178,3 +191,39 @@ def test_round_trip_through_transformers_dict(method):
     again = from_hf(method.to_hf(), head_dim=method.head_dim, max_position_embeddings=method.max_position_embeddings)
     torch.testing.assert_close(again.inv_freq(4096), method.inv_freq(4096), rtol=0, atol=0)
     assert again.attention_factor == method.attention_factor
+
+
+def test_the_nominal_closed_forms_are_their_published_settings():
+    """At 8x of 128 tokens, as transformers states each (theta 1e4, head_dim 64): PI, Dynamic NTK (read at its
+    original length), YaRN with its own betas and Llama 3.1's bands 1 / 4; NTK-aware is `default` with theta x
+    8^(64/62); plain RoPE unchanged; only PI, NTK, YaRN and Llama 3 seed a search, only NTK and YaRN are tuned."""
+    methods = baseline_methods(head_dim=64, rope_theta=1e4, partial_rotary_factor=1.0, original=128, target=1024)
+    original = {"original_max_position_embeddings": 128}
+    assert {name: method.to_hf() for name, method in methods.items()} == {
+        "none": {"rope_type": "default", "rope_theta": 1e4},
+        "pi": {"rope_type": "linear", "rope_theta": 1e4, "factor": 8.0},
+        "ntk": {"rope_type": "default", "rope_theta": pytest.approx(1e4 * 8 ** (64 / 62), rel=1e-12)},
+        "dynamic": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 8.0},
+        "yarn": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, **original},
+        "llama3": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, **original},
+    }  # fmt: skip
+    assert [m.max_position_embeddings for m in methods.values()] == [1024, 1024, 1024, 128, 1024, 1024]
+    assert seed_names() == ("pi", "ntk", "yarn", "llama3") and tuned_names() == ("ntk", "yarn")
+
+
+def test_the_registry_refuses_a_method_without_a_baseline_name_of_its_own():
+    class Forgetful(LinearRope):  # inherits PI's baseline name
+        rope_type: ClassVar[str] = "forgetful"
+
+    with pytest.raises(TypeError, match="two methods share the baseline 'pi'"):
+        registry(RopeMethod, LinearRope, Forgetful)
+
+
+@pytest.mark.parametrize(("fast", "slow", "message"), [(1, 32, r"\(32\), got 1 "), (0.5, None, r"\(1\), got 0.5 ")])
+def test_yarn_refuses_a_ramp_that_runs_backwards(fast, slow, message):
+    """beta_fast counts the rotations of the pairs kept, beta_slow of those interpolated: fast at or below slow
+    (given, or the default 1) would put the kept pairs past the interpolated ones."""
+    params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": fast}
+    with pytest.raises(EncodingConfigError, match=r"beta_fast: must be greater than beta_slow " + message):
+        from_hf({**params, "beta_slow": slow}, head_dim=32, max_position_embeddings=256)

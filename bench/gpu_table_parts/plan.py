@@ -18,9 +18,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from longrope.search.reports.compare_result import BASELINES
+
 SEEDS = ("pi", "ntk", "yarn")
 HOLDOUT_WINDOWS = 1  # descent's windows held out for its stopping rule
-TABLE_ROWS = 13  # the 10 baselines (compare_result.BASELINES), the GA's best, the hybrid's, descent's
+GA_ROW = "searched: GA + surrogate"
+HYBRID_ROW = "searched: hybrid"  # the same GA run, then polished
+DESCENT_ROW = "searched: descent"
+TABLE_ROWS = len(BASELINES) + len((GA_ROW, HYBRID_ROW, DESCENT_ROW))  # compare's baselines and the searched rows
 POLISH_STEPS = 6  # the hybrid's polish after the GA, as configs/smollm2-135m-16k-hybrid.yaml
 GA_SHARE = 2 / 3
 GA_SHAPES = ((16, 8, 8), (8, 4, 4), (4, 2, 2))  # (population, parents, mutations = crossovers)

@@ -16,12 +16,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from gpu_table_parts.plan import DESCENT_ROW, GA_ROW, HYBRID_ROW
 from longrope.search.config.job_config import JobConfig
 from longrope.search.run.job_context import JobContext
-
-GA_ROW = "searched: GA + surrogate"
-HYBRID_ROW = "searched: hybrid"  # the same GA run, then polished
-DESCENT_ROW = "searched: descent"
 
 
 class TargetResult(BaseModel):

@@ -15,7 +15,7 @@ from rich.console import Console
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
-from longrope.search.reports.tuned_baselines import NTK_SCALE_MULTIPLIERS, TuningGrid, ntk_grid, yarn_grid
+from longrope.search.reports.tuned_baselines import NTK_SCALE_MULTIPLIERS, TUNING_GRIDS, MethodGrid, method_grid
 from longrope.search.run.job_context import JobContext
 from search_cost_parts.plots import plot_16x
 from search_cost_parts.variants import LENGTH_16X, REFERENCE, ROOT, TARGET_16X, WIDTH, cost_to_reach, run_all
@@ -28,7 +28,7 @@ WIDE_SCALE_MULTIPLIERS = (*NTK_SCALE_MULTIPLIERS, 6.0, 8.0, 12.0, 16.0)
 # compare's grids widened: the attention factor over the GA's searched range (1.0..1.6), the scale up to 16x the
 # nominal (at 16x compare's NTK optimum sits on its x4 edge), since a tuned baseline held at its grid's edge is no
 # fair baseline; YaRN over the same grid, its ramp (beta_fast 32, beta_slow 1) as published
-WIDE_GRID = TuningGrid(WIDE_SCALE_MULTIPLIERS, WIDE_ATTENTION_FACTORS, WIDE_SCALE_MULTIPLIERS, WIDE_ATTENTION_FACTORS)
+WIDE_GRID = MethodGrid(WIDE_SCALE_MULTIPLIERS, WIDE_ATTENTION_FACTORS)
 
 
 def tune_on_search_split(context: JobContext, grids: dict[str, dict]) -> dict[str, dict]:
@@ -68,9 +68,9 @@ def benchmark_16x(variants: list[str], seeds: list[int], c: float, png: Path, se
         tuned = tune_on_search_split(
             context,
             {
-                "ntk_tuned": ntk_grid(context),
-                "ntk_tuned_wide": ntk_grid(context, WIDE_GRID),
-                "yarn_tuned": yarn_grid(context, WIDE_GRID),
+                "ntk_tuned": method_grid(context, "ntk", TUNING_GRIDS["full"].line("ntk")),
+                "ntk_tuned_wide": method_grid(context, "ntk", WIDE_GRID),
+                "yarn_tuned": method_grid(context, "yarn", WIDE_GRID),
             },
         )
         tuning_s = time.perf_counter() - started

@@ -1,7 +1,10 @@
 """The RoPE family as one model: every variant is `inv_freq` + `attention_factor` (+ a per-position rule).
 
 One small file per method family, each class overriding only how its frequencies are computed (the shape of
-vLLM's `rotary_embedding/` package), and one registry, `ROPE_METHODS`, keyed by transformers' `rope_type`:
+vLLM's `rotary_embedding/` package), and one registry, `ROPE_METHODS`, keyed by transformers' `rope_type`. Every
+list of methods elsewhere (the seeds a config may name, compare's baselines and tuning grid, `longrope extrapolation`,
+`longrope encodings`) is read off it and off the classes (`encodings.baselines`), so a new method is its file and its
+entry below:
 
     base.py      plain RoPE (`default`) and the base class: fields, cos/sin, `to_hf()`
     linear.py    Position Interpolation (`linear`)
@@ -19,7 +22,7 @@ docstring states its formula and where it comes from.
 
 from __future__ import annotations
 
-from longrope.encodings.rope_methods.base import CONTEXT_FIELDS, RopeMethod
+from longrope.encodings.rope_methods.base import CONTEXT_FIELDS, RopeMethod, RotaryShape, registry
 from longrope.encodings.rope_methods.batch import CandidateRows, batch_cos_sin, candidate_rows
 from longrope.encodings.rope_methods.linear import LinearRope
 from longrope.encodings.rope_methods.llama3 import Llama3Rope
@@ -27,9 +30,15 @@ from longrope.encodings.rope_methods.longrope import LongRope, longrope_inv_freq
 from longrope.encodings.rope_methods.ntk import DynamicNtkRope, NtkRope
 from longrope.encodings.rope_methods.yarn import YarnRope
 
-ROPE_METHODS: dict[str, type[RopeMethod]] = {
-    cls.rope_type: cls for cls in (RopeMethod, LinearRope, NtkRope, DynamicNtkRope, YarnRope, LongRope, Llama3Rope)
-}
+ROPE_METHODS: dict[str, type[RopeMethod]] = registry(
+    RopeMethod,
+    LinearRope,
+    NtkRope,
+    DynamicNtkRope,
+    YarnRope,
+    LongRope,
+    Llama3Rope,
+)
 
 __all__ = [
     "CONTEXT_FIELDS",
@@ -41,8 +50,10 @@ __all__ = [
     "LongRope",
     "NtkRope",
     "RopeMethod",
+    "RotaryShape",
     "YarnRope",
     "batch_cos_sin",
     "candidate_rows",
     "longrope_inv_freq",
+    "registry",
 ]

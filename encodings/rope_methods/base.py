@@ -18,11 +18,17 @@ subclass overrides only `inv_freq` (and, where it has one, `attention_factor`): 
 `model_executor/layers/rotary_embedding/` package, one class per scaling type over a base that owns the cos/sin.
 Each class is a frozen pydantic model whose fields are the transformers `rope_parameters` keys, so validation,
 `to_hf()` and the error messages speak the names users see in `config.json`.
+
+A closed-form method also states itself as a baseline, read by `encodings.baselines` and from there by every part
+that lists the baselines (a search's seeds, compare's rows and tuning grid, `longrope extrapolation`, the CLI): the
+name it goes by (`baseline`; None for LongRoPE, whose factors are searched), whether its nominal instance may seed a
+search (`seeds_search`), whether compare also tunes it on the search split (`tuned`), and that nominal instance for
+a scale (`nominal`). So a new method is its file and its entry in `registry(...)`, nothing else.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,6 +37,14 @@ from longrope.encodings.rotary import Layout, default_inv_freq, rotary_cos_sin, 
 
 # Fields that describe the model the encoding is attached to, not the `rope_parameters` block.
 CONTEXT_FIELDS = frozenset({"head_dim", "max_position_embeddings"})
+
+
+class RotaryShape(TypedDict):
+    """What a method takes from the model it extends, besides its lengths."""
+
+    head_dim: int
+    rope_theta: float
+    partial_rotary_factor: float
 
 
 class RopeMethod(BaseModel):
@@ -44,6 +58,10 @@ class RopeMethod(BaseModel):
     hf_keys: ClassVar[tuple[str, ...]] = ()
     # whether transformers has this rope_type (NTK-aware has none: it is exported as default with another theta)
     in_transformers: ClassVar[bool] = True
+    # as a baseline (see the module docstring); every subclass states its own `baseline` name, which `registry` checks
+    baseline: ClassVar[str | None] = "none"
+    seeds_search: ClassVar[bool] = False
+    tuned: ClassVar[bool] = False
 
     head_dim: int = Field(gt=0)
     max_position_embeddings: int = Field(gt=0)
@@ -56,10 +74,22 @@ class RopeMethod(BaseModel):
         return self
 
     @classmethod
+    def nominal(cls, shape: RotaryShape, *, original: int, target: int, scale: float) -> RopeMethod:
+        """The method at its authors' setting for a model trained at `original` tokens read at `target`, with
+        `scale` as its factor (target / original, unless a tuning grid tries another); plain RoPE: unchanged."""
+        return cls(max_position_embeddings=target, **shape)
+
+    @classmethod
     def carries_original_length(cls) -> bool:
         """Whether its rope_parameters block holds `original_max_position_embeddings` (YaRN, LongRoPE, Llama 3 in
         transformers): a model config's top-level value of it then belongs in the block (Phi-3 keeps it there)."""
         return "original_max_position_embeddings" in cls.model_fields
+
+    @property
+    def rotary_shape(self) -> RotaryShape:
+        return RotaryShape(
+            head_dim=self.head_dim, rope_theta=self.rope_theta, partial_rotary_factor=self.partial_rotary_factor
+        )
 
     @property
     def rotary_dim(self) -> int:
@@ -112,3 +142,14 @@ class RopeMethod(BaseModel):
             if key in self.hf_keys and value is not None:
                 block[key] = value
         return block
+
+
+def registry(*classes: type[RopeMethod]) -> dict[str, type[RopeMethod]]:
+    """{rope_type: class}, in the order given. A class that shares another's rope_type or baseline name (a subclass
+    that forgot to state its own inherits its parent's) is refused when the package is imported."""
+    for attribute in ("rope_type", "baseline"):
+        names = [getattr(cls, attribute) for cls in classes if getattr(cls, attribute) is not None]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise TypeError(f"ROPE_METHODS: two methods share the {attribute} {repeated[0]!r}")
+    return {cls.rope_type: cls for cls in classes}

@@ -14,7 +14,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from longrope.encodings.lazy_import import torch
-from longrope.encodings.rope_methods.base import RopeMethod
+from longrope.encodings.rope_methods.base import RopeMethod, RotaryShape
 
 
 class LinearRope(RopeMethod):
@@ -23,7 +23,13 @@ class LinearRope(RopeMethod):
     rope_type: ClassVar[str] = "linear"
     summary: ClassVar[str] = "Position Interpolation: every frequency / factor"
     hf_keys: ClassVar[tuple[str, ...]] = ("factor",)
+    baseline: ClassVar[str | None] = "pi"
+    seeds_search: ClassVar[bool] = True
     factor: float = Field(ge=1.0)
+
+    @classmethod
+    def nominal(cls, shape: RotaryShape, *, original: int, target: int, scale: float) -> LinearRope:
+        return cls(max_position_embeddings=target, factor=scale, **shape)
 
     def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
         return self.original_inv_freq() / self.factor

@@ -22,7 +22,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from longrope.encodings.lazy_import import torch
-from longrope.encodings.rope_methods.base import RopeMethod
+from longrope.encodings.rope_methods.base import RopeMethod, RotaryShape
 
 
 class Llama3Rope(RopeMethod):
@@ -38,9 +38,23 @@ class Llama3Rope(RopeMethod):
         "original_max_position_embeddings",
     )
     factor: float = Field(ge=1.0)
-    low_freq_factor: float = Field(gt=0.0)
-    high_freq_factor: float = Field(gt=0.0)
+    low_freq_factor: float = Field(gt=0.0, description="L0 / this: the wavelength past which a pair is interpolated")
+    high_freq_factor: float = Field(gt=0.0, description="L0 / this: the wavelength below which a pair is kept")
     original_max_position_embeddings: int = Field(gt=0)
+    baseline: ClassVar[str | None] = "llama3"
+    seeds_search: ClassVar[bool] = True
+
+    @classmethod
+    def nominal(cls, shape: RotaryShape, *, original: int, target: int, scale: float) -> Llama3Rope:
+        """Meta's release config: low_freq_factor 1, high_freq_factor 4."""
+        return cls(
+            max_position_embeddings=target,
+            factor=scale,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=original,
+            **shape,
+        )
 
     @model_validator(mode="after")
     def _check_band(self) -> Llama3Rope:

@@ -77,14 +77,19 @@ class LongRope(RopeMethod):
         "short_mscale",
         "long_mscale",
     )
+    baseline: ClassVar[str | None] = None  # its factors are searched: no nominal setting
     short_factor: list[float]
     long_factor: list[float]
     original_max_position_embeddings: int = Field(gt=0)
     factor: float | None = Field(default=None, gt=0.0)
-    attention_factor_override: float | None = Field(default=None, gt=0.0, alias="attention_factor")
-    short_mscale: float | None = Field(default=None, gt=0.0)  # vLLM's cos/sin scale, short regime
-    long_mscale: float | None = Field(default=None, gt=0.0)  # vLLM's cos/sin scale, long regime
-    n_hat_positions: int = Field(default=0, ge=0, alias="n_hat")
+    attention_factor_override: float | None = Field(
+        default=None, gt=0.0, alias="attention_factor", description="the cos/sin scale, in place of the formula's"
+    )
+    short_mscale: float | None = Field(default=None, gt=0.0, description="vLLM's cos/sin scale, short regime")
+    long_mscale: float | None = Field(default=None, gt=0.0, description="vLLM's cos/sin scale, long regime")
+    n_hat_positions: int = Field(
+        default=0, ge=0, alias="n_hat", description="leading positions kept on the original frequencies"
+    )
 
     @model_validator(mode="after")
     def _check_factor_lists(self) -> LongRope:

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from longrope.encodings.lazy_import import torch
-from longrope.encodings.rope_methods.base import RopeMethod
+from longrope.encodings.rope_methods.base import RopeMethod, RotaryShape
 from longrope.encodings.rotary import default_inv_freq
 
 
@@ -42,7 +42,14 @@ class NtkRope(RopeMethod):
     rope_type: ClassVar[str] = "ntk"
     in_transformers: ClassVar[bool] = False
     summary: ClassVar[str] = "NTK-aware static base change (exported as default + rope_theta)"
+    baseline: ClassVar[str | None] = "ntk"
+    seeds_search: ClassVar[bool] = True
+    tuned: ClassVar[bool] = True
     factor: float = Field(ge=1.0)
+
+    @classmethod
+    def nominal(cls, shape: RotaryShape, *, original: int, target: int, scale: float) -> NtkRope:
+        return cls(max_position_embeddings=target, factor=scale, **shape)
 
     @property
     def scaled_theta(self) -> float:
@@ -72,7 +79,13 @@ class DynamicNtkRope(RopeMethod):
     rope_type: ClassVar[str] = "dynamic"
     summary: ClassVar[str] = "Dynamic NTK: base grows with sequence length"
     hf_keys: ClassVar[tuple[str, ...]] = ("factor",)
+    baseline: ClassVar[str | None] = "dynamic"
     factor: float = Field(ge=1.0)
+
+    @classmethod
+    def nominal(cls, shape: RotaryShape, *, original: int, target: int, scale: float) -> DynamicNtkRope:
+        """Frequencies unchanged up to `original` (transformers reads L0 from max_position_embeddings)."""
+        return cls(max_position_embeddings=original, factor=scale, **shape)
 
     def scaled_theta(self, seq_len: int | None) -> float:
         length = self.max_position_embeddings if seq_len is None else max(seq_len, self.max_position_embeddings)

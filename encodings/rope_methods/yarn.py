@@ -25,15 +25,18 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from longrope.encodings.lazy_import import torch
-from longrope.encodings.rope_methods.base import RopeMethod
+from longrope.encodings.rope_methods.base import RopeMethod, RotaryShape
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """transformers' `get_mscale`: `0.1 * mscale * ln(scale) + 1`, and 1 when the scale is at most 1."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+BETA_FAST, BETA_SLOW = 32.0, 1.0  # the paper's and every runtime's defaults
 
 
 class YarnRope(RopeMethod):
@@ -58,12 +61,37 @@ class YarnRope(RopeMethod):
     )
     factor: float = Field(ge=1.0)
     original_max_position_embeddings: int = Field(gt=0)
-    attention_factor_override: float | None = Field(default=None, gt=0.0, alias="attention_factor")
-    beta_fast: float | None = Field(default=None, gt=0.0)
-    beta_slow: float | None = Field(default=None, gt=0.0)
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    truncate: bool | None = None
+    attention_factor_override: float | None = Field(
+        default=None, gt=0.0, alias="attention_factor", description="the cos/sin scale, in place of the formula's"
+    )
+    beta_fast: float | None = Field(
+        default=None, gt=0.0, description=f"rotations within L0 from which a pair is kept (default {BETA_FAST:g})"
+    )
+    beta_slow: float | None = Field(
+        default=None, gt=0.0, description=f"rotations within L0 below which a pair is divided (default {BETA_SLOW:g})"
+    )
+    mscale: float | None = Field(default=None, description="DeepSeek's attention-factor numerator")
+    mscale_all_dim: float | None = Field(default=None, description="DeepSeek's attention-factor denominator")
+    truncate: bool | None = Field(default=None, description="round the ramp's ends to whole pairs (default true)")
+    baseline: ClassVar[str | None] = "yarn"
+    seeds_search: ClassVar[bool] = True
+    tuned: ClassVar[bool] = True
+
+    @classmethod
+    def nominal(cls, shape: RotaryShape, *, original: int, target: int, scale: float) -> YarnRope:
+        """Its defaults: beta_fast 32, beta_slow 1, attention factor 0.1 ln(scale) + 1."""
+        return cls(max_position_embeddings=target, factor=scale, original_max_position_embeddings=original, **shape)
+
+    @model_validator(mode="after")
+    def _check_betas(self) -> YarnRope:
+        """beta_fast must stay above beta_slow, else the ramp runs backwards (transformers only warns)."""
+        fast, slow = self.beta_fast or BETA_FAST, self.beta_slow or BETA_SLOW
+        if fast <= slow:
+            raise ValueError(
+                f"beta_fast: must be greater than beta_slow ({slow:g}), got {fast:g} (beta_fast counts the rotations "
+                "of the fast pairs, which are kept)"
+            )
+        return self
 
     @property
     def attention_factor(self) -> float:
@@ -80,7 +108,7 @@ class YarnRope(RopeMethod):
         def correction_dim(rotations: float) -> float:
             return (d * math.log(length / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
-        low, high = correction_dim(self.beta_fast or 32), correction_dim(self.beta_slow or 1)
+        low, high = correction_dim(self.beta_fast or BETA_FAST), correction_dim(self.beta_slow or BETA_SLOW)
         if self.truncate is None or self.truncate:
             low, high = math.floor(low), math.ceil(high)
         return max(low, 0), min(high, d - 1)

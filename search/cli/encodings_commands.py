@@ -6,22 +6,74 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from rich.table import Table
 
-from longrope.encodings import ROPE_METHODS, from_hf
+from longrope.encodings import ROPE_METHODS, RopeMethod
+from longrope.encodings.baselines import closed_forms
 from longrope.encodings.critical_dim import critical_dim, pair_periods
 from longrope.encodings.errors import EncodingConfigError
+from longrope.encodings.hf_params import LEGACY_ROPE_TYPES
 from longrope.search.cli.console import cli_console
 from longrope.search.config.factors_file import factors_file_for
 from longrope.search.config.strict import MAX_FACTOR, MAX_LENGTH
 
-# Friendly names accepted on the command line, mapped to rope_type.
-METHOD_ALIASES = {"pi": "linear", "rope": "default", "none": "default", "dynamic_ntk": "dynamic", "su": "longrope"}
-# Methods whose transformers form reads the original length from max_position_embeddings.
-LENGTH_FROM_MAX_POSITIONS = {"dynamic"}
+# The flags every method takes, by the rope_parameters field each sets; a method's other scalar fields get a flag of
+# their own (`method_settings`), any other key goes through --param.
+SHARED_FLAGS = {
+    "head_dim": "--head-dim",
+    "rope_theta": "--theta",
+    "partial_rotary_factor": "--partial-rotary-factor",
+    "factor": "--factor",
+    "original_max_position_embeddings": "--original-length",
+    "max_position_embeddings": "--target-length",  # Dynamic NTK's is the original length, checked by `model_shape`
+}
+FLAG_TYPES = (float, int, bool)
+
+
+@dataclass(frozen=True)
+class MethodSetting:
+    """A scalar rope_parameters key of one or more registered methods, set by its own flag (`--beta-fast`)."""
+
+    key: str
+    kind: type
+    rope_types: tuple[str, ...]
+    description: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+def method_settings() -> dict[str, MethodSetting]:
+    """{key: setting} of every registered method's scalar fields besides the shared ones, read off the classes, so a
+    new method's settings are flags with nothing else to edit."""
+    found: dict[str, MethodSetting] = {}
+    for cls in ROPE_METHODS.values():
+        for name, field in cls.model_fields.items():
+            key, kind = field.alias or name, _scalar_type(field.annotation)
+            if name in SHARED_FLAGS or kind is None:
+                continue
+            known = found.get(key)
+            rope_types = (*known.rope_types, cls.rope_type) if known else (cls.rope_type,)
+            description = (known.description if known else "") or field.description or ""
+            found[key] = MethodSetting(key, kind, rope_types, description)
+    return found
+
+
+def _scalar_type(annotation: Any) -> type | None:
+    """float, int or bool for a field of that type (or that type or None), else None (lists go through --param)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kinds = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        annotation = kinds[0] if len(kinds) == 1 else None
+    return annotation if annotation in FLAG_TYPES else None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,23 +88,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "factors",
         help="print a RoPE method's per-pair factors and attention factor as a factors JSON",
         description="Prints the same JSON shape `longrope export` writes: a transformers `longrope` "
-        "rope_parameters block equivalent to METHOD at the target length, plus provenance.",
+        "rope_parameters block equivalent to METHOD at the target length, plus provenance. A closed form starts from "
+        "its nominal setting for --factor; each of its settings below overrides it.",
     )
-    factors.add_argument("method", help=f"one of {sorted(ROPE_METHODS)} (or pi, rope, none, dynamic_ntk, su)")
+    factors.add_argument("method", help=f"a rope_type or a baseline's name: one of {', '.join(method_names())}")
     factors.add_argument("--factor", type=float, default=1.0, help="scale s = target / original length")
     factors.add_argument("--original-length", type=int, required=True, help="pre-training context length L0")
     factors.add_argument("--target-length", type=int, help="default: original length x factor")
     factors.add_argument("--head-dim", type=int, required=True)
     factors.add_argument("--theta", type=float, default=10000.0, help="rope_theta (default 10000)")
     factors.add_argument("--partial-rotary-factor", type=float, default=1.0)
-    factors.add_argument("--attention-factor", type=float, help="override the method's attention factor")
-    factors.add_argument("--beta-fast", type=float, help="YaRN (default 32)")
-    factors.add_argument("--beta-slow", type=float, help="YaRN (default 1)")
-    factors.add_argument("--mscale", type=float, help="YaRN / DeepSeek")
-    factors.add_argument("--mscale-all-dim", type=float, help="YaRN / DeepSeek")
-    factors.add_argument("--no-truncate", action="store_true", help="YaRN: do not round the ramp bounds")
-    factors.add_argument("--low-freq-factor", type=float, default=1.0, help="Llama 3 (default 1)")
-    factors.add_argument("--high-freq-factor", type=float, default=4.0, help="Llama 3 (default 4)")
+    for setting in method_settings().values():
+        action = argparse.BooleanOptionalAction if setting.kind is bool else "store"
+        kind = {} if setting.kind is bool else {"type": setting.kind}
+        methods = ", ".join(setting.rope_types)
+        help_text = f"{setting.description} ({methods})".lstrip()
+        factors.add_argument(setting.flag, dest=setting.key, action=action, help=help_text, **kind)
     factors.add_argument(
         "--param",
         action="append",
@@ -92,34 +143,120 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_factors(args: argparse.Namespace) -> int:
-    rope_type = METHOD_ALIASES.get(args.method, args.method)
-    if rope_type not in ROPE_METHODS:
-        raise EncodingConfigError(f"method: unknown value {args.method!r}; known: {', '.join(sorted(ROPE_METHODS))}")
-    for flag, value in (("--original-length", args.original_length), ("--head-dim", args.head_dim)):
-        if value <= 0:
-            raise EncodingConfigError(f"{flag}: must be a positive integer, got {value}")
-    if not math.isfinite(args.factor) or not 0 < args.factor <= MAX_FACTOR:
-        raise EncodingConfigError(f"--factor: must be a finite number in (0, {MAX_FACTOR:g}], got {args.factor}")
-    target_length = args.target_length or round(args.original_length * args.factor)
-    for flag, value in (("--original-length", args.original_length), ("--target-length", target_length)):
-        if value > MAX_LENGTH:
-            raise EncodingConfigError(f"{flag}: must be at most {MAX_LENGTH} tokens, got {value}")
-    if args.beta_fast is not None and args.beta_slow is not None and args.beta_fast <= args.beta_slow:
-        raise EncodingConfigError(
-            f"--beta-fast: must be greater than --beta-slow ({args.beta_slow}), got {args.beta_fast} "
-            "(beta_fast counts the rotations of the fast dimensions, which are kept)"
-        )
-    max_positions = args.original_length if rope_type in LENGTH_FROM_MAX_POSITIONS else target_length
-    method = from_hf(_rope_parameters(rope_type, args), head_dim=args.head_dim, max_position_embeddings=max_positions)
+    method_cls = method_class(args.method)
+    target_length = _checked_lengths(args)
+    model = model_shape(args)
+    method = method_from_flags(method_cls, args, model, target_length)
     factors_file = factors_file_for(
         method,
-        method_name=rope_type,
+        method_name=method_cls.rope_type,
         target_length=target_length,
         original_length=args.original_length,
         created_by="longrope encodings factors",
     )
     print(factors_file.model_dump_json(indent=2, exclude_none=True))
     return 0
+
+
+def method_names() -> list[str]:
+    """What `encodings factors` takes for METHOD: a rope_type, a baseline's name (pi, none) or a legacy rope_type."""
+    return sorted({*ROPE_METHODS, *closed_forms(), *LEGACY_ROPE_TYPES})
+
+
+def method_class(name: str) -> type[RopeMethod]:
+    rope_type = LEGACY_ROPE_TYPES.get(name, name)
+    by_name = {**closed_forms(), **ROPE_METHODS}
+    if rope_type not in by_name:
+        raise EncodingConfigError(f"method: unknown value {name!r}; known: {', '.join(method_names())}")
+    return by_name[rope_type]
+
+
+def _checked_lengths(args: argparse.Namespace) -> int:
+    """The target length, after the project's own limits (a method's fields check the rest): --factor finite and
+    at most MAX_FACTOR (it sets the default target), both lengths at most MAX_LENGTH."""
+    if not math.isfinite(args.factor) or not 0 < args.factor <= MAX_FACTOR:
+        raise EncodingConfigError(f"--factor: must be a finite number in (0, {MAX_FACTOR:g}], got {args.factor}")
+    target_length = args.target_length or round(args.original_length * args.factor)
+    for flag, value in (("--original-length", args.original_length), ("--target-length", target_length)):
+        if value > MAX_LENGTH:
+            raise EncodingConfigError(f"{flag}: must be at most {MAX_LENGTH} tokens, got {value}")
+    return target_length
+
+
+def model_shape(args: argparse.Namespace) -> RopeMethod:
+    """The model as trained, plain RoPE at --original-length: its fields check --head-dim, --theta and
+    --partial-rotary-factor, each error naming its flag."""
+    fields = {
+        "head_dim": args.head_dim,
+        "max_position_embeddings": args.original_length,
+        "rope_theta": args.theta,
+        "partial_rotary_factor": args.partial_rotary_factor,
+    }
+    return checked(lambda: RopeMethod(**fields), {**SHARED_FLAGS, "max_position_embeddings": "--original-length"})
+
+
+def method_from_flags(
+    method_cls: type[RopeMethod], args: argparse.Namespace, model: RopeMethod, target_length: int
+) -> RopeMethod:
+    """The method at its nominal setting for --factor (a closed form; LongRoPE, which has none, from the shared
+    flags), with its own flags and --param over it, validated by its fields."""
+    flags, fields = dict(SHARED_FLAGS), _starting_fields(method_cls, args, model, target_length)
+    keys = {field.alias or name for name, field in method_cls.model_fields.items()}
+    for setting in method_settings().values():
+        value = getattr(args, setting.key)
+        if value is None:
+            continue
+        if setting.key not in keys:
+            raise EncodingConfigError(
+                f"{setting.flag}: a setting of {', '.join(setting.rope_types)}, not of {method_cls.rope_type}"
+            )
+        fields[setting.key], flags[setting.key] = value, setting.flag
+    for key, value in _parse_params(args.param).items():
+        if key not in keys:
+            own = ", ".join(sorted(keys - set(SHARED_FLAGS)))
+            raise EncodingConfigError(f"--param {key}: not a key of rope_type {method_cls.rope_type} (its own: {own})")
+        fields[key], flags[key] = value, f"--param {key}"
+    return checked(lambda: method_cls.model_validate(fields), flags)
+
+
+def _starting_fields(
+    method_cls: type[RopeMethod], args: argparse.Namespace, model: RopeMethod, target_length: int
+) -> dict[str, Any]:
+    if method_cls.baseline is not None:
+        nominal = checked(
+            lambda: method_cls.nominal(
+                model.rotary_shape, original=args.original_length, target=target_length, scale=args.factor
+            ),
+            SHARED_FLAGS,
+        )
+        return nominal.model_dump(by_alias=True)
+    fields: dict[str, Any] = {**model.rotary_shape, "max_position_embeddings": target_length}
+    if "factor" in method_cls.model_fields:
+        fields["factor"] = args.factor
+    if method_cls.carries_original_length():
+        fields["original_max_position_embeddings"] = args.original_length
+    return fields
+
+
+def checked(build: Callable[[], RopeMethod], flags: dict[str, str]) -> RopeMethod:
+    """`build()`, its ValidationError as one EncodingConfigError line naming each bad flag and the value it got
+    (`flags`: each field's flag)."""
+    try:
+        return build()
+    except ValidationError as exc:
+        raise EncodingConfigError("; ".join(_flag_problem(error, flags) for error in exc.errors())) from exc
+
+
+def _flag_problem(error, flags: dict[str, str]) -> str:
+    message = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    if not error["loc"]:  # a rule over several fields: its message starts with the field it names
+        key, sep, rest = message.partition(": ")
+        return f"{flags[key]}: {rest}" if sep and key in flags else message
+    key = str(error["loc"][0])
+    flag = flags.get(key, f"--param {key}")
+    if error["type"] == "missing":
+        return f"{flag}: required"
+    return f"{flag}: {message}, got {error['input']!r}"
 
 
 def run_critical_dim(args: argparse.Namespace) -> int:
@@ -146,50 +283,14 @@ def run_critical_dim(args: argparse.Namespace) -> int:
 
 
 def _critical_dim_inputs(args: argparse.Namespace) -> int:
-    """The rotary dim for `critical-dim`, after checking each flag (one line naming the flag on bad input)."""
-    if not (math.isfinite(args.theta) and args.theta > 1):
-        raise EncodingConfigError(f"--theta: must be a finite number > 1, got {args.theta}")
-    if args.head_dim < 2 or args.head_dim % 2:
-        raise EncodingConfigError(f"--head-dim: must be an even integer >= 2, got {args.head_dim}")
+    """The rotary dim for `critical-dim`: --theta, --head-dim and --partial-rotary-factor checked by the model's
+    fields (`model_shape`), then the length this command needs (one line naming the flag on bad input)."""
+    rotary_dim = model_shape(args).rotary_dim
     if args.original_length < 2:
         raise EncodingConfigError(f"--original-length: must be >= 2 tokens, got {args.original_length}")
-    factor = args.partial_rotary_factor
-    rotary_dim = int(args.head_dim * factor) if math.isfinite(factor) else 0
-    if not 0 < factor <= 1 or rotary_dim < 2 or rotary_dim % 2:
-        raise EncodingConfigError(
-            f"--partial-rotary-factor: must be in (0, 1] and give an even rotary dim >= 2 with --head-dim "
-            f"{args.head_dim}, got {factor}"
-        )
     if args.original_length > MAX_LENGTH:
         raise EncodingConfigError(f"--original-length: must be at most {MAX_LENGTH} tokens, got {args.original_length}")
     return rotary_dim
-
-
-def _rope_parameters(rope_type: str, args: argparse.Namespace) -> dict[str, Any]:
-    params: dict[str, Any] = {"rope_type": rope_type, "rope_theta": args.theta}
-    if args.partial_rotary_factor != 1.0:
-        params["partial_rotary_factor"] = args.partial_rotary_factor
-    method_cls = ROPE_METHODS[rope_type]
-    if "factor" in method_cls.model_fields:
-        params["factor"] = args.factor
-    if method_cls.carries_original_length():
-        params["original_max_position_embeddings"] = args.original_length
-    if rope_type == "llama3":
-        params.update(low_freq_factor=args.low_freq_factor, high_freq_factor=args.high_freq_factor)
-    if rope_type == "yarn":
-        optional = {
-            "beta_fast": args.beta_fast,
-            "beta_slow": args.beta_slow,
-            "mscale": args.mscale,
-            "mscale_all_dim": args.mscale_all_dim,
-        }
-        params.update({k: v for k, v in optional.items() if v is not None})
-        if args.no_truncate:
-            params["truncate"] = False
-    if args.attention_factor is not None:
-        params["attention_factor"] = args.attention_factor
-    params.update(_parse_params(args.param))
-    return params
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from longrope.encodings.baselines import seed_names
 from longrope.search.config.optimizer_sections import checked_sections, section
 from longrope.search.config.strict import (
     MAX_COUNT,
@@ -15,6 +16,7 @@ from longrope.search.config.strict import (
     MIN_GRID_STEP,
     N_HAT_CHOICES,
     PathText,
+    SeedName,
     Strict,
 )
 
@@ -212,8 +214,9 @@ class SearchConfig(Strict):
     max_factor: float | None = Field(
         default=None, gt=1, le=MAX_FACTOR, description="the largest factor; null: 1.25 x target/original (the paper)"
     )
-    seeds: tuple[Literal["pi", "ntk", "yarn", "llama3"], ...] = Field(
-        default=("pi", "ntk", "yarn"), description="closed forms at the target that start the population"
+    seeds: tuple[SeedName, ...] = Field(
+        default=("pi", "ntk", "yarn"),
+        description=f"closed forms at the target that start the population: any of {', '.join(seed_names())}",
     )
     seed_files: tuple[PathText, ...] = Field(
         default=(), description="more seeds: factors JSON files (what `longrope export` writes) or other runs' dirs"
@@ -309,7 +312,7 @@ class SearchConfig(Strict):
             raise ValueError("mutations: mutations + crossovers must be at least 1, got 0")
         if self.factor == "long" and not self.seeds and not self.seed_files:
             raise ValueError(
-                "seeds: a population needs at least one seed: name a closed form (pi, ntk, yarn, llama3) or give "
-                "search.seed_files, got []"
+                f"seeds: a population needs at least one seed: name a closed form ({', '.join(seed_names())}) or "
+                "give search.seed_files, got []"
             )
         return self

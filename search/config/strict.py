@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
+from longrope.encodings.baselines import seed_names
 from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import path_length_problem
 
-SEED_METHODS = ("pi", "ntk", "yarn", "llama3")
 MAX_LENGTH = 1 << 26  # 67M tokens: past every published context window, far below int32/int64 trouble
 MAX_SEED = (1 << 63) - 1  # numpy's PCG64 takes a non-negative integer
 MAX_COUNT = 1_000_000  # populations, generations, windows: larger is a typo, not a job
@@ -57,6 +57,16 @@ def checked_os_path(value: str, room: int = 0) -> str:
 
 
 PathText = Annotated[str, AfterValidator(checked_os_path)]
+
+
+def known_seed(name: str) -> str:
+    """A closed form that may seed a search, as the encodings' registry states it (`encodings.baselines`)."""
+    if name not in seed_names():
+        raise ValueError(f"unknown seed {name!r}; a seed is one of {', '.join(seed_names())}")
+    return name
+
+
+SeedName = Annotated[str, AfterValidator(known_seed)]
 
 
 def _type_args(annotation: Any) -> tuple[Any, ...]:

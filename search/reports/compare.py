@@ -1,13 +1,13 @@
 """Rerunning the baselines: every method on the same test windows at several lengths, with intervals.
 
-Methods: none, PI, NTK-aware, Dynamic NTK, YaRN and Llama 3 at their nominal settings for the job's scale;
-NTK and YaRN with their scale and attention factor tuned on the search split (`tuned_baselines.py`: fair, strong
-baselines, over the `full` or the `coarse` grid); and
-any factors files given (`compare_rows.py`). Perplexity intervals are 95% normal intervals over windows of the
-per-window mean NLL; the paired difference to the best baseline uses the same windows on both sides, which
-removes most of the window-to-window variance (about 10x tighter than comparing two perplexities). Next to
-perplexity, needle retrieval on held-out needles of the test split (`needle_report.py`): exact-match accuracy and
-answer NLL per length and depth, and a depth x length heat-map.
+Methods: every closed form of the encodings' registry at its nominal setting for the job's scale (none, PI,
+NTK-aware, Dynamic NTK, YaRN and Llama 3: `encodings.baselines`); the tuned ones (NTK and YaRN) also with their
+scale and attention factor tuned on the search split (`tuned_baselines.py`: fair, strong baselines, over the `full`
+or the `coarse` grid) and with LongRoPE's attention factor; and any factors files given (`compare_rows.py`).
+Perplexity intervals are 95% normal intervals over windows of the per-window mean NLL; the paired difference to the
+best baseline uses the same windows on both sides, which removes most of the window-to-window variance (about 10x
+tighter than comparing two perplexities). Next to perplexity, needle retrieval on held-out needles of the test
+split (`needle_report.py`): exact-match accuracy and answer NLL per length and depth, and a depth x length heat-map.
 
 The result is compare.json (its shape: `compare_result.py`), written with compare.md (`compare_tables.py`) and
 the plots (`compare_plots.py`, `needle_report.py`) into a directory of its own (`compare_out.py`).
@@ -23,10 +23,18 @@ from typing import Any
 import numpy as np
 
 from longrope.encodings import LongRope, RopeMethod
+from longrope.encodings.baselines import tuned_names
 from longrope.search.config.strict import JobConfigError
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_plots import plot_factors, plot_paired_difference, plot_perplexity
-from longrope.search.reports.compare_result import BASELINES, VLLM_SUFFIX, CompareResult, MethodRow, base_method
+from longrope.search.reports.compare_result import (
+    BASELINES,
+    VLLM_SUFFIX,
+    CompareResult,
+    MethodRow,
+    base_method,
+    tuned_row,
+)
 from longrope.search.reports.compare_rows import factors_rows, given_methods
 from longrope.search.reports.compare_scoring import (
     ComparePool,
@@ -132,7 +140,7 @@ def score_methods(
     progress: Progress = no_progress,
     tuning_grid: str = "full",
 ):
-    """(methods, scores, the tuned baselines' settings): the baselines, NTK and YaRN tuned on the search split, the
+    """(methods, scores, the tuned baselines' settings): the baselines, the tuned ones tuned on the search split, the
     given factors and the vLLM twins, each on every test window set, with one worker pool; `progress` hears each
     result. A twin is scored only where it can differ from its transformers row (`same_as_twin`)."""
     pool = ComparePool(context, sets)
@@ -140,7 +148,8 @@ def score_methods(
         methods: dict[str, RopeMethod] = dict(context.baselines())
         grids = tuning_grids(context, tuning_grid)
         size = sum(map(len, grids.values()))
-        log(f"compare: tuning NTK and YaRN on the search split ({tuning_grid} grid, {size} settings) ...")
+        tuned_forms = " and ".join(tuned_names())
+        log(f"compare: tuning {tuned_forms} on the search split ({tuning_grid} grid, {size} settings) ...")
         tuned_methods, tuned = tuned_baselines(context, pool, grids, progress)
         methods = with_vllm_rows({**methods, **tuned_methods, **files})
         scored = [name for name in sets if name[0] != "tuning"]
@@ -189,7 +198,7 @@ def summarize(
     methods: dict[str, RopeMethod],
     per_window: dict[str, dict[str, list[float]]],
     lengths: list[int],
-    tuned: dict[str, float],
+    tuned: dict[str, Any],
     searched_lengths: dict[str, int] | None = None,
 ) -> CompareResult:
     """compare.json (`compare_result.CompareResult`) from each method's per-window mean NLLs, {name: {length:
@@ -221,9 +230,7 @@ def summarize(
         "windows": {str(n): len(first[str(n)]) for n in lengths},
         "rope": {"rope_theta": context.method.rope_theta, "pairs": context.pairs},
         "best_baseline": best_baseline,
-        "ntk_tuned": tuned["ntk_tuned"],
-        "yarn_tuned": tuned["yarn_tuned"],
-        "tuning_grid": tuned["tuning_grid"],
+        **{key: tuned[key] for key in (*map(tuned_row, tuned_names()), "tuning_grid")},
         "methods": rows,
     }
 

@@ -4,8 +4,8 @@ compare.json, one object:
 - `target_length`, `original_length`: the job's lengths; `lengths`: the lengths scored, in order;
 - `windows`: {length: test windows scored there}; `rope`: {`rope_theta`, `pairs`} (the factors plot's wavelengths);
 - `best_baseline`: the baseline with the lowest mean NLL at the target, which the paired differences are to;
-- `ntk_tuned`, `yarn_tuned`: the NTK and YaRN factor and attention factor picked on the search split, and
-  `tuning_grid`: {`name`: "full" or "coarse", `settings`: how many were tried};
+- one `NAME_tuned` per tuned closed form (`ntk_tuned`, `yarn_tuned`): its factor (`NAME_factor`) and attention
+  factor picked on the search split, and `tuning_grid`: {`name`: "full" or "coarse", `settings`: how many were tried};
 - `methods`: {row label: MethodRow}, baselines first, then the given factors, then the (vLLM) twins.
 
 Every per-length mapping is keyed by the length as a string ("1024"), in memory as in the JSON, so a result read
@@ -16,18 +16,18 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-BASELINES = (
-    "none",
-    "pi",
-    "ntk",
-    "dynamic",
-    "yarn",
-    "llama3",
-    "ntk_longrope_attention",
-    "yarn_longrope_attention",
-    "ntk_tuned",
-    "yarn_tuned",
-)
+from longrope.encodings.baselines import closed_forms, tuned_names
+from longrope.search.run.job_context import LONGROPE_ATTENTION_ROWS
+
+
+def tuned_row(name: str) -> str:
+    """The row of a closed form tuned on the search split (`tuned_baselines`)."""
+    return f"{name}_tuned"
+
+
+# compare's baseline rows, in its order: each closed form at its nominal setting (`JobContext.baselines`), each tuned
+# one read with LongRoPE's attention factor, then tuned (the registry's `baseline` and `tuned`, `encodings.baselines`)
+BASELINES = (*closed_forms(), *LONGROPE_ATTENTION_ROWS, *map(tuned_row, tuned_names()))
 VLLM_SUFFIX = "(vLLM)"  # a row as a vLLM engine with max_model_len = the target applies the method
 
 Interval = list[float]  # [value, low, high]: a 95% interval
@@ -55,7 +55,7 @@ class CompareResult(TypedDict, total=False):
     windows: dict[str, int]
     rope: dict[str, float]
     best_baseline: str
-    ntk_tuned: dict[str, float]
+    ntk_tuned: dict[str, float]  # and a NAME_tuned for every other tuned closed form
     yarn_tuned: dict[str, float]
     tuning_grid: dict[str, Any]
     methods: dict[str, MethodRow]

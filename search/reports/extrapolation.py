@@ -2,8 +2,8 @@
 
 Six checkpoints of one decoder (`workers.suite_model`), trained alike and differing only in how position
 enters (sinusoidal, learned, ALiBi, CoPE, NoPE, RoPE), plus the RoPE checkpoint read with each context-extension
-method at its nominal setting for the length it is read at (PI, NTK, Dynamic NTK, YaRN, Llama 3:
-`encodings.baselines`) and with searched LongRoPE factors (by default the demo's, which were searched on the
+method of the encodings' registry at its nominal setting for the length it is read at (PI, NTK, Dynamic NTK, YaRN,
+Llama 3: `encodings.baselines`) and with searched LongRoPE factors (by default the demo's, which were searched on the
 reference model of the same shape).
 
 Every length predicts the same tokens: the first `16 x train_length` tokens after the first of each of N held-out
@@ -16,6 +16,7 @@ with the table's own error and is reported as cannot run, with `perplexity` null
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from longrope.encodings.baselines import baseline_methods
+from longrope.encodings.baselines import baseline_methods, closed_forms
 from longrope.encodings.errors import PositionOutOfRangeError
 from longrope.encodings.rope_methods import RopeMethod
 from longrope.search.config.factors_file import FactorsFile, factors_encoding
@@ -37,7 +38,8 @@ from longrope.workers.errors import DataError
 
 MULTIPLES = (1, 2, 4, 8, 16)
 OUTPUT_FILES = ("extrapolation.json", "extrapolation.md", "extrapolation.png")
-ROPE_EXTENSIONS = ("pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
+# every closed form but plain RoPE (the rope checkpoint as trained is its `none` row), then the searched factors
+ROPE_EXTENSIONS = (*(name for name, cls in closed_forms().items() if cls is not RopeMethod), "longrope")
 # How the guide this project starts from rates each method's extrapolation (its words, and ours for them).
 GUIDE_WORDS = {
     ("sinusoidal", "none"): "差 poor",
@@ -70,7 +72,8 @@ class ExtrapolationCell(BaseModel):
 
 
 CELLS = TypeAdapter(list[ExtrapolationCell])
-# after tab10's last three unused colours, so that no two rows of the figure share one: navy, gold, black
+# after tab10's last three unused colours, so that no two rows of the figure share one (up to six extension rows;
+# more, from more closed forms in the registry, start again from the first): navy, gold, black
 EXTENSION_COLOURS = ("#1f3a93", "#b8860b", "#000000")
 
 
@@ -288,7 +291,7 @@ def plot_extrapolation(cells: list[ExtrapolationCell], path: Path | None = None)
     extended = [row for row in rows if row.encoding == "rope"]
     palette = [colormaps["tab10"](k) for k in range(10) if k != 7]  # grey is the grid's colour
     colours = {row: palette[k % len(palette)] for k, row in enumerate(trained)}
-    others = iter(palette[len(trained) :] + list(EXTENSION_COLOURS))
+    others = itertools.cycle(palette[len(trained) :] + list(EXTENSION_COLOURS))
     colours |= {row: next(others) for row in extended if row not in colours}
     for ax, panel, title in (
         (left, trained, "the encodings as trained"),

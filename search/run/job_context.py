@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from longrope.encodings import LongRope, RopeMethod
-from longrope.encodings.baselines import baseline_methods
+from longrope.encodings.baselines import baseline_methods, tuned_names
 from longrope.search.config.factors_file import read_factors_file
 from longrope.search.config.job_config import JobConfig, check_lengths_message
 from longrope.search.config.strict import JobConfigError
@@ -32,12 +32,13 @@ from longrope.workers.specs import ModelSpec, PoolSpec
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 from longrope.workers.windows import Windows, interleave_windows, load_windows
 
-# Rows that take a closed form's per-pair factors with LongRoPE's default attention factor, sqrt(1 + ln s / ln L0)
-# (Ding et al. 2024, as transformers' `_compute_longrope_parameters` applies it; 1.0742 at 4x of 8k), in place of
-# the method's own (NTK-aware: none; YaRN: 0.1 ln s + 1), at every length (the short factors are the same factors, as
-# the closed forms apply theirs below the original length too). A searched LongRoPE row carries that attention factor,
-# so these rows tell what the searched per-pair factors win from what the attention factor alone wins.
-LONGROPE_ATTENTION_ROWS = {"ntk_longrope_attention": "ntk", "yarn_longrope_attention": "yarn"}
+# Rows, one per tuned closed form (`tuned_names`), that take its per-pair factors with LongRoPE's default attention
+# factor, sqrt(1 + ln s / ln L0) (Ding et al. 2024, as transformers' `_compute_longrope_parameters` applies it; 1.0742
+# at 4x of 8k), in place of the method's own (NTK-aware: none; YaRN: 0.1 ln s + 1), at every length (the short factors
+# are the same factors, as the closed forms apply theirs below the original length too). A searched LongRoPE row
+# carries that attention factor, so these rows tell what the searched per-pair factors win from what the attention
+# factor alone wins.
+LONGROPE_ATTENTION_ROWS = {f"{name}_longrope_attention": name for name in tuned_names()}
 
 
 @dataclass
