@@ -23,6 +23,8 @@ def importable_package() -> None:
     shim.mkdir(parents=True, exist_ok=True)
     for name in ("search", "encodings", "workers"):
         link = shim / name
+        if link.is_symlink() and link.resolve() != (ROOT / name).resolve():
+            link.unlink()  # another checkout's: this script runs this checkout's code
         if not link.exists():
             link.symlink_to(ROOT / name, target_is_directory=True)
     sys.path.insert(0, str(shim.parent))

@@ -114,8 +114,8 @@ def run_search(context, scorer, windows: int, until: float, log=print) -> Search
             if time.monotonic() >= until:
                 stopped = True
                 break
-            record = objective(candidate)
-            records[record.key] = record
+            record = records.get(candidate.key) or objective(candidate)  # a repeat is told its record, as by the
+            records[record.key] = record  # coordinator: nothing is scored twice
             for end in searcher.tell([record]):
                 log(f"  {settings.optimizer} {end.label}: best search NLL {end.best:.4f}")
     return summary(settings, records, time.monotonic() - started, stopped)
