@@ -4,7 +4,7 @@ Pair i (0 = highest frequency) of a rotary embedding with base theta over d rota
 `theta^(-2i/d)` radians per token, so its period is `T_i = 2pi * theta^(2i/d)` tokens. A pair whose period is
 at least the pre-training length L0 never completed a rotation during training, so its low-frequency end is
 what a context extension has to rescale (LongRoPE2, arXiv 2502.20082, section 3; official code:
-microsoft/LongRoPE `evolution/search.py` at commit 5e669a53):
+microsoft/LongRoPE `evolution/search.py`):
 
     d_cd = ceil(log_theta(L0 / 2pi) * d/2) - 1,  clipped to [0, d/2].
 

@@ -1,7 +1,7 @@
 """LongRoPE (`rope_type: "longrope"`, legacy `su`): every rotary pair divided by its own searched factor.
 
 Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens" (arXiv 2402.13753); the
-authors' code is microsoft/LongRoPE (commit c9e56aa, `rope/longrope.py`, `LongRoPEScaledRotaryEmbedding`):
+authors' code is microsoft/LongRoPE (`rope/longrope.py`, `LongRoPEScaledRotaryEmbedding`):
 `theta'_i = 1 / (lambda_i * b ** (2i / d))`, i.e. `theta_i / lambda_i`, with lambda the per-pair factors
 (monotone non-decreasing in i, as the search keeps them). `MixedLongRoPEScaledRotaryEmbedding` there keeps the
 first `start_token_idx` positions (the paper's n_hat) on the original, un-scaled cos/sin: `n_hat` here.

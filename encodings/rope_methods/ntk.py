@@ -1,6 +1,6 @@
 """NTK-aware scaling: the base is changed instead of the frequencies, statically or as the sequence grows.
 
-Static (bloc97's "NTK-aware scaled RoPE", reddit r/LocalLLaMA, June 2023; jquesnelle/yarn at commit 995db5b,
+Static (bloc97's "NTK-aware scaled RoPE", reddit r/LocalLLaMA, June 2023; jquesnelle/yarn,
 `scaled_rope/LlamaNTKScaledRotaryEmbedding.py`): `b' = b * s ** (d / (d - 2))`, `theta'_i = b' ** (-2i / d)`,
 attention factor 1. The exponent makes the lowest frequency (i = d/2 - 1) exactly `theta / s` while theta_0 is
 unchanged. transformers has no rope_type for it (a model states it as `default` with the changed `rope_theta`);

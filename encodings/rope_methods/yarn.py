@@ -2,7 +2,7 @@
 attention.
 
 Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models" (arXiv 2309.00071); the
-authors' code is jquesnelle/yarn (commit 995db5b, `scaled_rope/LlamaYaRNScaledRotaryEmbedding.py`). This follows
+authors' code is jquesnelle/yarn (`scaled_rope/LlamaYaRNScaledRotaryEmbedding.py`). This follows
 transformers 5.24 `modeling_rope_utils.py`, `_compute_yarn_parameters`, which vLLM 0.33's
 `YaRNScalingRotaryEmbedding` matches:
 - correction dim of r rotations over L0 = original_max_position_embeddings (the pair index whose wavelength
