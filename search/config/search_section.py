@@ -126,8 +126,8 @@ class CmaesConfig(Strict):
     sizing: Literal["own", "ga"] = Field(
         default="own",
         description="own: population and generations above; ga: the GA's budget (search.population + "
-        "search.generations x children) in generations of mutations + crossovers samples when population is null "
-        "(how a CMA-ES run was sized before these settings existed; an older run directory reads as ga)",
+        "search.generations x children) in generations of mutations + crossovers samples when population is null, "
+        "so CMA-ES and the GA spend one budget",
     )
 
 

@@ -8,8 +8,8 @@ and one never gets scored twice (a duplicate takes the recorded score).
 
 Generation 0 scores the seeds; CMA-ES starts at the best of them (x0) with step size `search.cmaes.sigma`, for
 `search.cmaes.generations` generations of `search.cmaes.population` samples (default pycma's, 4 + floor(3 ln n) for
-n coordinates: Hansen, "The CMA Evolution Strategy: A Tutorial", 2016, Table 1). With `cmaes.sizing: ga` (how runs
-were sized before CMA-ES had settings of its own) it spends the GA's evaluation budget in generations of
+n coordinates: Hansen, "The CMA Evolution Strategy: A Tutorial", 2016, Table 1). With `cmaes.sizing: ga` (to compare it
+with the GA on one budget) it spends the GA's evaluation budget in generations of
 mutations + crossovers samples instead. Its normal samples come from its own numpy Generator (`randn` option), so no
 other user of numpy's global generator can change a run.
 
