@@ -42,8 +42,8 @@ from benchlib import RESULTS, ROOT, provenance, ranking_candidates, save_json
 from rank_agreement import rank_agreement
 
 import longrope.workers.scorer as scorer_module
+from longrope.search.job.job_context import JobContext
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model, model_rope, read_model_config
 from longrope.workers.random_llama import llama_config, save_random_llama
 from longrope.workers.scorer import Scorer

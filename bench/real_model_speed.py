@@ -30,8 +30,8 @@ import torch
 from benchlib import ROOT, provenance, save_json
 from pydantic import BaseModel, Field
 
+from longrope.search.job.job_context import JobContext
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model
 from longrope.workers.scorer import Scorer
 

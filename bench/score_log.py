@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from longrope.encodings.rope_methods.batch import candidate_rows
-from longrope.search.run.job_context import JobContext
+from longrope.search.job.job_context import JobContext
 
 
 class LogSetup(BaseModel):

@@ -35,12 +35,12 @@ from rich.console import Console
 
 from longrope.encodings import RopeMethod
 from longrope.search.export.factors_export import factors_file_of_run
+from longrope.search.job.job_context import JobContext
+from longrope.search.job.jobs import run_search
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
-from longrope.search.run.job_context import JobContext
-from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.stages import stage_configs
 

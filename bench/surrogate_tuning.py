@@ -30,9 +30,9 @@ import numpy as np
 from benchlib import ROOT, provenance, save_json
 from rich.console import Console
 
+from longrope.search.job.jobs import run_search
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.optimizers.surrogate import fit_surrogate
-from longrope.search.run.jobs import run_search
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

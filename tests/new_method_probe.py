@@ -48,8 +48,8 @@ def seeds() -> dict:
     """A config naming the new seed validates, a typo is one line naming the allowed seeds, and the search's first
     generation holds the new method's factors."""
     from longrope.search.config.strict import JobConfigError
+    from longrope.search.job.job_context import JobContext
     from longrope.search.optimizers.factory import load_job_config, make_searcher
-    from longrope.search.run.job_context import JobContext
 
     config = load_job_config(CONFIGS / "demo.yaml", [f"target_length={TARGET}", "search.seeds=[long_waves, pi]"])
     try:
@@ -153,8 +153,8 @@ def reported(part, *args) -> dict:
 
 
 def main() -> None:
+    from longrope.search.job.job_context import JobContext
     from longrope.search.optimizers.factory import load_job_config
-    from longrope.search.run.job_context import JobContext
 
     context = JobContext.resolve(load_job_config(CONFIGS / "demo.yaml", [f"target_length={TARGET}"]))
     report = {

@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from longrope.search.export.factors_export import ExportError, factors_file_of_run, write_export
+from longrope.search.job.job_context import JobContext
+from longrope.search.job.jobs import run_search
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.job_context import JobContext
-from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir, best_of
 from longrope.search.run.stages import stage_dir
 from longrope.workers.reference_recipe import reference_model_dir

@@ -9,8 +9,8 @@ import pytest
 import torch
 from rank_agreement import kendall_tau, rank_agreement
 
+from longrope.search.job.job_context import JobContext
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model
 from longrope.workers.scorer import Scorer
 

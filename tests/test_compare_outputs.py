@@ -353,9 +353,9 @@ def test_a_vllm_twin_takes_its_rows_score_only_where_it_applies_the_same_numbers
     long_mscale, its row by attention_factor. An export writes both equal (for_both_runtimes): one score serves
     both. A file with a searched attention factor of 1.21 and no mscales gets vLLM's default sqrt(1 + ln 8 /
     ln 128) = 1.1902 instead, and a row keeping n_hat positions unscaled has no vLLM counterpart: both are scored."""
+    from longrope.search.job.job_context import JobContext
     from longrope.search.optimizers.factory import load_job_config
     from longrope.search.reports.compare import same_as_twin, with_vllm_rows
-    from longrope.search.run.job_context import JobContext
 
     context = JobContext.resolve(load_job_config(CONFIGS / "demo.yaml", []))
     factors = np.linspace(1.0, 8.0, context.pairs)

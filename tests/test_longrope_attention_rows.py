@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 from conftest import hf_inv_freq
 
+from longrope.search.job.job_context import JobContext
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare_result import BASELINES
 from longrope.search.reports.tuned_baselines import TUNING_GRIDS, tuning_grids
-from longrope.search.run.job_context import JobContext
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

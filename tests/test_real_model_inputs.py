@@ -22,10 +22,10 @@ from tiny_gguf import rewritten_gguf, tiny_gguf
 from longrope.search.cli.main import main
 from longrope.search.downloads import model_wheels
 from longrope.search.downloads.model_wheels import WheelModel
+from longrope.search.job.job_context import JobContext
+from longrope.search.job.jobs import job_record
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.job_context import JobContext
 from longrope.search.run.job_record import JobRecord, WindowSource, WindowsShape
-from longrope.search.run.jobs import job_record
 from longrope.workers import gguf_model
 from longrope.workers.errors import DataError
 from longrope.workers.gguf_model import PROVENANCE_FILE, ModelProvenance

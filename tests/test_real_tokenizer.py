@@ -319,8 +319,8 @@ def test_data_without_the_text_field_is_one_line_exit_2(command, kind, bpe_model
 def test_a_tokenizer_directory_of_its_own(bpe_model, data_files, tmp_path, capsys):
     """`data.tokenizer: DIR`: a model directory without tokenizer files, the tokenizer elsewhere (a cluster keeps
     one copy where the driver runs); the job's windows are that tokenizer's ids, and a missing DIR is one line."""
+    from longrope.search.job.job_context import JobContext
     from longrope.search.optimizers.factory import load_job_config
-    from longrope.search.run.job_context import JobContext
 
     model_dir, tokenizer = bpe_model
     bare = tmp_path / "bare-model"

@@ -111,8 +111,8 @@ def test_export_refuses_n_hat_unless_asked(tmp_path):
 
 
 def test_another_runs_best_seeds_a_new_search(tmp_path):
+    from longrope.search.job.job_context import JobContext
     from longrope.search.optimizers.factory import load_job_config
-    from longrope.search.run.job_context import JobContext
 
     first = job(tmp_path / "first", generations=1)
     run_job(first, RunDir(tmp_path / "first"), FunctionEvaluator())

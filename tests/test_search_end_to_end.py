@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM
 from longrope.encodings import from_hf
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import factors_file_of_run, write_into_model
+from longrope.search.job.job_context import JobContext
+from longrope.search.job.jobs import run_search
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare import OUTPUT_FILES, run_compare
 from longrope.search.reports.intervals import paired_difference
 from longrope.search.run.coordinator import SearchProblem
-from longrope.search.run.job_context import JobContext
-from longrope.search.run.jobs import run_search
 from longrope.search.run.run_store import RunDir, best_of
 from longrope.workers import pool as pool_module
 from longrope.workers.models import load_model

@@ -21,8 +21,8 @@ from search_helpers import FunctionEvaluator, known_problem_run, make_coordinato
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from longrope.search.cli.main import main
+from longrope.search.job.jobs import _backward_cost, _Options
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.jobs import _backward_cost, _Options
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.tensorboard_scalars import INSTALL, TENSORBOARD_DIR
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpu_table_parts.plan import DESCENT_ROW, GA_ROW, HYBRID_ROW
 from longrope.search.config.job_config import JobConfig
-from longrope.search.run.job_context import JobContext
+from longrope.search.job.job_context import JobContext
 
 
 class TargetResult(BaseModel):

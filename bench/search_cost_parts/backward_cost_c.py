@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from longrope.search.cost.cpu_rates import torch_threads
+from longrope.search.job.job_context import JobContext
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.job_context import JobContext
 from longrope.workers.models import load_model
 from longrope.workers.scorer import Scorer
 from longrope.workers.timing import alternating_times

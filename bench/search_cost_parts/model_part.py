@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from longrope.search.job.job_context import JobContext
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import paired_difference
-from longrope.search.run.job_context import JobContext
 from search_cost_parts.plots import plot_trajectories
 from search_cost_parts.variants import (
     BUDGETS,

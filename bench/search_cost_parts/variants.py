@@ -10,8 +10,8 @@ from pathlib import Path
 from benchlib import CostPoint, cost_trajectory
 from rich.console import Console
 
+from longrope.search.job.jobs import run_search
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.jobs import run_search
 
 ROOT = Path(__file__).resolve().parents[2]
 GA = ["search.optimizer=dim_mono", "search.schedule=generational"]

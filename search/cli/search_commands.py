@@ -29,13 +29,13 @@ from longrope.search.export.factors_export import (
 )
 from longrope.search.export.gguf_export import ROPE_FREQS, write_gguf_export
 from longrope.search.export.verify import verify
+from longrope.search.job.job_context import JobContext
+from longrope.search.job.validation_checks import file_checks_of, offline_checks
 from longrope.search.optimizers.factory import load_job_config, search_plan
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.needle_report import needle_table
-from longrope.search.run.job_context import JobContext
 from longrope.search.run.run_store import CONFIG, RunDir, RunStoreError
-from longrope.search.run.validation_checks import file_checks_of, offline_checks
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import ModelLoadError, Terminated, WorkerPoolError
 
@@ -214,7 +214,7 @@ def _source_line(check: dict) -> str:
 def run_search_command(args: argparse.Namespace) -> int:
     """A worker's error (CUDA OOM, a crash) ends as one `longrope: error:` line with the resume command, and as
     the stop reason in heartbeat.json; Ctrl-C and SIGTERM likewise (the entry point's flag tells them apart)."""
-    from longrope.search.run.jobs import run_search  # torch (the scorer), cma: only for `search`; Ray once it scores
+    from longrope.search.job.jobs import run_search  # torch (the scorer), cma: only for `search`; Ray once it scores
 
     if not args.config and not args.resume:
         raise JobConfigError("search: give a CONFIG, or --resume RUN_DIR")

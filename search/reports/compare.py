@@ -25,6 +25,7 @@ import numpy as np
 from longrope.encodings import LongRope, RopeMethod
 from longrope.encodings.baselines import tuned_names
 from longrope.search.config.strict import JobConfigError
+from longrope.search.job.job_context import LONGROPE_ATTENTION_ROWS, JobContext
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_plots import plot_factors, plot_paired_difference, plot_perplexity
 from longrope.search.reports.compare_result import (
@@ -47,7 +48,6 @@ from longrope.search.reports.compare_tables import markdown_table
 from longrope.search.reports.intervals import interval, paired_difference
 from longrope.search.reports.needle_report import needle_cell, needle_table, plot_needle_heatmap
 from longrope.search.reports.tuned_baselines import tuned_baselines, tuning_grids
-from longrope.search.run.job_context import LONGROPE_ATTENTION_ROWS, JobContext
 from longrope.search.run.run_store import write_json_atomic, write_text_atomic
 
 OUTPUT_FILES = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from longrope.encodings.baselines import closed_forms, tuned_names
-from longrope.search.run.job_context import LONGROPE_ATTENTION_ROWS
+from longrope.search.job.job_context import LONGROPE_ATTENTION_ROWS
 
 
 def tuned_row(name: str) -> str:

@@ -16,8 +16,8 @@ from longrope.encodings import RopeMethod
 from longrope.search.config.factors_file import FactorsFile, factors_encoding
 from longrope.search.config.strict import JobConfigError
 from longrope.search.export.factors_export import factors_of_path
+from longrope.search.job.job_context import JobContext
 from longrope.search.reports.compare_result import BASELINES, VLLM_SUFFIX
-from longrope.search.run.job_context import JobContext
 from longrope.workers.user_files import repeated_path
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 
 from longrope.encodings import RopeMethod
-from longrope.search.run.job_context import JobContext
-from longrope.search.run.validation_checks import data_source_checks
+from longrope.search.job.job_context import JobContext
+from longrope.search.job.validation_checks import data_source_checks
 from longrope.workers.errors import DataError
 from longrope.workers.windows import Windows
 

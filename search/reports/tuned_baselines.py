@@ -27,9 +27,9 @@ import numpy as np
 
 from longrope.encodings import LongRope, RopeMethod
 from longrope.encodings.baselines import closed_forms, tuned_names
+from longrope.search.job.job_context import JobContext
 from longrope.search.reports.compare_result import tuned_row
 from longrope.search.reports.compare_scoring import ComparePool, Progress, no_progress
-from longrope.search.run.job_context import JobContext
 
 # An attention-factor point that stands for LongRoPE's own, sqrt(1 + ln s / ln L0) at the job's scale s (Ding et al.
 # 2024; transformers' `_compute_longrope_parameters`): 1.0742 at 4x of 8k. Every grid has it, so a tuned closed form

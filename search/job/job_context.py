@@ -14,17 +14,17 @@ from longrope.encodings.baselines import baseline_methods, tuned_names
 from longrope.search.config.factors_file import read_factors_file
 from longrope.search.config.job_config import JobConfig, check_lengths_message
 from longrope.search.config.strict import JobConfigError
-from longrope.search.optimizers.genome import SearchSpace, Seed, resolve_space
-from longrope.search.run.job_record import RopeShape
-from longrope.search.run.run_check import read_run
-from longrope.search.run.run_store import RunDir
-from longrope.search.run.stages import last_stage
-from longrope.search.run.validation_checks import (
+from longrope.search.job.validation_checks import (
     check_seed_factors,
     file_checks_of,
     validation_check,
     window_supply_checks,
 )
+from longrope.search.optimizers.genome import SearchSpace, Seed, resolve_space
+from longrope.search.run.job_record import RopeShape
+from longrope.search.run.run_check import read_run
+from longrope.search.run.run_store import RunDir
+from longrope.search.run.stages import last_stage
 from longrope.workers.documents import TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
 from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides

@@ -16,6 +16,8 @@ from typing import Any
 from longrope.search.config.job_config import JobConfig, digest
 from longrope.search.config.strict import JobConfigError
 from longrope.search.downloads.debian_docs import read_corpus_record
+from longrope.search.job.job_context import JobContext
+from longrope.search.job.validation_checks import file_checks_of
 from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.history_record import HistoryRecord
@@ -23,7 +25,6 @@ from longrope.search.optimizers.objective import ObjectiveMix
 from longrope.search.optimizers.searcher import Candidate, Searcher
 from longrope.search.run.coordinator import Coordinator, SearchProblem
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
-from longrope.search.run.job_context import JobContext
 from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
 from longrope.search.run.replay import rebuild
 from longrope.search.run.reporting import SearchReporter, SilentReporter
@@ -31,7 +32,6 @@ from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_json_atomic
 from longrope.search.run.stages import is_staged, stage_configs
 from longrope.search.run.tensorboard_scalars import check_tensorboard_folder
-from longrope.search.run.validation_checks import file_checks_of
 from longrope.workers.corpus import corpus_provenance
 from longrope.workers.documents import CORPUS_PREFIX
 from longrope.workers.errors import DataError
