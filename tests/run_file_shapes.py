@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from longrope.encodings.baselines import seed_names
 from longrope.search.config.job_config import JobConfig
 from longrope.search.optimizers.factory import SEARCHERS
 from longrope.search.optimizers.genome import Genome
@@ -158,10 +159,13 @@ def model_shapes(roots: dict[str, type[BaseModel]]) -> dict[str, dict]:
 
 def payload_shapes() -> dict:
     """What fields typed `Any` hold, written by hand: a genome (`Genome.to_json`, in state.json's pending and
-    told lists, and its key, history.jsonl's candidate key) and the GA's generator state (state.json's `rng`)."""
+    told lists, and its key, history.jsonl's candidate key) and the GA's generator state (state.json's `rng`); and
+    what a validator reads off a registry rather than its own code: the seed names config.json's `search.seeds`
+    may hold (the closed forms registered as seeds)."""
     genome = Genome((1, 2), 3, 4)
     rng = np.random.Generator(np.random.PCG64(0)).bit_generator.state
-    return {"genome": [genome.to_json(), genome.key], "rng": json_structure(rng)}
+    seeds = sorted(seed_names())
+    return {"genome": [genome.to_json(), genome.key], "rng": json_structure(rng), "seed_names": seeds}
 
 
 def json_structure(value: object) -> object:

@@ -30,14 +30,13 @@ MODULE = '''"""Random search: the seeds, then `search.random.samples` random mon
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from longrope.search.config.strict import Strict
 from longrope.search.optimizers.searcher import GenerationEnd, Searcher, SearchPlan, best_score
 
 
-class RandomSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class RandomSettings(Strict):
     samples: int = Field(default=4, ge=1, le=1000, description="random candidates per generation")
     generations: int = Field(default=2, ge=0, le=1000, description="generations after the seeds")
 
@@ -182,8 +181,26 @@ def test_its_section_is_checked_like_every_other(package_copy, tmp_path):
         .endswith("search.random.samples: Input should be greater than or equal to 1")
     )
     unknown = longrope(package_copy, *search_args(tmp_path / "run", **{"search.random.draws": 3}), check=False)
-    assert unknown.returncode == 2 and "search.random.draws: Extra inputs are not permitted" in unknown.stderr
+    assert unknown.returncode == 2 and "search.random.draws: unknown field (value 3)" in unknown.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_its_section_is_written_in_full_and_set_merges_into_it(package_copy, tmp_path):
+    """The configured optimizer's section is in the resolved config whole (its defaults where left out: what the
+    run did stays in config.json whatever the defaults become), and `--set search.random={...}` merges into it."""
+    (tmp_path / "job.yaml").write_text("target_length: 256\nsearch:\n  optimizer: random\n  random:\n    samples: 5\n")
+    probe = (
+        "import json, sys; from longrope.search.optimizers.factory import load_job_config; "
+        "print(json.dumps(load_job_config(sys.argv[1], sys.argv[2:]).search.model_dump(mode='json')['random']))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(package_copy)}
+
+    def section(*sets: str) -> dict:
+        command = [sys.executable, "-c", probe, str(tmp_path / "job.yaml"), *sets]
+        return json.loads(subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout)
+
+    assert section() == {"samples": 5, "generations": 2}
+    assert section("search.random={generations: 7}") == {"samples": 5, "generations": 7}
 
 
 @pytest.mark.slow

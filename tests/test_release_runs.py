@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_checks import snapshot
 from run_file_shapes import RELEASES, release_runs, releases
 
 from longrope.search.cli.main import main
@@ -85,10 +86,10 @@ def test_status_reads_it(version, name, tmp_path, capsys):
 @pytest.mark.parametrize(("version", "name"), RUNS, ids=ids(RUNS))
 def test_export_equals_the_releases_export(version, name, tmp_path):
     run = copy_of(version, name, tmp_path)
-    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    before = snapshot(run)
     today = exported(run, tmp_path / "factors.json")
     assert_same_export(today, fixture_json(version, name, "export"))
-    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before, "export writes nothing there"
+    assert snapshot(run) == before, "export writes nothing there"
 
 
 @pytest.mark.parametrize(("version", "name"), RUNS, ids=ids(RUNS))
@@ -106,11 +107,11 @@ def test_compare_takes_it_as_factors(version, name, tmp_path, fake_pool, capsys)
 @pytest.mark.parametrize(("version", "name"), FINISHED, ids=ids(FINISHED))
 def test_resuming_a_finished_one_says_so_and_changes_nothing(version, name, tmp_path, capsys):
     run = copy_of(version, name, tmp_path)
-    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "heartbeat.json"}
+    before = {name: entry for name, entry in snapshot(run).items() if not name.endswith("heartbeat.json")}
     assert main(["search", "--no-progress", "--resume", str(run)]) == 0
     old = fixture_json(version, name, "export")["provenance"]
     assert json.loads(capsys.readouterr().out)["best_perplexity"] == old["best_perplexity"]
-    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "heartbeat.json"}
+    after = {name: entry for name, entry in snapshot(run).items() if not name.endswith("heartbeat.json")}
     assert after == before
 
 
@@ -133,8 +134,6 @@ def test_a_resume_checks_what_it_resolved_against_job_json_as_stored(tmp_path, c
     a job.json that pins other seeds (a resealed record, as if a seed file had changed since the run started) is
     refused in one line, and no run file is written (only the windows cache, which the check needs: it is keyed
     by its contents)."""
-    from cli_checks import snapshot
-
     from longrope.search.run.job_record import JobRecord
 
     version, name = KILLED[0]

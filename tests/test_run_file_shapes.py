@@ -39,9 +39,12 @@ def release_change(release: dict, today: dict) -> str | None:
     for name in old:
         if found := first_difference(old[name], new.get(name, {}), f".models.{name}"):
             return found
-    for part in ("files", "payloads"):
-        if found := first_difference(release[part], today[part], f".{part}"):
-            return found
+    if found := first_difference(release["files"], today["files"], ".files"):
+        return found
+    payloads, seeds = dict(today["payloads"]), today["payloads"]["seed_names"]
+    payloads["seed_names"] = [name for name in release["payloads"]["seed_names"] if name in seeds]  # more: no change
+    if found := first_difference(release["payloads"], payloads, ".payloads"):
+        return found
     kinds = {kind: today["searcher_states"].get(kind) for kind in release["searcher_states"]}
     return first_difference(release["searcher_states"], kinds, ".searcher_states")
 
@@ -66,6 +69,12 @@ def test_a_model_or_optimizer_added_since_the_release_is_no_change():
     today["models"]["RandomState"] = {"config": {}, "fields": {"seen": {"type": "int"}}, "validators": {}}
     today["searcher_states"]["random"] = "RandomState"
     assert release_change(release, today) is None
+    today["payloads"]["seed_names"] = [*release["payloads"]["seed_names"], "a_new_closed_form"]
+    assert release_change(release, today) is None, "a seed name more reads every older config"
+    today["payloads"]["seed_names"] = release["payloads"]["seed_names"][1:]
+    removed = f".payloads.seed_names: {release['payloads']['seed_names']} -> {release['payloads']['seed_names'][1:]}"
+    assert release_change(release, today) == removed, "a seed name less leaves an older config unreadable"
+    today["payloads"]["seed_names"] = release["payloads"]["seed_names"]
     del today["models"]["JobRecord"]["fields"]["model_dir"]
     assert release_change(release, today) == ".models.JobRecord.fields.model_dir: removed"
 

@@ -299,7 +299,7 @@ def test_a_run_directory_of_another_format_is_refused_and_left_as_it_is(tmp_path
         document = json.loads(run_dir.file(name).read_text())
         document.pop("format")
         write_json_atomic(run_dir.file(name), document if stored is None else {**document, "format": stored})
-        before = {path.name: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()}
+        before = snapshot(tmp_path)
         for command in (
             ["status", str(tmp_path)],
             ["export", str(tmp_path), "-o", str(tmp_path / "f.json")],
@@ -309,5 +309,5 @@ def test_a_run_directory_of_another_format_is_refused_and_left_as_it_is(tmp_path
             error = capsys.readouterr().err.strip()
             assert error.count("\n") == 0 and error.startswith(f"longrope: error: {run_dir.file(name)}: {held}"), error
             assert "this release reads format 1.0" in error or "must be one of" in error
-        assert {path.name: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == before
+        assert snapshot(tmp_path) == before, "nothing written, not even a windows cache"
         write_json_atomic(run_dir.file(name), {**document, "format": "1.0"})

@@ -11,6 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from longrope.search.config.job_config import JobConfig
+from longrope.search.config.optimizer_sections import SECTIONS
+from longrope.search.config.search_section import SearchConfig
 from longrope.search.config.strict import JobConfigError
 from longrope.search.config.yaml_reader import ConfigYamlError, parse_yaml, read_yaml
 from longrope.workers.path_limits import SHOWN_CHARACTERS, shown_path
@@ -85,6 +87,8 @@ def section_model(path: list[str], root: type[BaseModel] | None = None) -> type[
     for part in path:
         field = model.model_fields.get(part)
         annotation = field.annotation if field else None
+        if field is None and model is SearchConfig:  # search.<kind>: a registered optimizer's own section
+            annotation = SECTIONS.get(part)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
         model = annotation

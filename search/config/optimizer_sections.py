@@ -1,9 +1,11 @@
-"""The config sections of optimizers registered after the built-in ones: `search.<kind>:` holds an optimizer's own
+"""The config sections of optimizers registered with settings of their own: `search.<kind>:` holds an optimizer's own
 settings, validated by the model it registers (`factory.register`, from its `settings_model`).
 
 The config layer sits below the optimizers and knows none of them, so the models are looked up here, by kind, when
-a config is read; a section no registered optimizer claims is refused like any unknown field. A section left out
-is not written to config.json, so registering an optimizer never changes an existing run's identity.
+a config is read; a section no registered optimizer claims is refused like any unknown field. The configured
+optimizer's section is written in full (its defaults where the user left it out); another optimizer's section left
+out is not written, so registering an optimizer never changes an existing run's identity. A section's model is a
+`Strict` one (`factory.register` refuses another), so it refuses unknown fields, NaN and booleans for numbers.
 """
 
 from __future__ import annotations
@@ -31,8 +33,18 @@ def checked_sections(extra: dict[str, Any]) -> dict[str, Any]:
         except ValidationError as exc:
             error = exc.errors()[0]
             where = ".".join(str(part) for part in (kind, *error["loc"]))
+            if error["type"] == "extra_forbidden":
+                raise ValueError(f"{where}: unknown field (value {error['input']!r})") from exc
             raise ValueError(f"{where}: {error['msg']}") from exc
     return checked
+
+
+def with_own_section(optimizer: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` with the configured optimizer's section written in full (its defaults where left out), so what the
+    run did is in config.json whatever the optimizer's defaults later become."""
+    if optimizer in SECTIONS and optimizer not in extra:
+        return {**extra, optimizer: SECTIONS[optimizer]().model_dump(mode="json")}
+    return extra
 
 
 def section(kind: str, extra: dict[str, Any]) -> BaseModel:

@@ -18,7 +18,7 @@ from longrope.search.config.job_config import JobConfig
 from longrope.search.config.loading import read_job_config
 from longrope.search.config.optimizer_sections import register_section
 from longrope.search.config.search_section import SearchConfig
-from longrope.search.config.strict import JobConfigError
+from longrope.search.config.strict import JobConfigError, Strict
 from longrope.search.optimizers.cmaes import CmaesOptimizer
 from longrope.search.optimizers.evolution import DimMonoEvolution
 from longrope.search.optimizers.genome import GenomeGrid, Seed
@@ -38,6 +38,8 @@ def register(cls: type[Searcher]) -> type[Searcher]:
         raise ValueError(f"an optimizer needs a kind of its own, got {kind!r}")
     if cls.settings_model is not None and kind in SearchConfig.model_fields:
         raise ValueError(f"optimizer {kind!r}: its settings section would take the name of search.{kind}")
+    if cls.settings_model is not None and not issubclass(cls.settings_model, Strict):
+        raise ValueError(f"optimizer {kind!r}: settings_model must be a config.strict.Strict model (as every section)")
     SEARCHERS[kind] = cls
     if cls.settings_model is not None:
         register_section(kind, cls.settings_model)

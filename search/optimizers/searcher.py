@@ -121,7 +121,7 @@ class Searcher(ABC):
     `settings_model` when it has settings of its own (read from the config's `search.<kind>:` section).
 
     The capability flags say which settings it can honour; the config's rules are read from them
-    (`factory.settings_problem`), never from an optimizer's name. Each is False here: an optimizer claims what it
+    (`factory.search_problem`), never from an optimizer's name. Each is False here: an optimizer claims what it
     does. A small one, run in memory (`optimize`), the seeds and then a sample of random monotone factors:
 
     >>> import numpy as np

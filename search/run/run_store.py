@@ -91,7 +91,7 @@ def format_problem(stored: Any) -> str | None:
     if stored is None or type(stored) is int:
         held = "a pre-release format (no format key)" if stored is None else f"pre-release format {stored}"
         return f"holds {held}, written before release 1.0; {reads} (nothing was changed; start a new run)"
-    if isinstance(stored, str) and _version(stored) > _version(FORMAT):
+    if isinstance(stored, str) and _newer(_version(stored), _version(FORMAT)):
         return f"holds format {stored}, written by a newer longrope-search; {reads} (nothing was changed; upgrade)"
     return f"format must be one of {list(READABLE_FORMATS)}, got {stored!r}"
 
@@ -101,6 +101,12 @@ def _version(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split("."))
     except ValueError:
         return ()
+
+
+def _newer(version: tuple[int, ...], than: tuple[int, ...]) -> bool:
+    """Numerically later, trailing zeros aside ("1.0.0" is "1.0")."""
+    width = max(len(version), len(than))
+    return bool(version) and version + (0,) * (width - len(version)) > than + (0,) * (width - len(than))
 
 
 def first_error(exc: ValidationError) -> str:
@@ -247,10 +253,11 @@ class RunDir:
         if self._config is not None:
             return self._config
         data = self.read_json(CONFIG)
+        if isinstance(data, dict):
+            self._check_format(CONFIG, data)  # first: a newer release's file may hold another shape
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             kind = type(data).__name__ if not isinstance(data, dict) else "object without a 'config' object"
             raise RunStoreError(f"{self.file(CONFIG)}: not a run config (a JSON {kind})")
-        self._check_format(CONFIG, data)
         try:
             config = JobConfig.model_validate(data["config"])
             problem = config_problem(config)  # a setting its optimizer cannot honour
