@@ -21,9 +21,13 @@ def register_section(kind: str, model: type[BaseModel]) -> None:
     SECTIONS[kind] = model
 
 
-def checked_sections(extra: dict[str, Any]) -> dict[str, Any]:
+def checked_sections(optimizer: str, extra: dict[str, Any]) -> dict[str, Any]:
     """The extra keys of the search section, each a registered optimizer's section and valid for its model, as
-    JSON; ValueError naming the first key that is neither, or its first bad field."""
+    JSON, with the configured `optimizer`'s own section written in full (its defaults where the user left it out,
+    so what the run did is in config.json whatever the optimizer's defaults later become); ValueError naming the
+    first key that is no section, or its first bad field."""
+    if optimizer in SECTIONS and optimizer not in extra:
+        extra = {**extra, optimizer: {}}
     checked = {}
     for kind, value in extra.items():
         if kind not in SECTIONS:
@@ -37,14 +41,6 @@ def checked_sections(extra: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{where}: unknown field (value {error['input']!r})") from exc
             raise ValueError(f"{where}: {error['msg']}") from exc
     return checked
-
-
-def with_own_section(optimizer: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """`extra` with the configured optimizer's section written in full (its defaults where left out), so what the
-    run did is in config.json whatever the optimizer's defaults later become."""
-    if optimizer in SECTIONS and optimizer not in extra:
-        return {**extra, optimizer: SECTIONS[optimizer]().model_dump(mode="json")}
-    return extra
 
 
 def section(kind: str, extra: dict[str, Any]) -> BaseModel:

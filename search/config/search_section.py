@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from longrope.encodings.baselines import seed_names
-from longrope.search.config.optimizer_sections import checked_sections, section, with_own_section
+from longrope.search.config.optimizer_sections import checked_sections, section
 from longrope.search.config.strict import (
     MAX_COUNT,
     MAX_FACTOR,
@@ -286,7 +286,7 @@ class SearchConfig(Strict):
     @model_validator(mode="after")
     def _optimizer_sections(self) -> SearchConfig:
         extra = self.__pydantic_extra__
-        extra.update(with_own_section(self.optimizer, checked_sections(extra)))
+        extra.update(checked_sections(self.optimizer, extra))
         return self
 
     def optimizer_settings(self) -> BaseModel:

@@ -8,7 +8,7 @@ there: no model, no windows, no Ray (not even imported: the pool is imported onl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,7 +231,7 @@ def _score(
     searcher: Searcher,
     checked: CheckedRun | None,
     options: _Options,
-    outstanding: list[Candidate] | None = None,
+    outstanding: Sequence[Candidate] = (),
 ) -> HistoryRecord:
     """Start the workers and search. heartbeat.json covers the workers' start too (Ray, model loads: minutes on a
     large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
@@ -267,7 +267,7 @@ def _score(
                 backward_cost=_backward_cost(config, options),
                 history=checked.records if checked else None,
                 state=checked.state if checked else None,
-                outstanding=outstanding or (),
+                outstanding=outstanding,
             )
             return coordinator.run()
         finally:

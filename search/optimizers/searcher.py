@@ -240,6 +240,12 @@ class Searcher(ABC):
         return generation_label(self.generation, self.total_generations)
 
 
+def keeps_state(searcher: Searcher) -> bool:
+    """Whether state.json holds `searcher`'s own state and a resume loads it: a `StatefulSearcher` whose run does
+    not replay. Any other is rebuilt by replaying history.jsonl (`replay.rebuild`) and state.json holds none of it."""
+    return isinstance(searcher, StatefulSearcher) and not searcher.replays
+
+
 class StatefulSearcher(Searcher):
     """A searcher that a replay of history.jsonl cannot rebuild, because what it does depends on the order results
     arrived in (the steady GA: its parents change after every child): state.json keeps its state, less what

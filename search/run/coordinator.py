@@ -17,7 +17,7 @@ How a candidate is scored is decided here, where the workers are:
 
 state.json is written whenever a tell ended a generation or the searcher handed out new candidates, once they are
 out: `{"optimizer": {"kind", "state"}}` (the searcher's own model less what history.jsonl records,
-`StatefulSearcher.stored_state`; null for a searcher a replay rebuilds) and the run's timings. One plain line per
+`searcher.stored_state`; null for a searcher a replay rebuilds) and the run's timings. One plain line per
 generation (and per polish step) goes to the reporter (`generation_log.py`); heartbeat.json says the run is alive
 (`heartbeat.py`); a `ProgressWatcher` (TensorBoard scalars) hears where the run stands. None of them feeds back.
 """
@@ -36,7 +36,7 @@ from longrope.search.optimizers.factory import search_plan
 from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
 from longrope.search.optimizers.objective import objective_gradient, subset_mix
 from longrope.search.optimizers.saved_state import OptimizerState
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher, StatefulSearcher
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher, keeps_state
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.racing import clearly_worse, window_groups
@@ -286,8 +286,7 @@ class Coordinator:
         self.watcher.update(Progress(generation, final_count(self.history), forward, backward, nll))
 
     def _write_state(self) -> None:
-        stateful = isinstance(self.searcher, StatefulSearcher)  # the one kind whose state a replay cannot rebuild
-        stored = self.searcher.stored_state() if stateful else None
+        stored = self.searcher.stored_state() if keeps_state(self.searcher) else None
         state = RunState(
             optimizer=OptimizerState(kind=self.searcher.kind, state=stored),
             progress=self.searcher.progress(),

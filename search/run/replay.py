@@ -3,8 +3,8 @@
 state.json keeps no copy of a replayed searcher's state (every optimizer but the steady GA, a `StatefulSearcher`): a
 resumed run builds its searcher afresh and tells it history.jsonl's results as it asks for them, so the searcher
 reaches exactly where it stood; the candidates it asked for that the history does not hold go out first. The steady
-GA, whose parents depend on the order results arrived in, loads its generator,
-parents and asks out from state.json instead, and what it was told from history.jsonl (`StatefulSearcher.resume`). The
+GA, whose parents depend on the order results arrived in, loads its generator, parents and asks out from state.json
+instead, and what it was told from history.jsonl (`StatefulSearcher.resume`). The
 replay is also the check of the history itself, done before the run's directory or workers are touched:
 
 - each recorded candidate the search asks for again is the one recorded under its key (the same factors, to the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
-from longrope.search.optimizers.searcher import Candidate, Searcher, StatefulSearcher
+from longrope.search.optimizers.searcher import Candidate, Searcher, keeps_state
 from longrope.search.run.run_store import HISTORY, STATE, History, Records, RunDir, RunState, RunStoreError
 
 ASK_ALL = 1 << 20  # a replay asks for everything a searcher hands out at once (a generational one ignores counts)
@@ -30,7 +30,7 @@ def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history
     searcher that does not replay, else a replay of the history; one RunStoreError (the run directory is damaged)
     otherwise. Returns the candidates it had asked for and not been told of (out when the run stopped: the
     coordinator sends them first). Writes nothing."""
-    if not isinstance(searcher, StatefulSearcher) or searcher.replays:
+    if not keeps_state(searcher):
         return replay(run_dir, searcher, history.records)
     if state is None:
         return []  # killed before generation 0 ended: the fresh searcher asks for it again
