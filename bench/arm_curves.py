@@ -28,7 +28,7 @@ from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.trajectory import cost_trajectory
 
-BACKWARD_WEIGHT = 2  # a gradient pass counted as 2 forwards beyond its own, as `status --json` and issue 39 count
+BACKWARD_WEIGHT = 2  # a gradient pass counted as 2 forwards beyond its own, as `status --json` counts
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The two commands alternate (so machine noise hits both alike), each run `--repeats` times in a fresh
 interpreter after one untimed run of each (the file cache warmed for both); the medians and their ratio are
-printed and saved to bench/results/cli_startup.json with the command, date and machine. Target (issue 10):
+printed and saved to bench/results/cli_startup.json with the command, date and machine. Target:
 `--help` at most 0.3x of the torch import.
 
     .venv/bin/python bench/cli_startup.py --repeats 9

@@ -10,19 +10,19 @@
    20 generations, 8 search windows, 2 CPU workers), per seed, each variant run as `longrope search` runs it, with its
    shipped settings (nothing tuned per seed):
      official_ga    search.optimizer dim_mono, generational, no racing (the release's search: the reference)
-     surrogate      the GA with search.surrogate on, shipped defaults (issue 30: half the children scored, each
+     surrogate      the GA with search.surrogate on, shipped defaults (half the children scored, each
                     picked by a ridge surrogate from 8 x as many bred)
      gradient       search.optimizer gradient (search.gradient.*: 60 steps, lr 0.15, 2 held-out windows, patience 10)
      hybrid         search.optimizer hybrid (the GA untouched, then its final best polished by 10 line-search steps
                     from alpha 0.05, each kept only where it lowers the search NLL)
-   and, with --variants, hybrid_adam (the polish by Adam, before issue 30), hybrid_every_5 (polishing every 5
+   and, with --variants, hybrid_adam (the polish by Adam's steps), hybrid_every_5 (polishing every 5
    generations too, each result adopted as a child) and the earlier ones (racing, racing_steady, cmaes; their
    results are in
    bench/results/search_cost_ga_variants.json). The variants run in a rotated order per seed, so the machine's load
    drifts over all of them alike. Per run: window-equivalents until the GA's final search NLL of the same seed
    (or "not reached"); the test perplexity (24 windows at 1024) of the run's best, and of the best it had found
    within 0.5x and within 1x the GA's whole window-equivalents, each with a paired 95% interval against the GA's
-   best; wall time. Targets per seed (issue 20): A, test perplexity within 1% of the GA's at <= 0.5x its
+   best; wall time. Targets per seed: A, test perplexity within 1% of the GA's at <= 0.5x its
    window-equivalents; B, <= 0.97x the GA's at equal cost. Writes search_cost.json and search_cost.png.
 2. 16x: the reference model (trained at 128 tokens) read at 2048 (`target_length=2048`, nothing else changed: the
    search split has 32 documents of at least 2049 bytes for the 8 search windows, the test split 112 for the 24 test

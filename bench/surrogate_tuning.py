@@ -6,7 +6,7 @@ evaluations it spent (the test split is bench/search_cost.py's). The control arm
 children as the screened arms (half the demo's 16 a generation) without a surrogate, so what the surrogate adds is
 read apart from what halving the children does on its own.
 
-Also an offline probe of the surrogate's model on the GA's own runs (issue 30, item 1): for each generation g >= 1,
+Also an offline probe of the surrogate's model on the GA's own runs: for each generation g >= 1,
 fit on every candidate scored before g, predict g's children, and report the rank correlation with their true
 scores and whether the generation's best child is among the top half predicted; ridge on (log factors, their
 squares, attention factor, n_hat) against ridge on the log factors alone and a Gaussian process (RBF kernel,

@@ -7,7 +7,7 @@ sizes a search for an H200 at 64k and for the CPU dry run at 256 tokens. The tab
 tuning grid on the search windows, every baseline, tuned and searched row on the test windows, at each target); what
 is left goes two thirds to the GA (the mission's method, screened by the surrogate) and a third to descent. The GA
 runs as the hybrid optimizer: the GA, then `POLISH_STEPS` line-search steps from its best, so one run gives two rows
-without paying for the GA twice, the GA's best before the polish and the hybrid's after it (issue 39's arms; the
+without paying for the GA twice, the GA's best before the polish and the hybrid's after it (the optimizer arms' way; the
 evolution inside the hybrid is the GA's own, untouched). The GA's shape scales search/config's defaults down
 (population 64, 32 parents, 16 + 16 children) to 16, 8 and 8 + 8, or smaller when even one generation of that and
 the polish would not fit, and takes as many generations as fit; descent takes as many steps as fit. Both targets run

@@ -36,7 +36,7 @@ VARIANTS = {  # explicit, whatever configs/demo.yaml ships with
     ],
     # search.surrogate at its shipped defaults: half the children scored, each picked from 8 x as many bred
     "surrogate": [*GA, "search.racing.enabled=false", "search.surrogate.enabled=true"],
-    # the hybrid's polish before issue 30 (Adam's steps kept whatever they score), for comparison
+    # the hybrid's polish by Adam (its steps kept whatever they score), for comparison
     "hybrid_adam": [
         "search.optimizer=hybrid",
         "search.schedule=generational",
