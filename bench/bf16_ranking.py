@@ -62,9 +62,9 @@ def variant(name: str) -> Iterator[None]:
         q32, k32 = rotate(q.float(), k.float(), cos.float(), sin.float(), unsqueeze_dim)
         return q32.to(q.dtype), k32.to(k.dtype)
 
-    def logits32(hidden, targets, lm_head, logit_softcap, count_misses):
+    def logits32(hidden, targets, lm_head, transform, count_misses):
         weight = lm_head.weight.float()
-        return chunk_losses(hidden.float(), targets, lambda h: F.linear(h, weight), logit_softcap, count_misses)
+        return chunk_losses(hidden.float(), targets, lambda h: F.linear(h, weight), transform, count_misses)
 
     if name == "rotation32":
         modeling_llama.apply_rotary_pos_emb = rotation32

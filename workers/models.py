@@ -20,6 +20,7 @@ from longrope.encodings import EncodingConfigError, RopeMethod, from_hf_config
 from longrope.encodings.lazy_import import torch
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import ModelLoadError, one_line
+from longrope.workers.families import attention_for, family_of, rope_config
 from longrope.workers.model_build import (
     blamed,
     build_on_meta,
@@ -76,7 +77,14 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def model_rope(config: dict[str, Any]) -> ModelRope:
-    """The model's RoPE; refuses configs the rope patch cannot drive (multi-axis, per-layer, no RoPE)."""
+    """The model's RoPE, read as its family's config class reads it (`families.rope_config`); refuses a family
+    the scorer does not reproduce and configs the rope patch cannot drive (multi-axis, per-layer, no RoPE).
+
+    The original length is a top-level `original_max_position_embeddings` where the config has one: transformers
+    gives it precedence over the block's (Phi-3; transformers 5.x modeling_rope_utils.py
+    `RotaryEmbeddingConfigMixin.standardize_rope_params`), so the factors are searched for the length at which
+    transformers switches to them."""
+    config = rope_config(config, family_of(config))
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if params and not ("rope_type" in params or "type" in params or "rope_theta" in params):
         raise ModelLoadError(f"rope_parameters: per-layer RoPE ({sorted(params)}) is not supported by the rope patch")
@@ -88,7 +96,11 @@ def model_rope(config: dict[str, Any]) -> ModelRope:
         method = from_hf_config(config)
     except EncodingConfigError as exc:
         raise ModelLoadError(f"model config: {exc}") from exc
-    original = getattr(method, "original_max_position_embeddings", None) or config["max_position_embeddings"]
+    original = (
+        config.get("original_max_position_embeddings")
+        or getattr(method, "original_max_position_embeddings", None)
+        or config["max_position_embeddings"]
+    )
     return ModelRope(method=method, original_length=int(original))
 
 
@@ -192,11 +204,15 @@ def no_progress_bars() -> Iterator[None]:
 
 
 def check_rotary(model) -> None:
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if rotary is None or not isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
+    """The rotary module where the family says it is, with the frequencies the patch replaces (Gemma 3's per
+    layer type: `full_attention_inv_freq`)."""
+    family = family_of(model.config.to_dict())
+    rotary = getattr(getattr(model, family.decoder, None), "rotary_emb", None)
+    prefix = f"{family.searched_layer_type}_" if family.searched_layer_type else ""
+    if rotary is None or not isinstance(getattr(rotary, f"{prefix}inv_freq", None), torch.Tensor):
         raise ModelLoadError(
-            f"model class {type(model).__name__}: no rotary module at model.model.rotary_emb; the rope patch "
-            "drives the standard transformers layout (Llama, Mistral, Qwen2, Phi-3, Gemma families)"
+            f"model class {type(model).__name__}: no rotary module at model.{family.decoder}.rotary_emb with "
+            f"{prefix}inv_freq, where its family ({model.config.model_type}) keeps it in transformers"
         )
 
 
@@ -225,7 +241,7 @@ def load_model(
                 model_dir,
                 config=config,
                 dtype=resolve_dtype(dtype, torch_device),
-                attn_implementation=attn_implementation,
+                attn_implementation=attention_for(config.to_dict(), attn_implementation),
                 trust_remote_code=trust_remote_code,
                 local_files_only=True,
                 use_safetensors=True,

@@ -5,6 +5,11 @@ copies of a window; it multiplies cos and sin by each candidate's attention fact
 keeps the original frequencies for positions below a candidate's `n_hat`. Replacing the module, rather than
 overwriting `inv_freq`, is what sticks for every rope_type: transformers rewrites `inv_freq` on each forward
 for `longrope` and `dynamic` models.
+
+The family (workers/families.py) says where the module is (`model.model.rotary_emb`, GPT-NeoX's
+`model.gpt_neox.rotary_emb`), how cos and sin are laid out (Llama's halves, Cohere's interleaved pairs), and for a
+module serving several layer types (Gemma 3's local and global layers) which type's RoPE the candidates replace;
+the other types are passed to the model's own module, unchanged.
 """
 
 from __future__ import annotations
@@ -17,13 +22,25 @@ from torch import nn
 
 from longrope.encodings import LongRope, RopeMethod, rotary_cos_sin
 from longrope.encodings.rope_methods import candidate_rows, longrope_inv_freq
+from longrope.workers.families import Family, family_of
 
 
 class CandidateRotaryEmbedding(nn.Module):
-    """Drop-in for `model.model.rotary_emb`: `forward(x, position_ids) -> (cos, sin)`, one row per candidate."""
+    """Drop-in for the decoder's `rotary_emb`: `forward(x, position_ids[, layer_type]) -> (cos, sin)`, one row per
+    candidate, in the family's `layout`. With `searched_layer_type`, a call for another layer type is answered by
+    `own` (the model's module: a local layer keeps its window's base and scaling)."""
 
-    def __init__(self, original_inv_freq: torch.Tensor):
+    def __init__(
+        self,
+        original_inv_freq: torch.Tensor,
+        layout: str = "rotate_half",
+        searched_layer_type: str | None = None,
+        own: nn.Module | None = None,
+    ):
         super().__init__()
+        self.layout = layout
+        self.searched_layer_type = searched_layer_type
+        self.own = own
         self.register_buffer("original_inv_freq", original_inv_freq.float().clone(), persistent=False)
         self.register_buffer("inv_freq", original_inv_freq.float()[None].clone(), persistent=False)
         self.attention_factor = torch.ones(1)
@@ -47,9 +64,13 @@ class CandidateRotaryEmbedding(nn.Module):
         self.attention_factor = attention_factor.to(device)
         self.n_hat = torch.zeros(factors.shape[0], dtype=torch.long, device=device)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """No `torch.no_grad` here: the tables carry autograd exactly when the rows set carry it (the gradient
         scorer's leaves); under the plain scorer's inference mode nothing is recorded either way."""
+        if self.searched_layer_type is not None and layer_type != self.searched_layer_type:
+            return self.own(x, position_ids, layer_type)
         rows = self.inv_freq.shape[0]
         if position_ids.shape[0] not in (1, rows):
             raise ValueError(f"batch of {position_ids.shape[0]} rows but {rows} candidates are set")
@@ -59,21 +80,30 @@ class CandidateRotaryEmbedding(nn.Module):
             attention_factor=self.attention_factor,
             n_hat=self.n_hat,
             original_inv_freq=self.original_inv_freq,
+            layout=self.layout,
         )
         return cos.to(x.dtype), sin.to(x.dtype)
 
 
+def model_family(model) -> Family:
+    return family_of({"model_type": model.config.model_type})
+
+
 def patch_rotary(model, original_inv_freq: torch.Tensor) -> tuple[CandidateRotaryEmbedding, nn.Module]:
     """Install a CandidateRotaryEmbedding; returns (it, the module it replaced)."""
-    original = model.model.rotary_emb
+    family = model_family(model)
+    decoder = getattr(model, family.decoder)
+    original = decoder.rotary_emb
     device = next(model.parameters()).device
-    patched = CandidateRotaryEmbedding(original_inv_freq.to(device))
-    model.model.rotary_emb = patched
+    patched = CandidateRotaryEmbedding(
+        original_inv_freq.to(device), family.layout, family.searched_layer_type, original
+    )
+    decoder.rotary_emb = patched
     return patched, original
 
 
 def restore_rotary(model, original: nn.Module) -> None:
-    model.model.rotary_emb = original
+    getattr(model, model_family(model).decoder).rotary_emb = original
 
 
 @contextmanager

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from longrope.encodings import LongRope, RopeMethod
+from longrope.workers.families import LogitTransform, decoder_of, family_of
 from longrope.workers.rope_patch import patch_rotary, patched_rotary, restore_rotary
 
 
@@ -57,12 +58,13 @@ def chunked_loss(
     lm_head,
     *,
     chunk_tokens: int,
-    logit_softcap: float | None = None,
+    logits: LogitTransform | None = None,
     loss_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed NLL, argmax misses) per row of `hidden` [B, T, H] predicting `targets` [B, T], `chunk_tokens`
     positions at a time, counting only the positions where `loss_mask` [B, T] is True (all where None; misses
-    are counted only with a mask). Chunks with nothing to count are skipped, so a needle's loss (a few answer
+    are counted only with a mask). `logits` is what the model's family does to `lm_head`'s output before the loss
+    (workers/families.py; None: nothing). Chunks with nothing to count are skipped, so a needle's loss (a few answer
     tokens) costs almost no lm_head work.
 
     Differentiable in `hidden`: when it carries autograd each chunk is checkpointed, so the backward recomputes
@@ -78,7 +80,7 @@ def chunked_loss(
         chunk_mask = None if loss_mask is None else loss_mask[:, chunk]
         if chunk_mask is not None and not bool(chunk_mask.any()):
             continue
-        args = (hidden[:, chunk], targets[:, chunk], lm_head, logit_softcap, chunk_mask is not None)
+        args = (hidden[:, chunk], targets[:, chunk], lm_head, logits, chunk_mask is not None)
         losses, wrong = checkpoint(chunk_losses, *args, use_reentrant=False) if recompute else chunk_losses(*args)
         if chunk_mask is not None:
             losses = torch.where(chunk_mask, losses, 0.0)  # a masked-out NaN must not reach the sum
@@ -89,15 +91,17 @@ def chunked_loss(
 
 
 def chunk_losses(
-    hidden: torch.Tensor, targets: torch.Tensor, lm_head, logit_softcap: float | None, count_misses: bool
+    hidden: torch.Tensor, targets: torch.Tensor, lm_head, transform: LogitTransform | None, count_misses: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-position NLL [B, n] (float64) of one chunk, and where the argmax misses the target (when asked).
     Logits go to float32 at least (a bfloat16 model's log-softmax in float32, as transformers' loss does; a
-    float64 model's stay float64)."""
+    float64 model's stay float64), then the family's scale and softcap apply, in that precision."""
     logits = lm_head(hidden)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if logit_softcap:
-        logits = torch.tanh(logits / logit_softcap) * logit_softcap
+    if transform is not None and transform.scale != 1.0:
+        logits = logits * transform.scale
+    if transform is not None and transform.softcap:
+        logits = torch.tanh(logits / transform.softcap) * transform.softcap
     rows = hidden.shape[0]
     losses = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), reduction="none").view(rows, -1).double()
     wrong = logits.argmax(dim=-1) != targets if count_misses else None
@@ -139,7 +143,8 @@ class Scorer:
         self.candidates_per_forward = max(1, candidates_per_forward)
         self.tokens_per_forward = tokens_per_forward or DEFAULT_TOKENS_PER_FORWARD[self.device.type == "cuda"]
         self.loss_chunk_tokens = loss_chunk_tokens
-        self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.decoder = decoder_of(model)
+        self.logits = family_of(model.config.to_dict()).logit_transform(model.config)
 
     @property
     def context_length(self) -> int:
@@ -256,13 +261,13 @@ class Scorer:
     def _batch_loss(self, batch: torch.Tensor, loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # use_cache=False: scoring never decodes on, and a DynamicCache would keep every layer's keys and values
         # alive to the end of the forward (16 GiB for a 7B model at 32k tokens)
-        hidden = self.model.model(input_ids=batch[:, :-1], use_cache=False).last_hidden_state
+        hidden = self.decoder(input_ids=batch[:, :-1], use_cache=False).last_hidden_state
         return chunked_loss(
             hidden,
             batch[:, 1:],
             self.model.lm_head,
             chunk_tokens=self.loss_chunk_tokens,
-            logit_softcap=self.logit_softcap,
+            logits=self.logits,
             loss_mask=loss_mask,
         )
 
@@ -291,15 +296,16 @@ def frozen_parameters(model) -> Iterator[None]:
 
 @contextmanager
 def checkpointed_layers(model) -> Iterator[None]:
-    """Each decoder layer of `model.model.layers` runs under `torch.utils.checkpoint` (non-reentrant) for the
-    block: the forward keeps only each layer's inputs (its hidden state; cos/sin are shared by all layers) and the
-    backward recomputes the layer's activations one layer at a time.
+    """Each layer of the model's decoder (`model.model.layers` in most families) runs under
+    `torch.utils.checkpoint` (non-reentrant) for the block: the forward keeps only each layer's inputs (its hidden
+    state; cos/sin are shared by all layers) and the backward recomputes the layer's activations one layer at a
+    time.
 
     The layer's instance `forward` is wrapped, not the class and not transformers' own switch
     (`gradient_checkpointing_enable` acts only in training mode, which would also turn dropout on: transformers 5.x
     modeling_layers.py `GradientCheckpointingLayer`); module hooks stay outside the checkpoint, as transformers
     keeps them."""
-    layers = list(model.model.layers)
+    layers = list(decoder_of(model).layers)
     saved = [layer.__dict__.get("forward") for layer in layers]
     for layer in layers:
         layer.forward = _checkpointed(layer.forward)

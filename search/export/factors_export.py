@@ -25,6 +25,7 @@ from longrope.search.run.run_store import (
 )
 from longrope.search.run.stages import last_stage
 from longrope.workers.errors import LongRopeError, ModelLoadError
+from longrope.workers.families import FAMILIES
 from longrope.workers.models import ModelRope, model_rope, read_model_config
 
 
@@ -222,14 +223,28 @@ def config_with_block(config: dict, factors: FactorsFile) -> dict:
     """A model's config.json dict with the factors' block in force, as transformers reads it: the block as
     `rope_parameters`, no legacy `rope_scaling` (transformers would take it over rope_parameters), the factors'
     `max_position_embeddings`, and a Phi-3-style top-level `original_max_position_embeddings` (which wins in
-    transformers) set to the block's."""
+    transformers) set to the block's. A model whose `rope_parameters` is keyed by layer type (Gemma 3) gets the
+    block under the searched type only; its other types (the local layers) keep their own entry."""
     config = dict(config)
     config.pop("rope_scaling", None)
-    config["rope_parameters"] = factors.rope_parameters.model_dump(exclude_none=True)
+    block = factors.rope_parameters.model_dump(exclude_none=True)
+    layer_type = searched_layer_type(config)
+    if layer_type:
+        block = {**config["rope_parameters"], layer_type: block}
+    config["rope_parameters"] = block
     config["max_position_embeddings"] = factors.max_position_embeddings
     if "original_max_position_embeddings" in config:
         config["original_max_position_embeddings"] = factors.rope_parameters.original_max_position_embeddings
     return config
+
+
+def searched_layer_type(config: dict) -> str | None:
+    """The layer type whose entry of a per-layer-type `rope_parameters` holds the searched block, or None for a
+    model with one block (workers/families.py `Family.searched_layer_type`)."""
+    family = FAMILIES.get(config.get("model_type"))
+    params = config.get("rope_parameters")
+    layer_type = family.searched_layer_type if family else None
+    return layer_type if layer_type and isinstance(params, dict) and layer_type in params else None
 
 
 def new_backup(config_path: Path) -> Path:

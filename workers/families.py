@@ -1,0 +1,158 @@
+"""The model families the scorer reproduces exactly, and the ones it refuses, keyed by config.json's `model_type`.
+
+The scorer does not call a model's own `forward`: it runs the decoder, then the output head chunk by chunk, with its
+own rotary module in place of the model's (workers/scorer.py, workers/rope_patch.py). So for each family it must
+know what transformers' `...ForCausalLM.forward` does around the decoder and how the family lays out cos and sin.
+A family missing here could differ in any of those ways without an error, which is why an unknown `model_type` is
+refused rather than scored as a Llama: a refusal is honest, a wrong perplexity is not.
+
+Each accepted family is checked in tests/test_families.py against transformers' own eager forward of a tiny
+random model with the exported factors in its config.json; docs/models.md is the table users read. Sources are
+transformers 5.x `models/<family>/modeling_<family>.py` and `configuration_<family>.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from longrope.encodings.rotary import Layout
+from longrope.workers.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a family's causal-LM head does to `lm_head(hidden)` before the loss: logits times `scale` (Cohere's
+    `logit_scale`; Granite divides by `logits_scaling`), then `softcap * tanh(logits / softcap)` (Gemma 2 and 3's
+    `final_logit_softcapping`)."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """How the scorer drives one `model_type`.
+
+    - `decoder`: the attribute of the causal LM holding the embeddings, layers, final norm and rotary module
+      (`model` for most; GPT-NeoX's is `gpt_neox`).
+    - `layout`: how cos and sin are laid out over a head's rotary dims: `rotate_half` repeats the pair
+      frequencies as two halves (`cat(freqs, freqs)`, Llama), `interleaved` repeats each one twice in place
+      (`repeat_interleave(freqs, 2)`, Cohere's `CohereRotaryEmbedding`).
+    - `searched_layer_type`: for a model whose rotary module serves several layer types (Gemma 3:
+      `rotary_emb(x, position_ids, layer_type)`), the one whose RoPE is searched; the others keep their own.
+    - `config_keys`: config.json keys the family's config class renames into `rope_parameters`
+      (GPT-NeoX's `rotary_pct`, `rotary_emb_base`), and `rope_defaults` what that class assumes when a key is
+      absent (Phi's partial rotary factor 0.5): the RoPE read must be the one transformers builds.
+    - `eager_attention_for`: a config key which, when set, makes transformers' SDPA path refuse the model (Gemma 2's
+      attention logit softcapping); SDPA is then replaced by eager attention, which applies it.
+    - `refused`: why the scorer cannot reproduce the family; `validate` says so in one line.
+    """
+
+    decoder: str = "model"
+    layout: Layout = "rotate_half"
+    logit_scale_key: str | None = None
+    logit_divisor_key: str | None = None
+    softcap_key: str | None = None
+    searched_layer_type: str | None = None
+    config_keys: Mapping[str, str] = field(default_factory=dict)
+    rope_defaults: Mapping[str, Any] = field(default_factory=dict)
+    eager_attention_for: str | None = None
+    refused: str | None = None
+
+    def logit_transform(self, config: Any) -> LogitTransform:
+        """The head's transform read from a transformers config object (or anything with those attributes)."""
+        scale = float(getattr(config, self.logit_scale_key)) if self.logit_scale_key else 1.0
+        if self.logit_divisor_key:
+            scale /= float(getattr(config, self.logit_divisor_key))
+        softcap = getattr(config, self.softcap_key, None) if self.softcap_key else None
+        return LogitTransform(scale=scale, softcap=float(softcap) if softcap else None)
+
+
+LLAMA_LIKE = Family()
+GEMMA_SOFTCAPPED = Family(softcap_key="final_logit_softcapping", eager_attention_for="attn_logit_softcapping")
+
+FAMILIES: dict[str, Family] = {
+    "llama": LLAMA_LIKE,
+    "mistral": LLAMA_LIKE,
+    "mixtral": LLAMA_LIKE,
+    "qwen2": LLAMA_LIKE,
+    "qwen3": LLAMA_LIKE,
+    "qwen2_moe": LLAMA_LIKE,
+    "qwen3_moe": LLAMA_LIKE,
+    "phi3": LLAMA_LIKE,
+    "olmo2": LLAMA_LIKE,
+    "gemma": LLAMA_LIKE,
+    "phi": Family(rope_defaults={"partial_rotary_factor": 0.5}),
+    "stablelm": Family(rope_defaults={"partial_rotary_factor": 0.25}),
+    "gpt_neox": Family(
+        decoder="gpt_neox",
+        config_keys={"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"},
+        rope_defaults={"partial_rotary_factor": 0.25},
+    ),
+    "gemma2": GEMMA_SOFTCAPPED,
+    "gemma3_text": Family(
+        softcap_key="final_logit_softcapping",
+        eager_attention_for="attn_logit_softcapping",
+        searched_layer_type="full_attention",
+    ),
+    "cohere": Family(layout="interleaved", logit_scale_key="logit_scale"),
+    "granite": Family(logit_divisor_key="logits_scaling"),
+    "deepseek_v3": Family(
+        refused="its rotary part is a separate qk_rope_head_dim slice of each head, in interleaved pairs, and YaRN's "
+        "mscale enters the softmax scale, not cos and sin; the rope patch reproduces neither"
+    ),
+    "gemma3": Family(
+        refused="the multimodal Gemma 3 checkpoint; score its text model (model_type gemma3_text, "
+        "Gemma3ForCausalLM), which is what the 270M and 1B models are"
+    ),
+}
+
+
+def family_of(config: Mapping[str, Any]) -> Family:
+    """The family of a config.json dict, or one error naming the `model_type` and why it is not scored."""
+    model_type = config.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        known = ", ".join(sorted(name for name, f in FAMILIES.items() if f.refused is None))
+        raise ModelLoadError(
+            f"model_type {model_type!r}: not a family the scorer is checked against transformers for, so its "
+            f"perplexity could be wrong without a word; the checked ones: {known} (docs/models.md)"
+        )
+    if family.refused:
+        raise ModelLoadError(f"model_type {model_type!r}: not supported: {family.refused}")
+    return family
+
+
+def rope_config(config: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """config.json as the family's config class reads its RoPE: renamed keys moved to their standard names,
+    the class's defaults filled in, and for a per-layer-type `rope_parameters` (Gemma 3) the searched layer type's
+    entry in its place. The result is what `from_hf_config` reads."""
+    config = dict(config)
+    for old, new in family.config_keys.items():
+        if old in config:
+            config.setdefault(new, config.pop(old))
+    params = config.get("rope_parameters") or config.get("rope_scaling")
+    if family.searched_layer_type and isinstance(params, Mapping) and family.searched_layer_type in params:
+        config.pop("rope_scaling", None)
+        params = config["rope_parameters"] = dict(params[family.searched_layer_type] or {})
+    for key, value in family.rope_defaults.items():
+        if key not in config and not (isinstance(params, Mapping) and key in params):
+            config[key] = value
+    return config
+
+
+def decoder_of(model) -> Any:
+    """The decoder module (embeddings, layers, final norm, rotary module) of a loaded causal LM."""
+    family = family_of({"model_type": model.config.model_type})
+    return getattr(model, family.decoder)
+
+
+def attention_for(config: Mapping[str, Any], asked: str) -> str:
+    """The attention implementation a model loads with: `asked`, except SDPA for a family whose config sets a key
+    SDPA cannot apply (Gemma 2's attention softcapping), which loads with eager attention instead."""
+    family = family_of(config)
+    if asked == "sdpa" and family.eager_attention_for and config.get(family.eager_attention_for):
+        return "eager"
+    return asked
