@@ -126,7 +126,7 @@ CASES = {
     ),
     "corpus too short": (
         lambda t: ["search", str(write(t / "c.yaml", base(t, data={"search_windows": 5000})))],
-        "data: need 5000 documents of at least 1025 tokens, found",
+        "data.search_source = 'corpus:search': 5000 windows of 1025 tokens need 5000 documents at least that long",
     ),
     "search with neither config nor resume": (lambda t: ["search"], "give a CONFIG, or --resume RUN_DIR"),
     "unreachable cluster address": (

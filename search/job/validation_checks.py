@@ -1,11 +1,17 @@
 """What `validate` checks and reports: each check one entry ("what", its value, "ok" or "skipped", how), the ones
-made before the model is resolved (the data sources, the tensorboard package), `--offline`'s, and the seed
-factors' and data sources' own checks that `search` and `compare` also make."""
+made before the model is resolved (the data sources, read and measured in bytes, and the tensorboard package),
+`--offline`'s, and the seed factors' and data sources' own checks that `search`, `compare` and `estimate` also make.
+
+The order is the point: a `.gguf` model is dequantized into the conversion cache when it is resolved (minutes and
+hundreds of MB for a real model), and a document is tokenized only after that. So whatever can be told from the
+files alone (a source that is missing, empty, or whose documents have fewer bytes than a window needs tokens) is
+told first, by every command that resolves the model."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -13,7 +19,7 @@ from longrope.search.config.factors_file import long_factor_problem, read_factor
 from longrope.search.config.job_config import JobConfig
 from longrope.search.config.strict import JobConfigError
 from longrope.search.run.tensorboard_scalars import INSTALL
-from longrope.workers.documents import CORPUS_PREFIX, read_source
+from longrope.workers.documents import CORPUS_PREFIX, TextDocument, read_source
 from longrope.workers.errors import DataError
 
 
@@ -27,35 +33,82 @@ def check_seed_factors(where: str, factors: np.ndarray, pairs: int | None) -> No
         raise JobConfigError(f"{where}: {problem}")
 
 
-def check_source(field: str, source: str, text_field: str) -> int:
+class WindowTokens(NamedTuple):
+    """The tokens one window holds (read positions + 1) in each data source, as far as they are known before the
+    model is resolved: a lower bound that the documents' bytes are checked against (`window_bytes_check`)."""
+
+    search: int
+    test: int
+
+
+# the least original_length a config may give (JobConfig.original_length's bound): all that is known of a
+# short-factor search's window before the model says its own length
+LEAST_ORIGINAL_LENGTH = 2
+
+
+def least_window_tokens(config: JobConfig) -> WindowTokens:
+    """The windows `search` cuts and `validate` checks: the search's at target_length + 1 tokens (original_length + 1
+    for a short-factor search), the test's at target_length + 1, the longest a default `compare` reads. A
+    short-factor search with no original_length in its config reads windows as long as the model's own length, which
+    only resolving the model tells (for a `.gguf`, by converting it), so its bound is the least a config may give;
+    the token check after the model is resolved is then the one that counts."""
+    if config.search.factor == "short":
+        search = (config.original_length or LEAST_ORIGINAL_LENGTH) + 1
+    else:
+        search = config.target_length + 1
+    return WindowTokens(search=search, test=config.target_length + 1)
+
+
+def compare_window_tokens(config: JobConfig, lengths: list[int]) -> WindowTokens:
+    """The windows `compare` cuts: the search source's at target_length + 1 (NTK and YaRN are tuned there, whatever
+    the factor searched), the test source's at the longest of `lengths` + 1 (default: the lengths end at the
+    target, which needs no model to know)."""
+    test = max(lengths, default=config.target_length) + 1
+    return WindowTokens(search=config.target_length + 1, test=test)
+
+
+def check_source(field: str, source: str, text_field: str) -> list[TextDocument]:
     """A data source read as the search reads it (`read_source`: it exists and holds readable documents; every
-    file parsed), but not tokenized: the windows are cut by the search. Returns the number of documents. The
-    error names the field and the value, as a bad model.path does: "data.test_source: '/d' does not exist"."""
+    file parsed), but not tokenized: the windows are cut by the search. Returns its documents. The error names the
+    field and the value, as a bad model.path does: "data.test_source: '/d' does not exist"."""
     try:
-        return len(read_source(source, text_field=text_field))
+        return read_source(source, text_field=text_field)
     except DataError as exc:
         raise DataError(f"{field}: {str(exc).removeprefix('data source: ')}") from exc
 
 
-def data_source_checks(config: JobConfig, *, offline: bool = False) -> list[dict]:
-    """The data sources' entries of `validate`'s checks. `--offline` skips the ones on disk (they may be on the
-    cluster only); `corpus:` sources ship with the package and are checked either way."""
+def data_source_checks(
+    config: JobConfig, *, offline: bool = False, tokens: WindowTokens | None = None, here_only: bool = False
+) -> list[dict]:
+    """The data sources' entries of `validate`'s checks, each source read (not tokenized) and, given `tokens`, its
+    documents' bytes checked against a window's tokens (`window_bytes_check`). `--offline` skips the ones on disk
+    (they may be on the cluster only), `here_only` the ones not on this machine (`estimate` prices a cluster's job
+    from a laptop); `corpus:` sources ship with the package and are checked either way."""
+    data = config.data
     checks = []
     for name in ("search_source", "test_source"):
-        source = getattr(config.data, name)
-        if offline and not source.startswith(CORPUS_PREFIX):
-            checks.append(validation_check(f"data.{name}", source, "skipped", "--offline: not read"))
+        source = getattr(data, name)
+        on_disk = not source.startswith(CORPUS_PREFIX)
+        if on_disk and (offline or (here_only and not Path(source).exists())):
+            reason = "--offline: not read" if offline else "not on this machine: not read"
+            checks.append(validation_check(f"data.{name}", source, "skipped", reason))
             continue
-        count = check_source(f"data.{name}", source, config.data.text_field)
-        checks.append(validation_check(f"data.{name}", source, "ok", f"{count} documents read (not tokenized)"))
+        documents = check_source(f"data.{name}", source, data.text_field)
+        if tokens is not None:
+            length = tokens.search if name == "search_source" else tokens.test
+            count = data.search_windows if name == "search_source" else data.test_windows
+            window_bytes_check(f"data.{name}", source, documents, length=length, count=count)
+        detail = f"{len(documents)} documents read (not tokenized)"
+        checks.append(validation_check(f"data.{name}", source, "ok", detail))
     return checks
 
 
 def file_checks_of(config: JobConfig) -> list[dict]:
-    """What `validate` checks without the model: the data sources read (not tokenized) and the tensorboard package.
-    Made before the model is resolved, so a missing data folder is named at once, before a `.gguf` model is
-    dequantized into the conversion cache (minutes, hundreds of MB)."""
-    return [*data_source_checks(config), *tensorboard_checks(config)]
+    """What `validate` and `search` check without the model: the data sources read, their documents measured in
+    bytes against the windows `least_window_tokens` knows of (not tokenized), and the tensorboard package. Made
+    before the model is resolved, so a missing data folder, or one whose documents are all shorter than a window, is
+    named at once, before a `.gguf` model is dequantized into the conversion cache (minutes, hundreds of MB)."""
+    return [*data_source_checks(config, tokens=least_window_tokens(config)), *tensorboard_checks(config)]
 
 
 def offline_checks(config: JobConfig) -> list[dict]:
@@ -130,25 +183,47 @@ def window_supply_checks(config: JobConfig, tokenizer, *, search_length: int, te
     return checks
 
 
+def window_bytes_check(
+    field: str, source: str, documents: list[TextDocument], *, length: int, count: int
+) -> list[tuple[int, TextDocument]]:
+    """`count` documents of at least `length` bytes, or one DataError naming the field and the value: a token is at
+    least one byte of the text for byte-level BPE and the byte tokenizer alike, so a shorter document cannot hold a
+    window of `length` tokens, and no tokenizer (no model) is needed to tell. Returns (bytes, document) of those
+    long enough, longest first: the only ones worth tokenizing."""
+    by_size = sorted(((_utf8_size(d.text), d) for d in documents), key=lambda item: -item[0])
+    long_enough = [item for item in by_size if item[0] >= length]
+    if len(long_enough) >= count:
+        return long_enough
+    if long_enough:  # once tokenized, these may still hold fewer tokens than a window: "at most"
+        others = "the others have fewer bytes than a window's tokens" if by_size[len(long_enough) :] else "no others"
+        shortfall = f"found at most {len(long_enough)}; {others}"
+    else:
+        longest = by_size[0][0] if by_size else 0
+        shortfall = f"found 0; the longest has {longest} bytes, fewer than a window's tokens"
+    raise DataError(_supply_problem(field, source, length, count, shortfall))
+
+
 def window_supply_check(field: str, source: str, documents, tokenizer, *, length: int, count: int) -> dict:
     """`count` documents of at least `length` tokens, one window each (a window never crosses two documents;
-    `windows.select_windows`). Longest first, and only documents of at least `length` bytes are tokenized: a token
-    is at least one byte of the text for byte-level BPE and the byte tokenizer alike, so a shorter one cannot hold
-    a window. Stops once `count` are found."""
+    `windows.select_windows`). The bytes are checked first (`window_bytes_check`), and only documents of at least
+    `length` bytes are tokenized, longest first, until `count` are found."""
     found, longest = 0, 0
-    by_size = sorted(((len(d.text.encode()), d) for d in documents), key=lambda item: -item[0])
-    for size, document in by_size:
-        if size < length:
-            break
+    for _, document in window_bytes_check(field, source, documents, length=length, count=count):
         tokens = len(tokenizer.encode(document.text))
         longest, found = max(longest, tokens), found + (tokens >= length)
         if found >= count:
             detail = f"{count} documents of >= {length} tokens found, a window each"
             return validation_check(f"{field} windows", source, "ok", detail)
-    longest_text = (
-        f"{longest} tokens" if longest else f"{by_size[0][0] if by_size else 0} bytes, fewer than a window's tokens"
-    )
-    raise DataError(
+    raise DataError(_supply_problem(field, source, length, count, f"found {found}; the longest has {longest} tokens"))
+
+
+def _supply_problem(field: str, source: str, length: int, count: int, shortfall: str) -> str:
+    return (
         f"{field} = {source!r}: {count} windows of {length} tokens need {count} documents at least that long (a "
-        f"window never crosses two), found {found}; the longest has {longest_text}"
+        f"window never crosses two), {shortfall}"
     )
+
+
+def _utf8_size(text: str) -> int:
+    """The bytes a tokenizer reads of `text` (a JSONL string may hold a lone surrogate: counted, not refused)."""
+    return len(text.encode("utf-8", errors="surrogatepass"))
