@@ -1,6 +1,7 @@
 """`longrope estimate CONFIG`: what a search will cost (FLOPs, candidates, memory per worker, GPU-hours) before
-renting anything. Reads the job config and the model's config.json only: no weights, no torch (except
-`--gpu cpu`, which times this machine's CPU at the model's shapes)."""
+renting anything. Reads the job config, the model's config.json and the data sources present on this machine (not
+tokenized: a job whose documents are shorter than its windows is refused as `validate` refuses it): no weights, no
+torch (except `--gpu cpu`, which times this machine's CPU at the model's shapes)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from longrope.search.cost.budget import backward_cost, per_search_text, search_b
 from longrope.search.cost.estimate import DeviceEstimate, JobEstimate, job_estimate, resolve_original_length
 from longrope.search.cost.hardware import DEFAULT_MFU, Rates, find_gpu, gpu_rates
 from longrope.search.cost.memory import forward_shape, worker_dtype, worker_threads
+from longrope.search.job.validation_checks import data_source_checks, least_window_tokens
 from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.reference_recipe import reference_model_dir
 
@@ -135,7 +137,10 @@ def _ram_gib() -> float | None:
 
 
 def run_estimate_command(args: argparse.Namespace) -> int:
+    """The data sources on this machine are checked first, as `search` checks them (their documents' bytes against
+    a window's tokens), so a job that cannot run is not priced, and a `.gguf` model is not converted for it."""
     config = load_job_config(args.config, args.set)
+    data_source_checks(config, tokens=least_window_tokens(config), here_only=True)
     arch, source, settings = resolve_architecture(config, args.model_config)
     devices = device_rates(config, arch, settings, args.gpu or list(DEFAULT_GPUS), args.mfu)
     estimate = job_estimate(config, arch, source, devices)

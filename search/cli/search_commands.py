@@ -30,7 +30,12 @@ from longrope.search.export.factors_export import (
 from longrope.search.export.gguf_export import ROPE_FREQS, write_gguf_export
 from longrope.search.export.verify import verify
 from longrope.search.job.job_context import JobContext
-from longrope.search.job.validation_checks import file_checks_of, offline_checks
+from longrope.search.job.validation_checks import (
+    compare_window_tokens,
+    data_source_checks,
+    file_checks_of,
+    offline_checks,
+)
 from longrope.search.optimizers.factory import load_job_config, search_plan
 from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_tables import markdown_table
@@ -163,7 +168,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.offline:
         original, checks = config.original_length, offline_checks(config)
     else:
-        files = file_checks_of(config)  # the cheap checks first: nothing is converted for a config they refuse
+        files = file_checks_of(config)  # cheap checks first: nothing converted or tokenized for a config they refuse
         context = JobContext.resolve(config)
         original, checks = context.original_length, context.validation_checks(files)
     skipped = [check["what"] for check in checks if check["result"] == "skipped"]
@@ -227,7 +232,8 @@ def run_search_command(args: argparse.Namespace) -> int:
             resume_dir=args.resume,
             reporter=ConsoleReporter(cli_console(), show_progress=not args.no_progress),
             sigterm_seen=lambda: SigtermSeen.received,
-            backward_cost=_tensorboard_backward_cost(config or _stored_config(run_dir)),
+            # priced once every check has passed: it reads the model's config.json (a .gguf's, converted)
+            backward_cost=lambda: _tensorboard_backward_cost(config or _stored_config(run_dir)),
         )
     except KeyboardInterrupt as exc:
         started = run_dir.file(CONFIG).exists()
@@ -329,12 +335,17 @@ def run_verify_command(args: argparse.Namespace) -> int:
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
+    """The data sources are read and their documents measured against the windows compare cuts before the model is
+    resolved (`compare_window_tokens`), as `validate` and `search` check theirs: data too short for a window is one
+    line before a `.gguf` model is dequantized into the conversion cache."""
     from longrope.search.reports.compare import OUTPUT_FILES, default_lengths, run_compare  # Ray and torch: only here
 
     console = cli_console()
     config, notes = _compare_job(args)
+    given_lengths = _parse_lengths(args.lengths)
+    data_source_checks(config, tokens=compare_window_tokens(config, given_lengths))
     context = JobContext.resolve(config)
-    lengths = _parse_lengths(args.lengths) or default_lengths(context.original_length, context.target_length)
+    lengths = given_lengths or default_lengths(context.original_length, context.target_length)
     out = (
         CompareOut(args.out_dir, overwrite=args.overwrite)
         if args.out_dir

@@ -44,13 +44,15 @@ def run_search(
     resume_dir: str | Path | None = None,
     reporter: SearchReporter | None = None,
     sigterm_seen: Callable[[], bool] = lambda: False,
-    backward_cost: float | None = None,
+    backward_cost: float | Callable[[], float | None] | None = None,
 ) -> HistoryRecord:
     """Start a run in `config.output_dir`, or continue the one in `resume_dir`; returns the best record.
     `reporter`: where its lines and progress go (none: nothing is shown). `sigterm_seen`: whether the process got
     SIGTERM (the CLI knows; Ray may report one as Ctrl-C), so heartbeat.json records the true cause of a stop.
     `backward_cost`: what a backward window pass costs in forwards (estimate's c), for the window-equivalents of
-    `search.tensorboard`'s scalars; None: they are left out, and a watched run with backward passes says so."""
+    `search.tensorboard`'s scalars; None: they are left out, and a watched run with backward passes says so. A
+    callable is asked only once every check has passed, when a run scores: pricing reads the model's config.json,
+    and a `.gguf` model has none until it is converted."""
     options = _Options(reporter or SilentReporter(), sigterm_seen, backward_cost)
     job_dir = RunDir(resume_dir or config.output_dir)
     if resume_dir:
@@ -67,7 +69,7 @@ class _Options:
 
     reporter: SearchReporter
     sigterm_seen: Callable[[], bool]
-    backward_cost: float | None = None
+    backward_cost: float | Callable[[], float | None] | None = None
 
 
 def _start(config: JobConfig, options: _Options) -> HistoryRecord:
@@ -172,11 +174,14 @@ def _run_stages(config: JobConfig | None, job_dir: RunDir, resume: bool, options
 
 def _checked_stages(config: JobConfig, job_dir: RunDir) -> list[JobConfig]:
     """Every stage's config, model, search space and windows checked (the first stage's seeds too; a later
-    stage's seeds are the stage before it), writing nothing: one error naming the stage."""
+    stage's seeds are the stage before it), writing nothing: one error naming the stage. The whole job's file checks
+    come first, before any stage's model is resolved: its last stage reads the longest windows, so data too short for
+    any stage is named before a `.gguf` model is converted for the first."""
+    file_checks_of(config)
     stages = stage_configs(config, job_dir.path)
     for index, stage in enumerate(stages):
         try:
-            context = _checked_context(stage) if index == 0 else JobContext.resolve(stage)
+            context = _checked_context(stage, files_checked=True) if index == 0 else JobContext.resolve(stage)
             context.space()
             context.objective_windows(
                 stage.data.search_source, context.search_length, stage.data.search_windows, cached=False
@@ -186,14 +191,17 @@ def _checked_stages(config: JobConfig, job_dir: RunDir) -> list[JobConfig]:
     return stages
 
 
-def _checked_context(config: JobConfig) -> JobContext:
+def _checked_context(config: JobConfig, *, files_checked: bool = False) -> JobContext:
     """Resolve and check the model, the seeds, the data and the cluster; writes nothing. The cheap checks come
-    first, as `validate` makes them (`file_checks_of`: both data sources read, not tokenized, and the tensorboard
-    package), so a missing data folder is named before a `.gguf` model is dequantized into the conversion cache.
-    The test source is read only by `compare`, after the search: a typo in it stops the job now, not after hours
-    of scoring. A cluster address is connected to here (bounded), so "auto" with no cluster, or a dead one, fails
-    before the run directory is made. A RUN/tensorboard that cannot hold the scalars is refused first too."""
-    file_checks_of(config)
+    first, as `validate` makes them (`file_checks_of`: both data sources read and measured in bytes against a
+    window, not tokenized, and the tensorboard package; `files_checked`: made already, for the whole job), so a
+    missing data folder, or documents too short for a window, are named before a `.gguf` model is dequantized into
+    the conversion cache. The test source is read only by `compare`, after the search: a typo in it, or documents
+    too short for the target, stop the job now, not after hours of scoring. A cluster address is connected to here
+    (bounded), so "auto" with no cluster, or a dead one, fails before the run directory is made. A RUN/tensorboard
+    that cannot hold the scalars is refused first too."""
+    if not files_checked:
+        file_checks_of(config)
     check_tensorboard_folder(config)
     context = JobContext.resolve(config)
     context.space()
@@ -279,11 +287,12 @@ def _backward_cost(config: JobConfig, options: _Options) -> float | None:
     with no price given writes no window-equivalents, and says so."""
     if not config.search.tensorboard or not search_plan(config.search, 0).backward_steps:
         return None
-    if options.backward_cost is None:
+    cost = options.backward_cost() if callable(options.backward_cost) else options.backward_cost
+    if cost is None:
         options.reporter.log(
             "search: warning: search.tensorboard: no search/window_equivalents scalar (no price for a backward pass)"
         )
-    return options.backward_cost
+    return cost
 
 
 def seeds_hash(seeds: list[Seed]) -> str:
