@@ -283,7 +283,7 @@ def test_resuming_a_finished_run_starts_no_worker(clean, capsys):
         (None, "holds a pre-release format (no format key), written before release 1.0"),
         (3, "holds pre-release format 3, written before release 1.0"),
         ("2.0", "holds format 2.0, written by a newer longrope-search"),
-        ("one", "format must be one of ['1.0'], got 'one'"),
+        ("one", "format must be one of ['1.0', '1.1'], got 'one'"),
     ],
 )
 def test_a_run_directory_of_another_format_is_refused_and_left_as_it_is(tmp_path, capsys, stored, held):
@@ -308,6 +308,6 @@ def test_a_run_directory_of_another_format_is_refused_and_left_as_it_is(tmp_path
             assert main(command) == 2
             error = capsys.readouterr().err.strip()
             assert error.count("\n") == 0 and error.startswith(f"longrope: error: {run_dir.file(name)}: {held}"), error
-            assert "this release reads format 1.0" in error or "must be one of" in error
+            assert "this release reads format 1.0 and 1.1" in error or "must be one of" in error
         assert snapshot(tmp_path) == before, "nothing written, not even a windows cache"
         write_json_atomic(run_dir.file(name), {**document, "format": "1.0"})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from longrope.encodings.rotary import Layout
 from longrope.workers.errors import ModelLoadError
@@ -156,3 +156,69 @@ def attention_for(config: Mapping[str, Any], asked: str) -> str:
     if asked == "sdpa" and family.eager_attention_for and config.get(family.eager_attention_for):
         return "eager"
     return asked
+
+
+WindowChoice = Literal["keep", "full"]
+
+
+@dataclass(frozen=True)
+class AttentionWindow:
+    """A sliding attention window in a model's config: `tokens` back, on every layer (Mistral, Mixtral, Phi-3,
+    Qwen2 with `use_sliding_window` and no full layers) or only on its local layers by design (Gemma 2 and 3,
+    whose `layer_types` mix `sliding_attention` and `full_attention`)."""
+
+    tokens: int
+    every_layer: bool
+
+
+def attention_window(config: Mapping[str, Any]) -> AttentionWindow | None:
+    """The window transformers applies for this config.json (None: full attention everywhere). Qwen2's
+    `sliding_window` counts only with `use_sliding_window` (Qwen2Config sets it to None otherwise)."""
+    tokens = config.get("sliding_window")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or config.get("use_sliding_window") is False:
+        return None
+    layer_types = config.get("layer_types")
+    every_layer = not layer_types or all(kind == "sliding_attention" for kind in layer_types)
+    return AttentionWindow(tokens=tokens, every_layer=every_layer)
+
+
+def full_attention_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config.json changes that turn a window on every layer off: `sliding_window` null, and where the config
+    has them, `use_sliding_window` false and every layer type `full_attention`."""
+    overrides: dict[str, Any] = {"sliding_window": None}
+    if "use_sliding_window" in config:
+        overrides["use_sliding_window"] = False
+    if config.get("layer_types"):
+        overrides["layer_types"] = ["full_attention"] * len(config["layer_types"])
+    return overrides
+
+
+def window_problem(config: Mapping[str, Any], length: int, choice: WindowChoice | None) -> str | None:
+    """Why `length`-token windows cannot be scored on this model as configured, or None.
+
+    A window on every layer shorter than `length` means the scored attention sees only its last `window` tokens:
+    a perplexity of something other than what the user probably deploys, so they say which (`keep`: as the model
+    runs today; `full`: attention over the whole length, the window turned off in the export too). A model whose
+    windows are local by design keeps them; `full` is refused there, since its global layers already see all."""
+    window = attention_window(config)
+    if window is None or not window.every_layer:
+        if choice == "full":
+            why = "local by design (its other layers attend to everything)" if window else "not set"
+            return f"model.sliding_window: 'full', but the model's sliding window is {why}; leave it unset or keep"
+        return None
+    if window.tokens >= length or choice is not None:
+        return None
+    return (
+        f"model.sliding_window: every layer of the model attends to its last {window.tokens} tokens (config.json "
+        f"sliding_window), fewer than the {length} scored; say which to score: keep (the window, as the model runs "
+        "today) or full (attention over all of them; the export turns the window off)"
+    )
+
+
+def load_overrides(
+    config_overrides: Mapping[str, Any], choice: WindowChoice | None, config: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The config attributes a worker loads the model with: `full`'s window off, then the job's own
+    `model.config_overrides` (which win: they are the more specific)."""
+    window_off = full_attention_overrides(config) if choice == "full" else {}
+    return {**window_off, **config_overrides}

@@ -95,6 +95,9 @@ class FactorsFile(BaseModel):
 
     rope_parameters: LongRopeParameters
     max_position_embeddings: int = Field(gt=0)
+    # a model whose every layer has a sliding window shorter than the target: what the factors were scored with
+    # (the job's `model.sliding_window`); `full`: `export --into` turns the window off, as it was when scored
+    sliding_window: Literal["keep", "full"] | None = None
     provenance: Provenance
 
 

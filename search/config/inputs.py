@@ -38,6 +38,12 @@ class ModelConfig(Strict):
         description="model config attributes changed at load, through the model's config class, e.g. "
         "{sliding_window: null}; a mapping given with --set replaces this one whole",
     )
+    sliding_window: Literal["keep", "full"] | None = Field(
+        default=None,
+        description="for a model whose every layer has a sliding window shorter than the target: keep (score and "
+        "deploy the window) or full (attention over the whole target; export --into turns the window off); "
+        "required there, refused where the window is local by design (Gemma 2 and 3)",
+    )
 
     @property
     def is_reference(self) -> bool:

@@ -25,7 +25,7 @@ from longrope.search.run.run_store import (
 )
 from longrope.search.run.stages import last_stage
 from longrope.workers.errors import LongRopeError, ModelLoadError
-from longrope.workers.families import FAMILIES
+from longrope.workers.families import FAMILIES, full_attention_overrides
 from longrope.workers.models import ModelRope, model_rope, read_model_config
 
 
@@ -65,6 +65,7 @@ def candidate_factors_file(run: CheckedRun, best: HistoryRecord, *, allow_n_hat:
     return FactorsFile(
         rope_parameters=LongRopeParameters.model_validate(block),
         max_position_embeddings=method.max_position_embeddings,
+        sliding_window=config.model.sliding_window,
         provenance=Provenance(
             created_by="longrope export",
             method="longrope-search",
@@ -224,8 +225,10 @@ def config_with_block(config: dict, factors: FactorsFile) -> dict:
     `rope_parameters`, no legacy `rope_scaling` (transformers would take it over rope_parameters), the factors'
     `max_position_embeddings`, and a Phi-3-style top-level `original_max_position_embeddings` (which wins in
     transformers) set to the block's. A model whose `rope_parameters` is keyed by layer type (Gemma 3) gets the
-    block under the searched type only; its other types (the local layers) keep their own entry."""
-    config = dict(config)
+    block under the searched type only; its other types (the local layers) keep their own entry. Factors scored
+    with `sliding_window: full` turn the model's window off, so what was scored is what gets deployed."""
+    window_off = full_attention_overrides(config) if factors.sliding_window == "full" else {}
+    config = {**config, **window_off}
     config.pop("rope_scaling", None)
     block = factors.rope_parameters.model_dump(exclude_none=True)
     layer_type = searched_layer_type(config)

@@ -27,6 +27,7 @@ from longrope.search.run.run_store import RunDir
 from longrope.search.run.stages import last_stage
 from longrope.workers.documents import TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
+from longrope.workers.families import load_overrides, window_problem
 from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
 from longrope.workers.specs import ModelSpec, PoolSpec
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
@@ -48,6 +49,8 @@ class JobContext:
     original_length: int
     method: RopeMethod  # the model's own RoPE (its theta, head_dim, partial rotary)
     tokenizer: TextTokenizer
+    # what each worker loads the model with: `model.sliding_window: full`'s window off, then model.config_overrides
+    model_overrides: dict = field(default_factory=dict)
     _seeds: list[Seed] | None = field(default=None, init=False, repr=False)
     _kept_long: Seed | None = field(default=None, init=False, repr=False)
     # each source's documents, read once per job: compare cuts several window sets (lengths x objectives) from one
@@ -70,8 +73,12 @@ class JobContext:
             )
         if config.target_length <= original:
             raise JobConfigError(check_lengths_message(original, config.target_length))
+        window = window_problem(file_config, config.target_length, config.model.sliding_window)
+        if window:
+            raise JobConfigError(window)
+        overrides = load_overrides(config.model.config_overrides, config.model.sliding_window, file_config)
         tokenizer = TextTokenizer(tokenizer_source(config, model_dir), trust_remote_code=config.model.trust_remote_code)
-        return cls(config, model_dir, original, rope.method, tokenizer)
+        return cls(config, model_dir, original, rope.method, tokenizer, overrides)
 
     @property
     def target_length(self) -> int:
@@ -290,7 +297,7 @@ class JobContext:
             device=model.device,
             attn_implementation=model.attn_implementation,
             trust_remote_code=model.trust_remote_code,
-            config_overrides=dict(model.config_overrides),
+            config_overrides=dict(self.model_overrides),
             check_device=self.config.workers.address is None,
         )
 
@@ -302,7 +309,7 @@ class JobContext:
             dtype=model.dtype,
             attn_implementation=model.attn_implementation,
             trust_remote_code=model.trust_remote_code,
-            config_overrides=dict(model.config_overrides),
+            config_overrides=dict(self.model_overrides),
             candidates_per_forward=workers.candidates_per_forward,
         )
 

@@ -47,8 +47,8 @@ from longrope.workers.errors import LongRopeError, os_errors
 from longrope.workers.path_limits import os_error_text, shown_path
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
-FORMAT = "1.0"  # the run-directory format this release writes; the formats it reads: READABLE_FORMATS
-READABLE_FORMATS = (FORMAT,)
+FORMAT = "1.1"  # the run-directory format this release writes; the formats it reads: READABLE_FORMATS
+READABLE_FORMATS = ("1.0", FORMAT)  # 1.1 adds model.sliding_window to config.json
 
 
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative

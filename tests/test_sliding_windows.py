@@ -1,0 +1,100 @@
+"""A sliding window shorter than the target is the user's decision, and what was scored is what gets deployed.
+
+Mistral and Phi-3 put one window on every layer. Scored with it, a 256-token window's perplexity measures attention
+over the last 32 tokens. `model.sliding_window` says which behaviour to score (`keep` or `full`), and the export
+carries it: `export --into` turns the window off for `full`. Gemma 2 and 3's local layers are windowed by design
+and keep it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from family_models import ORIGINAL, TARGET, VOCAB, save_family_model, transformers_window_nll, with_config
+from test_families import rising_candidate
+
+from longrope.search.cli.main import main
+from longrope.search.config.factors_file import factors_file_for
+from longrope.search.export.factors_export import config_with_block
+from longrope.workers.families import full_attention_overrides, window_problem
+from longrope.workers.models import load_model
+from longrope.workers.scorer import Scorer
+
+WINDOW = 32
+MISTRAL = {"model_type": "mistral", "sliding_window": WINDOW}
+
+
+def test_a_window_on_every_layer_shorter_than_the_target_needs_a_decision():
+    problem = window_problem(MISTRAL, TARGET, None)
+    assert "model.sliding_window" in problem and f"last {WINDOW} tokens" in problem and str(TARGET) in problem
+    assert window_problem(MISTRAL, TARGET, "keep") is None
+    assert window_problem(MISTRAL, TARGET, "full") is None
+    assert window_problem(MISTRAL, WINDOW, None) is None  # the window covers every scored token
+
+
+def test_local_layers_by_design_keep_their_window_and_full_is_refused_there():
+    gemma = {"model_type": "gemma2", "sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+    assert window_problem(gemma, TARGET, None) is None
+    assert "local by design" in window_problem(gemma, TARGET, "full")
+    qwen_off = {"model_type": "qwen2", "sliding_window": WINDOW, "use_sliding_window": False}
+    assert window_problem(qwen_off, TARGET, None) is None
+    assert "not set" in window_problem({"model_type": "llama"}, TARGET, "full")
+
+
+@pytest.mark.parametrize("family", ["mistral", "phi3"])
+@pytest.mark.parametrize("choice", ["keep", "full"])
+def test_what_was_scored_is_what_the_export_deploys(family, choice, tmp_path):
+    """The scorer loads the model as the choice says; the export into config.json then gives transformers the
+    same per-window NLL. With `full`, the model as shipped (window on) gives another NLL: the window matters."""
+    model_dir = save_family_model(family, tmp_path / "model")
+    shipped = json.loads((model_dir / "config.json").read_text())
+    shipped["sliding_window"] = WINDOW
+    model_dir = with_config(model_dir, shipped, tmp_path / "windowed")
+    overrides = full_attention_overrides(shipped) if choice == "full" else {}
+    model, rope = load_model(model_dir, device="cpu", dtype="float32", config_overrides=overrides)
+    windows = torch.randint(0, VOCAB, (2, TARGET + 1), generator=torch.Generator().manual_seed(2))
+    candidate = rising_candidate(rope)
+    ours = torch.tensor(Scorer(model, windows, rope.method.original_inv_freq()).score([candidate])[0].nll).double()
+
+    factors = factors_file_for(
+        candidate, method_name="candidate", target_length=TARGET, original_length=ORIGINAL, created_by="t"
+    ).model_copy(update={"sliding_window": choice})
+    exported = with_config(model_dir, config_with_block(shipped, factors), tmp_path / "exported")
+    assert ((ours - transformers_window_nll(exported, windows)).abs() / ours).max() < 1e-5
+    window_on = factors.model_copy(update={"sliding_window": "keep"})
+    windowed = with_config(model_dir, config_with_block(shipped, window_on), tmp_path / "window-on")
+    as_windowed = transformers_window_nll(windowed, windows)
+    assert (((ours - as_windowed).abs() / ours).max() > 1e-3) == (choice == "full")
+
+
+def test_validate_refuses_the_target_without_the_setting_and_takes_it_with(tmp_path, capsys):
+    model_dir = save_family_model("mistral", tmp_path / "model")
+    config = json.loads((model_dir / "config.json").read_text())
+    with_config(model_dir, {**config, "sliding_window": WINDOW}, tmp_path / "windowed")
+    documents = tmp_path / "docs"
+    documents.mkdir()
+    for index in range(3):
+        (documents / f"{index}.txt").write_text(" ".join(f"word{index}{n}" for n in range(400)))
+    job = {
+        "model": {"path": str(tmp_path / "windowed"), "device": "cpu"},
+        "target_length": TARGET,
+        "data": {
+            "tokenizer": "bytes",
+            "search_source": str(documents),
+            "test_source": str(documents),
+            "search_windows": 2,
+            "test_windows": 2,
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    capsys.readouterr()
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "model.sliding_window" in err and f"last {WINDOW} tokens" in err
+    job["model"]["sliding_window"] = "full"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().err
