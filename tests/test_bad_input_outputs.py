@@ -269,12 +269,12 @@ COMPARE_CASES = [
     ),
     pytest.param(
         lambda t: demo_compare(t, "--factors", str(reference_factors(t / "f.json", target=512, original=64))),
-        "f.json: original length 64 (provenance.original_length), this job's is 128",
+        "f.json: original length 64 (provenance.original_length), this job's is original_length (128)",
         id="compare-factors-of-another-original-length",
     ),
     pytest.param(
         lambda t: demo_compare(t, "--factors", str(exportable_run(t))),
-        "run: original length 64 (provenance.original_length), this job's is 128",
+        "run: original length 64 (provenance.original_length), this job's is original_length (128)",
         id="compare-run-of-another-model-shape",
     ),
     pytest.param(

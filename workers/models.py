@@ -40,6 +40,14 @@ class ModelRope:
 
     method: RopeMethod
     original_length: int  # the context the model was pre-trained at
+    # the context it serves as shipped: max_position_embeddings for a model whose config scales its RoPE (Llama 3.1's
+    # llama3, Phi-3-128k's longrope, Qwen2.5's yarn, linear, dynamic), else the original length
+    serving_length: int
+
+    @property
+    def shipped_scaling(self) -> RopeMethod | None:
+        """The model's own RoPE scaling, when its config has one (None for plain RoPE)."""
+        return self.method if self.serving_length > self.original_length else None
 
     @property
     def head_dim(self) -> int:
@@ -101,7 +109,9 @@ def model_rope(config: dict[str, Any]) -> ModelRope:
         or getattr(method, "original_max_position_embeddings", None)
         or config["max_position_embeddings"]
     )
-    return ModelRope(method=method, original_length=int(original))
+    scaled = method.rope_type != "default" and method.max_position_embeddings > int(original)
+    serving = method.max_position_embeddings if scaled else int(original)
+    return ModelRope(method=method, original_length=int(original), serving_length=serving)
 
 
 def rope_with_overrides(file_config: dict[str, Any], config_overrides: dict[str, Any] | None) -> ModelRope:

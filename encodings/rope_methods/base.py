@@ -62,6 +62,9 @@ class RopeMethod(BaseModel):
     baseline: ClassVar[str | None] = "none"
     seeds_search: ClassVar[bool] = False
     tuned: ClassVar[bool] = False
+    # whether `factor` is the length served over the pre-training length, so that serving longer multiplies it
+    # (linear, NTK-aware, YaRN, Llama 3); Dynamic NTK's factor and LongRoPE's factors hold at any length as they are
+    factor_follows_length: ClassVar[bool] = False
 
     head_dim: int = Field(gt=0)
     max_position_embeddings: int = Field(gt=0)
@@ -72,6 +75,17 @@ class RopeMethod(BaseModel):
     def _check_rotary_dim(self) -> RopeMethod:
         rotary_dim_for(self.head_dim, self.partial_rotary_factor)
         return self
+
+    def moved_to(self, target: int) -> RopeMethod:
+        """This method serving `target` tokens instead of `max_position_embeddings`, as its own definition extends
+        it: a model that ships Llama 3 scaling with factor 4 to serve 4x its pre-training length serves 16x of it at
+        factor 16 (transformers 5.x `_compute_llama3_parameters`, `_compute_yarn_parameters` and
+        `_compute_linear_scaling_rope_parameters` read `factor` as served / original). The starting point a search
+        of a scaled model begins from, and compare's row for it."""
+        update: dict[str, Any] = {"max_position_embeddings": target}
+        if self.factor_follows_length:
+            update["factor"] = self.factor * target / self.max_position_embeddings
+        return type(self).model_validate({**dict(self), **update})
 
     @classmethod
     def nominal(cls, shape: RotaryShape, *, original: int, target: int, scale: float) -> RopeMethod:

@@ -21,6 +21,7 @@ class LinearRope(RopeMethod):
     """Position Interpolation (`linear`): every frequency divided by `factor`, i.e. positions divided by it."""
 
     rope_type: ClassVar[str] = "linear"
+    factor_follows_length: ClassVar[bool] = True
     summary: ClassVar[str] = "Position Interpolation: every frequency / factor"
     hf_keys: ClassVar[tuple[str, ...]] = ("factor",)
     baseline: ClassVar[str | None] = "pi"

@@ -30,6 +30,7 @@ class Llama3Rope(RopeMethod):
     divided by `factor`, and a smooth blend between."""
 
     rope_type: ClassVar[str] = "llama3"
+    factor_follows_length: ClassVar[bool] = True
     summary: ClassVar[str] = "Llama 3.1 wavelength-band scaling"
     hf_keys: ClassVar[tuple[str, ...]] = (
         "factor",

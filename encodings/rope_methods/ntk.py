@@ -40,6 +40,7 @@ class NtkRope(RopeMethod):
     """
 
     rope_type: ClassVar[str] = "ntk"
+    factor_follows_length: ClassVar[bool] = True
     in_transformers: ClassVar[bool] = False
     summary: ClassVar[str] = "NTK-aware static base change (exported as default + rope_theta)"
     baseline: ClassVar[str | None] = "ntk"

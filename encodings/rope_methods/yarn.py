@@ -48,6 +48,7 @@ class YarnRope(RopeMethod):
     """
 
     rope_type: ClassVar[str] = "yarn"
+    factor_follows_length: ClassVar[bool] = True
     summary: ClassVar[str] = "YaRN: ramped interpolation + attention temperature"
     hf_keys: ClassVar[tuple[str, ...]] = (
         "factor",

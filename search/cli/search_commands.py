@@ -166,19 +166,20 @@ def run_validate(args: argparse.Namespace) -> int:
     the cluster's files and says which."""
     config = load_job_config(args.config, args.set)
     if args.offline:
-        original, checks = config.original_length, offline_checks(config)
+        lengths, checks = {"original_length": config.original_length}, offline_checks(config)
     else:
         files = file_checks_of(config)  # cheap checks first: nothing converted or tokenized for a config they refuse
         context = JobContext.resolve(config)
-        original, checks = context.original_length, context.validation_checks(files)
+        lengths, checks = context.lengths(), context.validation_checks(files)
     skipped = [check["what"] for check in checks if check["result"] == "skipped"]
     if args.json:
         if skipped:
             print(f"validate: --offline: not checked: {', '.join(skipped)}", file=sys.stderr)
-        document = {"config_hash": config.hash(), "original_length": original, "checks": checks}
+        document = {"config_hash": config.hash(), **lengths, "checks": checks}
         print(json.dumps({**document, "config": config.model_dump(mode="json")}, indent=2))
     else:
-        print("\n".join(validation_summary(config, original, checks)))
+        start = lengths.get("serving_length") or lengths["original_length"]
+        print("\n".join(validation_summary(config, start, checks)))
     return 0
 
 

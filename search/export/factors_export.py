@@ -54,7 +54,7 @@ def candidate_factors_file(run: CheckedRun, best: HistoryRecord, *, allow_n_hat:
     the export of the run's best, and what a benchmark reads an earlier best-so-far as (bench/optimizer_arms.py)."""
     run_dir, config = run.run_dir, run.config
     job = run.job or read_job_record(run_dir)  # the model's shape is in job.json alone: its absence is the error
-    method = job.candidate(best)
+    method = job.deployed(job.candidate(best))
     if method.n_hat and not allow_n_hat:
         raise ExportError(
             f"best candidate has n_hat = {method.n_hat}, which transformers and vLLM cannot express; "
@@ -280,8 +280,9 @@ def check_same_shape(factors: FactorsFile, rope: ModelRope, where: str) -> None:
             f"{where}: the model has {pairs} rotary pairs (head_dim {rope.head_dim}), the factors are for "
             f"{len(block.long_factor)}; use a model of the factors' shape"
         )
-    if rope.original_length != block.original_max_position_embeddings:
+    if rope.serving_length != block.original_max_position_embeddings:
+        what = "original length" if rope.shipped_scaling is None else "serving length (its own scaling's)"
         raise ExportError(
-            f"{where}: the model's original length is {rope.original_length}, the factors' is "
+            f"{where}: the model's {what} is {rope.serving_length}, the factors' is "
             f"{block.original_max_position_embeddings}; use a model of the factors' shape"
         )

@@ -39,6 +39,8 @@ from longrope.workers.windows import Windows, interleave_windows, load_windows
 # are the same factors, as the closed forms apply theirs below the original length too). A searched LongRoPE row
 # carries that attention factor, so these rows tell what the searched per-pair factors win from what the attention
 # factor alone wins.
+# compare's row and the seed for a model's own RoPE scaling moved to the target (models that ship one)
+OWN_SCALING = "own"
 LONGROPE_ATTENTION_ROWS = {f"{name}_longrope_attention": name for name in tuned_names()}
 
 
@@ -51,6 +53,8 @@ class JobContext:
     tokenizer: TextTokenizer
     # what each worker loads the model with: `model.sliding_window: full`'s window off, then model.config_overrides
     model_overrides: dict = field(default_factory=dict)
+    # the length the model serves as shipped: above original_length for a model whose config scales its RoPE
+    serving_length: int | None = None
     _seeds: list[Seed] | None = field(default=None, init=False, repr=False)
     _kept_long: Seed | None = field(default=None, init=False, repr=False)
     # each source's documents, read once per job: compare cuts several window sets (lengths x objectives) from one
@@ -73,16 +77,48 @@ class JobContext:
             )
         if config.target_length <= original:
             raise JobConfigError(check_lengths_message(original, config.target_length))
+        if rope.shipped_scaling is not None and config.target_length <= rope.serving_length:
+            raise JobConfigError(
+                f"target_length: {config.target_length}, but the model already serves {rope.serving_length} tokens "
+                f"with its own {rope.method.rope_type} scaling (config.json); ask for more than it serves"
+            )
         window = window_problem(file_config, config.target_length, config.model.sliding_window)
         if window:
             raise JobConfigError(window)
         overrides = load_overrides(config.model.config_overrides, config.model.sliding_window, file_config)
         tokenizer = TextTokenizer(tokenizer_source(config, model_dir), trust_remote_code=config.model.trust_remote_code)
-        return cls(config, model_dir, original, rope.method, tokenizer, overrides)
+        serving = rope.serving_length if rope.shipped_scaling is not None else None
+        return cls(config, model_dir, original, rope.method, tokenizer, overrides, serving)
 
     @property
     def target_length(self) -> int:
         return self.config.target_length
+
+    @property
+    def shipped_scaling(self) -> RopeMethod | None:
+        """The model's own RoPE scaling (None for plain RoPE): what it runs today, up to `serving_length`."""
+        return self.method if self.serving_length is not None else None
+
+    @property
+    def start_length(self) -> int:
+        """Where the extension starts: the length the model serves today (its own scaling's), else the original."""
+        return self.serving_length or self.original_length
+
+    def lengths(self) -> dict[str, int]:
+        """The lengths `validate --json` reports: the original, and the serving length of a model that ships
+        scaling (where its extension starts)."""
+        serving = {} if self.serving_length is None else {"serving_length": self.serving_length}
+        return {"original_length": self.original_length, **serving}
+
+    def start_text(self) -> str:
+        """Where the extension starts, in words: "original_length (8192)", or for a model that ships scaling "the
+        1024 tokens it serves (llama3 scaling; pre-trained at 256)"."""
+        if self.serving_length is None:
+            return f"original_length ({self.original_length})"
+        return (
+            f"the {self.serving_length} tokens it serves ({self.method.rope_type} scaling; pre-trained at "
+            f"{self.original_length})"
+        )
 
     @property
     def scale(self) -> float:
@@ -175,12 +211,15 @@ class JobContext:
     @property
     def shape(self) -> RopeShape:
         """The model's RoPE shape and the job's lengths, as job.json records them."""
+        shipped = self.shipped_scaling
         return RopeShape(
             original_length=self.original_length,
             target_length=self.target_length,
             rope_theta=self.method.rope_theta,
             head_dim=self.method.head_dim,
             partial_rotary_factor=self.method.partial_rotary_factor,
+            serving_length=self.serving_length,
+            serving_factors=None if shipped is None else shipped.factors(self.serving_length).double().tolist(),
         )
 
     def longrope(
@@ -190,7 +229,9 @@ class JobContext:
 
     def baselines(self) -> dict[str, RopeMethod]:
         """The closed-form methods at their nominal settings for this job's scale, and NTK's and YaRN's factors with
-        LongRoPE's attention factor instead of their own (`LONGROPE_ATTENTION_ROWS`)."""
+        LongRoPE's attention factor instead of their own (`LONGROPE_ATTENTION_ROWS`). For a model that ships RoPE
+        scaling, `none` is the model as its config.json runs it, and `own` is its scaling moved to the target as
+        its method defines (`RopeMethod.moved_to`: Llama 3's factor times target / serving length)."""
         closed = baseline_methods(
             head_dim=self.method.head_dim,
             rope_theta=self.method.rope_theta,
@@ -202,7 +243,9 @@ class JobContext:
         for row, source in LONGROPE_ATTENTION_ROWS.items():
             factors = closed[source].factors(self.target_length).double()
             borrowed[row] = self.longrope(factors, short_factor=factors)  # the closed form's factors at every length
-        return {**closed, **borrowed}
+        shipped = self.shipped_scaling
+        own = {} if shipped is None else {"none": shipped, OWN_SCALING: shipped.moved_to(self.target_length)}
+        return {**closed, **borrowed, **own}
 
     def seeds(self) -> list[Seed]:
         """Resolved once per job (seed files and other runs' directories are read once): the check, the search
@@ -220,9 +263,10 @@ class JobContext:
         if self.short_search:
             return [Seed("ones", np.ones(self.pairs))]
         baselines = self.baselines()
+        names = [*self.config.search.seeds, *([OWN_SCALING] if self.shipped_scaling is not None else [])]
         seeds = [
             Seed(name, baselines[name].factors(self.target_length).double().numpy(), baselines[name].attention_factor)
-            for name in self.config.search.seeds
+            for name in names
         ]
         return seeds + self._longrope2_ramp()
 
@@ -278,9 +322,7 @@ class JobContext:
                 "ok",
                 "config.json read (RoPE), tokenizer loaded, model built on the meta device (no weights read)",
             ),
-            validation_check(
-                "lengths", self.target_length, "ok", f"target_length > original_length ({self.original_length})"
-            ),
+            validation_check("lengths", self.target_length, "ok", f"target_length > {self.start_text()}"),
             validation_check("search.seeds", [seed.name for seed in seeds], "ok", "seeds and seed files resolved"),
             *(file_checks if file_checks is not None else file_checks_of(self.config)),
             *window_supply_checks(

@@ -245,8 +245,8 @@ def _score(
     large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
     config, reporter = context.config, options.reporter
     reporter.log(
-        f"search {config.name}: {context.original_length} -> {context.target_length} tokens "
-        f"(scale {context.scale:g}), {context.pairs} pairs, run dir {run_dir.path}"
+        f"search {config.name}: {context.start_length} -> {context.target_length} tokens "
+        f"(scale {context.target_length / context.start_length:g}), {context.pairs} pairs, run dir {run_dir.path}"
     )
     from longrope.workers.pool import WorkerPool  # Ray: only for a run that scores
 

@@ -42,13 +42,16 @@ def check_provenance(context: JobContext, factors: FactorsFile, where: str, log)
     the field it was read from: another length than the job's is compared, under a label that says it."""
     extra = factors.provenance.model_extra or {}
     block = factors.rope_parameters
-    for field, value in (
-        ("provenance.original_length", extra.get("original_length")),
-        ("rope_parameters.original_max_position_embeddings", block.original_max_position_embeddings),
+    # a model that ships scaling: the block's short regime ends where the model's serving length does (the export
+    # keeps the shipped model there), while provenance names the pre-training length
+    lengths = {context.original_length, context.start_length}
+    for field, value, allowed in (
+        ("provenance.original_length", extra.get("original_length"), {context.original_length}),
+        ("rope_parameters.original_max_position_embeddings", block.original_max_position_embeddings, lengths),
     ):
-        if value is not None and value != context.original_length:
+        if value is not None and value not in allowed:
             raise JobConfigError(
-                f"{where}: original length {value} ({field}), this job's is {context.original_length}; "
+                f"{where}: original length {value} ({field}), this job's is {context.start_text()}; "
                 "factors of another model"
             )
     if not math.isclose(block.rope_theta, context.method.rope_theta, rel_tol=1e-9):

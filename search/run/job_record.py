@@ -71,6 +71,29 @@ class RopeShape(BaseModel):
     rope_theta: float
     head_dim: int
     partial_rotary_factor: float
+    # a model that ships RoPE scaling: the length it serves as shipped, and its scaling there as per-pair factors;
+    # the export keeps the model as shipped up to that length (`deployed`)
+    serving_length: int | None = None
+    serving_factors: list[float] | None = None
+
+    def deployed(self, method: LongRope) -> LongRope:
+        """A searched candidate as it is exported: for a model that ships RoPE scaling, its short regime is the
+        model's own scaling up to the length it serves (`serving_factors` below `serving_length`), so an export
+        reads as the shipped model there, up to the candidate's attention factor, which transformers applies in
+        both regimes; the long factors and attention factor are the candidate's. Unchanged for a plain model."""
+        if self.serving_length is None or self.serving_factors is None or any(f != 1.0 for f in method.short_factor):
+            return method  # a short-factor run's short factors are the searched ones
+        return LongRope.from_factors(
+            method.long_factor,
+            short_factor=self.serving_factors,
+            head_dim=self.head_dim,
+            original_length=self.serving_length,
+            target_length=self.target_length,
+            rope_theta=self.rope_theta,
+            partial_rotary_factor=self.partial_rotary_factor,
+            attention_factor=method.attention_factor,
+            n_hat=method.n_hat,
+        )
 
     def longrope(
         self, factors, *, short_factor=None, attention_factor: float | None = None, n_hat: int = 0
