@@ -154,3 +154,28 @@ def test_every_family_in_the_registry_is_tested_or_refused():
 
 def family_config_type(name: str, transformers) -> str:
     return getattr(transformers, FAMILY_CONFIGS[name][0]).model_type
+
+
+@pytest.mark.parametrize(
+    "family", ["gemma3 (local and global)", "cohere (interleaved, logit_scale)", "gpt_neox (rotary_pct)", "phi3"]
+)
+def test_verify_checks_the_export_against_the_family_own_rotary_module(family, tmp_path):
+    """`longrope verify`: transformers' own rotary module for the family (Gemma 3's for its full_attention layers,
+    Cohere's interleaved tables) against ours, and the logits of one window both ways; llama.cpp's row names why a
+    family other than llama gets no GGUF."""
+    from longrope.search.export.verify import verify
+
+    model_dir = save_family_model(family, tmp_path / "model")
+    model, rope = load_model(model_dir, device="cpu", dtype="float32")
+    factors = factors_file_for(
+        rising_candidate(rope),
+        method_name="candidate",
+        target_length=TARGET,
+        original_length=rope.original_length,
+        created_by="t",
+    )
+    report = verify(factors, "factors.json", model_dir)
+    transformers_check, _, llama_cpp = report.checks
+    assert transformers_check.ok and transformers_check.logits_max_diff <= transformers_check.logits_tolerance
+    assert max(transformers_check.cos_sin_max_diff.values()) < 1e-5
+    assert "not exportable to a GGUF" in llama_cpp.source and "model_type" in llama_cpp.source

@@ -37,10 +37,13 @@ from longrope.encodings import LongRope, from_hf
 from longrope.encodings.lazy_import import torch
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import check_same_shape, config_with_block
-from longrope.search.export.llama_cpp_row import llama_cpp_row
+from longrope.search.export.llama_cpp_row import LlamaCppRow, llama_cpp_row
+from longrope.workers.families import Family, decoder_of, family_of
 from longrope.workers.models import check_weights, load_model, model_rope, read_model_config
 
 COS_SIN_TOLERANCE = 1e-5
+# the model types whose GGUF export llama.cpp runs with the graph the export writes (its `llama` architecture)
+GGUF_MODEL_TYPES = ("llama",)
 LOGITS_RELATIVE_TOLERANCE = 1e-3
 LOGITS_SEED = 0
 
@@ -91,16 +94,19 @@ def verify(
     hf_config = transformers_config(config_with_block(config, factors))
     ours = our_method(factors, hf_config)
     regimes = {"short": ours.original_max_position_embeddings, "long": factors.max_position_embeddings}
-    their_rotary = transformers_rotary(hf_config)
+    family = family_of(config)
+    their_rotary = transformers_rotary(hf_config, family)
     mine = {regime: our_cos_sin(ours, length) for regime, length in regimes.items()}
-    theirs = {regime: module_cos_sin(their_rotary, length) for regime, length in regimes.items()}
+    theirs = {regime: module_cos_sin(their_rotary, length, family) for regime, length in regimes.items()}
     transformers_check = compare_cos_sin("transformers", transformers_source(), mine, theirs)
     if logits:
         transformers_check = with_logits(transformers_check, model_dir, ours, their_rotary, regimes["long"], device)
     vllm_tables, source = vllm_cos_sin(factors, ours)
     vllm_check = compare_cos_sin("vllm", source, {r: half(mine[r]) for r in regimes}, vllm_tables)
-    row = llama_cpp_row(
-        factors, ours, lambda length: half(our_cos_sin(ours, length)), transformers_config, logits=logits
+    row = (
+        llama_cpp_row(factors, ours, lambda length: half(our_cos_sin(ours, length)), transformers_config, logits=logits)
+        if config.get("model_type") in GGUF_MODEL_TYPES
+        else no_gguf_row(config.get("model_type"))
     )
     llama_cpp = RuntimeCheck(runtime="llama.cpp", **row.model_dump())
     return VerifyReport(
@@ -137,25 +143,41 @@ def our_method(factors: FactorsFile, hf_config) -> LongRope:
     )
 
 
-def transformers_rotary(hf_config):
+def transformers_rotary(hf_config, family: Family):
     """The model's own rotary class, as transformers builds it for this config (the model skeleton on the meta
-    device finds the class without allocating weights; the rotary module itself is built on the CPU)."""
+    device finds the class without allocating weights; the rotary module itself is built on the CPU), where the
+    family keeps it (`model.model`, GPT-NeoX's `model.gpt_neox`)."""
     from transformers import AutoModelForCausalLM  # transformers: only when verifying
 
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(hf_config)
-    return type(skeleton.model.rotary_emb)(config=hf_config)
+    return type(getattr(skeleton, family.decoder).rotary_emb)(config=hf_config)
+
+
+def no_gguf_row(model_type: str | None) -> LlamaCppRow:
+    """llama.cpp's row for a family the GGUF export does not write: it writes llama.cpp's `llama` graph, and another
+    family's graph (Gemma 3's local and global layers, Cohere's interleaved rotation) reads other keys and tensors."""
+    reason = (
+        f"not exportable to a GGUF: the GGUF export writes llama.cpp's llama graph, and model_type {model_type!r} "
+        "runs its own graph there, which the export does not write"
+    )
+    return LlamaCppRow(source=reason, cos_sin_max_diff={}, ok=True)
 
 
 def positions(length: int):
     return torch.arange(length, dtype=torch.long)[None]
 
 
-def module_cos_sin(rotary, length: int):
-    """cos, sin [1, length, rotary_dim] (rotate_half layout) of a transformers-style rotary module, float32."""
+def module_cos_sin(rotary, length: int, family: Family):
+    """cos, sin [1, length, rotary_dim] (rotate_half layout) of a transformers-style rotary module, float32: for
+    the searched layer type of a per-layer-type module (Gemma 3's `full_attention`), and an interleaved family's
+    tables (Cohere's, each frequency twice in place) put in rotate_half order, as ours are."""
     dummy = torch.zeros(1, dtype=torch.float32)
+    layer_type = () if family.searched_layer_type is None else (family.searched_layer_type,)
     with torch.no_grad():
-        cos, sin = rotary(dummy, positions(length))
+        cos, sin = rotary(dummy, positions(length), *layer_type)
+    if family.layout == "interleaved":
+        cos, sin = (torch.cat((table[..., ::2], table[..., ::2]), dim=-1) for table in (cos, sin))
     return cos.float(), sin.float()
 
 
@@ -208,7 +230,7 @@ def with_logits(
     with torch.no_grad(), patched_rotary(model, rope.method.original_inv_freq()) as patched:
         patched.set_candidates([ours], seq_len=length)
         mine = model(input_ids=ids).logits.float()
-    model.model.rotary_emb = their_rotary
+    decoder_of(model).rotary_emb = their_rotary
     with torch.no_grad():
         theirs = model(input_ids=ids).logits.float()
     diff = float((mine - theirs).abs().max())
