@@ -150,11 +150,16 @@ def decoder_of(model) -> Any:
 
 
 def attention_for(config: Mapping[str, Any], asked: str) -> str:
-    """The attention implementation a model loads with: `asked`, except SDPA for a family whose config sets a key
-    SDPA cannot apply (Gemma 2's attention softcapping), which loads with eager attention instead."""
+    """The attention implementation a model loads with: `asked`, except SDPA for a model with a sliding window or
+    with attention softcapping (which SDPA refuses), which loads with the scorer's `blockwise` attention instead:
+    the same arithmetic as eager, without the [T, T] mask transformers builds for a window
+    (workers/local_attention.py)."""
     family = family_of(config)
-    if asked == "sdpa" and family.eager_attention_for and config.get(family.eager_attention_for):
-        return "eager"
+    softcapped = bool(family.eager_attention_for and config.get(family.eager_attention_for))
+    if asked == "sdpa" and (softcapped or attention_window(config) is not None):
+        from longrope.workers.local_attention import register  # transformers: only where a model loads
+
+        return register()
     return asked
 
 
