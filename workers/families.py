@@ -157,13 +157,15 @@ def attention_for(config: Mapping[str, Any], asked: str) -> str:
     family = family_of(config)
     softcapped = bool(family.eager_attention_for and config.get(family.eager_attention_for))
     if asked == "sdpa" and (softcapped or attention_window(config) is not None):
-        from longrope.workers.local_attention import register  # transformers: only where a model loads
-
-        return register()
+        return BLOCKWISE
     return asked
 
 
 WindowChoice = Literal["keep", "full"]
+# the scorer's blockwise attention's name in transformers' registry (workers/local_attention.py `register`)
+BLOCKWISE = "blockwise"
+# queries per block of the scorer's blockwise attention (workers/local_attention.py), which the estimate counts too
+QUERY_BLOCK = 1024
 
 
 @dataclass(frozen=True)

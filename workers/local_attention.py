@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-NAME = "blockwise"
-QUERY_BLOCK = 1024  # queries per block: scores of [heads, QUERY_BLOCK, keys seen] exist at once
+from longrope.workers import families
 
 
 def blockwise_attention(
@@ -53,8 +52,8 @@ def blockwise_attention(
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     length = query.shape[2]
     blocks = [
-        attend(query, key, value, start, min(start + QUERY_BLOCK, length), scaling, sliding_window, softcap)
-        for start in range(0, length, QUERY_BLOCK)
+        attend(query, key, value, start, min(start + families.QUERY_BLOCK, length), scaling, sliding_window, softcap)
+        for start in range(0, length, families.QUERY_BLOCK)
     ]
     return torch.cat(blocks, dim=2).transpose(1, 2).contiguous(), None
 
@@ -82,9 +81,9 @@ def no_mask(*args, **kwargs) -> None:
 
 def register() -> str:
     """Make `blockwise` a name `from_pretrained(attn_implementation=...)` accepts; returns the name."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # transformers: only where a model loads
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(NAME, blockwise_attention)
-    AttentionMaskInterface.register(NAME, no_mask)
-    return NAME
+    AttentionInterface.register(families.BLOCKWISE, blockwise_attention)
+    AttentionMaskInterface.register(families.BLOCKWISE, no_mask)
+    return families.BLOCKWISE

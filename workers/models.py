@@ -20,7 +20,7 @@ from longrope.encodings import EncodingConfigError, RopeMethod, from_hf_config
 from longrope.encodings.lazy_import import torch
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import ModelLoadError, one_line
-from longrope.workers.families import attention_for, family_of, rope_config
+from longrope.workers.families import BLOCKWISE, attention_for, family_of, rope_config
 from longrope.workers.model_build import (
     blamed,
     build_on_meta,
@@ -245,13 +245,18 @@ def load_model(
     check_weights(model_dir)
     torch_device = check_load_options(attn_implementation, device)
     config = model_config(model_dir, trust_remote_code=trust_remote_code, config_overrides=config_overrides)
+    attention = attention_for(config.to_dict(), attn_implementation)
+    if attention == BLOCKWISE:
+        from longrope.workers.local_attention import register  # torch and transformers: only where a model loads
+
+        register()
     try:
         with no_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(
                 model_dir,
                 config=config,
                 dtype=resolve_dtype(dtype, torch_device),
-                attn_implementation=attention_for(config.to_dict(), attn_implementation),
+                attn_implementation=attention,
                 trust_remote_code=trust_remote_code,
                 local_files_only=True,
                 use_safetensors=True,

@@ -27,6 +27,7 @@ from longrope.search.cost.hardware import DEFAULT_MFU, Rates, find_gpu, gpu_rate
 from longrope.search.cost.memory import forward_shape, worker_dtype, worker_threads
 from longrope.search.job.validation_checks import data_source_checks, least_window_tokens
 from longrope.search.optimizers.factory import load_job_config
+from longrope.workers.families import load_overrides
 from longrope.workers.reference_recipe import reference_model_dir
 
 DEFAULT_GPUS = ("H100-SXM", "A100")
@@ -61,7 +62,7 @@ def resolve_architecture(config: JobConfig, model_config: str | None) -> tuple[A
     """(architecture, where it came from, the config.json settings it was read from, overrides applied):
     --model-config (a file, a directory or a known name), else model.path's config.json, else the known table by
     model.path's last part: a user pricing a 7B run on a laptop has the config, not the weights."""
-    overrides = config.model.config_overrides
+    overrides = load_overrides(config.model.config_overrides, config.model.sliding_window, {})  # as workers load it
     if model_config:
         path = model_config_path(model_config)
         if path.is_file():

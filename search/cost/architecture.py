@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from longrope.search.config.strict import JobConfigError
+from longrope.workers.families import attention_window
 from longrope.workers.models import read_config_file
 
 
@@ -36,6 +37,10 @@ class Architecture(Frozen):
     mlp_bias: bool = False
     original_length: int | None = None  # the pre-training context, as the rope reader resolves it
     dtype: str | None = None  # the checkpoint's dtype, from config.json
+    # layers that attend within a sliding window (Gemma 3's 15 of 18 `sliding_attention` layers; every layer of a
+    # Mistral whose window is kept), and that window: the scorer's blockwise attention reads only those keys
+    local_layers: int = Field(default=0, ge=0)
+    local_window: int | None = Field(default=None, ge=1)
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], name: str = "") -> Architecture:
@@ -49,6 +54,7 @@ class Architecture(Frozen):
                 or config.get("max_position_embeddings")
             )
             bias = bool(config.get("attention_bias", False))
+            local_layers, local_window = windowed_layers(config)
             return cls(
                 name=name or str(config.get("_name_or_path") or config.get("model_type") or ""),
                 hidden_size=hidden,
@@ -64,11 +70,24 @@ class Architecture(Frozen):
                 mlp_bias=bool(config.get("mlp_bias", False)),
                 original_length=int(original) if original else None,
                 dtype=config.get("dtype") or config.get("torch_dtype"),
+                local_layers=local_layers,
+                local_window=local_window,
             )
         except KeyError as exc:
             raise JobConfigError(f"model config{f' {name}' if name else ''}: no {exc.args[0]!r}") from exc
         except (TypeError, ValueError) as exc:
             raise JobConfigError(f"model config{f' {name}' if name else ''}: {exc}") from exc
+
+
+def windowed_layers(config: dict[str, Any]) -> tuple[int, int | None]:
+    """(layers with a sliding window, the window), as transformers applies the config (workers/families.py
+    `attention_window`): the `sliding_attention` layers of `layer_types`, or every layer when the window has no
+    layer types beside it."""
+    window = attention_window(config)
+    if window is None:
+        return 0, None
+    layer_types = config.get("layer_types") or ["sliding_attention"] * int(config["num_hidden_layers"])
+    return sum(kind == "sliding_attention" for kind in layer_types), window.tokens
 
 
 # Public architecture numbers (each model's config.json on the Hugging Face hub), so that the shipped configs,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pydantic import computed_field
 
 from longrope.search.cost.architecture import Architecture, Frozen, linear_weights_per_layer
+from longrope.workers.families import QUERY_BLOCK
 
 # The scorer's loss chunk (workers/specs.py ModelSpec.loss_chunk_tokens): copied, not imported, because the scorer
 # imports torch (memory.py's TOKENS_PER_FORWARD likewise).
@@ -49,12 +50,22 @@ def attention_fraction(attn_implementation: str) -> float:
     return 1.0 if attn_implementation == "eager" else 0.5
 
 
+def local_keys(arch: Architecture, tokens: int) -> float:
+    """Keys a query of a windowed layer is scored against in the scorer's blockwise attention: a block of
+    QUERY_BLOCK queries reads its own keys and the window's before it (workers/local_attention.py)."""
+    if arch.local_window is None:
+        return float(tokens)
+    return float(min(tokens, QUERY_BLOCK + arch.local_window - 1))
+
+
 def forward_flops(arch: Architecture, tokens: int, *, loss_tokens: int | None = None, causal: float = 0.5) -> Flops:
     """One sequence of `tokens` positions (module docstring's formulas); `loss_tokens` positions go through the
     lm_head (None: all of them)."""
+    per_layer = 4.0 * arch.num_heads * arch.head_dim * tokens
+    local = arch.local_layers * per_layer * min(tokens * causal, local_keys(arch, tokens))
     return Flops(
         linear=2.0 * tokens * arch.num_layers * linear_weights_per_layer(arch),
-        attention=4.0 * arch.num_layers * arch.num_heads * arch.head_dim * tokens * tokens * causal,
+        attention=(arch.num_layers - arch.local_layers) * per_layer * tokens * causal + local,
         lm_head=2.0 * (tokens if loss_tokens is None else loss_tokens) * arch.hidden_size * arch.vocab_size,
     )
 
