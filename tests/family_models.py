@@ -113,6 +113,20 @@ def with_config(model_dir: Path, config: dict[str, Any], copy: Path) -> Path:
     return copy
 
 
+def byte_job(model_dir: Path, documents: Path, target: int, **sections: dict[str, Any]) -> dict[str, Any]:
+    """A job config for a tiny family model: one UTF-8 byte a token (the tiny vocabulary holds them), 2 search
+    windows from `documents`, which are the test documents too, and `sections` merged in."""
+    data = {"tokenizer": "bytes", "search_source": str(documents), "test_source": str(documents), "search_windows": 2}
+    job = {
+        "model": {"path": str(model_dir), "device": "cpu"},
+        "target_length": target,
+        "data": {**data, "test_windows": 2},
+    }
+    for name, section in sections.items():
+        job[name] = {**job.get(name, {}), **section} if isinstance(section, dict) else section
+    return job
+
+
 def transformers_window_nll(model_dir: Path, windows: torch.Tensor) -> torch.Tensor:
     """Per-window summed NLL of each window's last len - 1 tokens by transformers alone: the family's own
     `ForCausalLM.forward` (its logit scale and softcap included), eager attention, float32."""

@@ -166,7 +166,7 @@ def test_verify_checks_the_export_against_the_family_own_rotary_module(family, t
     from longrope.search.export.verify import verify
 
     model_dir = save_family_model(family, tmp_path / "model")
-    model, rope = load_model(model_dir, device="cpu", dtype="float32")
+    rope = model_rope(json.loads((model_dir / "config.json").read_text()))
     factors = factors_file_for(
         rising_candidate(rope),
         method_name="candidate",

@@ -16,7 +16,7 @@ import ray
 import torch
 import yaml
 from conftest import hf_inv_freq
-from family_models import LLAMA3, ORIGINAL, save_family_model, transformers_window_nll, with_config
+from family_models import LLAMA3, ORIGINAL, byte_job, save_family_model, transformers_window_nll, with_config
 
 from longrope.encodings import from_hf_config
 from longrope.search.cli.main import main
@@ -54,21 +54,16 @@ def job(tmp_path_factory):
     documents.mkdir()
     for index in range(6):
         (documents / f"{index}.txt").write_text(" ".join(f"w{index}{n % 97}" for n in range(500)))
-    config = {
-        "name": "shipped",
-        "model": {"path": str(model_dir), "device": "cpu"},
-        "target_length": TARGET,
-        "data": {
-            "tokenizer": "bytes",
-            "search_source": str(documents),
-            "test_source": str(documents),
-            "search_windows": 2,
-            "test_windows": 3,
-        },
-        "search": {"population": 6, "parents": 3, "mutations": 2, "crossovers": 2, "generations": 1},
-        "workers": {"num_workers": 1, "num_cpus_per_worker": 1, "local_num_cpus": 2, "batch_size": 2},
-        "output_dir": str(root / "run"),
-    }
+    config = byte_job(
+        model_dir,
+        documents,
+        TARGET,
+        name="shipped",
+        data={"test_windows": 3},
+        search={"population": 6, "parents": 3, "mutations": 2, "crossovers": 2, "generations": 1},
+        workers={"num_workers": 1, "num_cpus_per_worker": 1, "local_num_cpus": 2, "batch_size": 2},
+        output_dir=str(root / "run"),
+    )
     path = root / "job.yaml"
     path.write_text(yaml.safe_dump(config))
     return path, model_dir

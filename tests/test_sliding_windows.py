@@ -13,7 +13,15 @@ import json
 import pytest
 import torch
 import yaml
-from family_models import ORIGINAL, TARGET, VOCAB, save_family_model, transformers_window_nll, with_config
+from family_models import (
+    ORIGINAL,
+    TARGET,
+    VOCAB,
+    byte_job,
+    save_family_model,
+    transformers_window_nll,
+    with_config,
+)
 from test_families import rising_candidate
 
 from longrope.search.cli.main import main
@@ -78,17 +86,7 @@ def test_validate_refuses_the_target_without_the_setting_and_takes_it_with(tmp_p
     documents.mkdir()
     for index in range(3):
         (documents / f"{index}.txt").write_text(" ".join(f"word{index}{n}" for n in range(400)))
-    job = {
-        "model": {"path": str(tmp_path / "windowed"), "device": "cpu"},
-        "target_length": TARGET,
-        "data": {
-            "tokenizer": "bytes",
-            "search_source": str(documents),
-            "test_source": str(documents),
-            "search_windows": 2,
-            "test_windows": 2,
-        },
-    }
+    job = byte_job(tmp_path / "windowed", documents, TARGET)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     capsys.readouterr()

@@ -83,28 +83,31 @@ class RopeShape(BaseModel):
         both regimes; the long factors and attention factor are the candidate's. Unchanged for a plain model."""
         if self.serving_length is None or self.serving_factors is None or any(f != 1.0 for f in method.short_factor):
             return method  # a short-factor run's short factors are the searched ones
-        return LongRope.from_factors(
+        return self.longrope(
             method.long_factor,
             short_factor=self.serving_factors,
-            head_dim=self.head_dim,
-            original_length=self.serving_length,
-            target_length=self.target_length,
-            rope_theta=self.rope_theta,
-            partial_rotary_factor=self.partial_rotary_factor,
             attention_factor=method.attention_factor,
             n_hat=method.n_hat,
+            original_length=self.serving_length,
         )
 
     def longrope(
-        self, factors, *, short_factor=None, attention_factor: float | None = None, n_hat: int = 0
+        self,
+        factors,
+        *,
+        short_factor=None,
+        attention_factor: float | None = None,
+        n_hat: int = 0,
+        original_length: int | None = None,
     ) -> LongRope:
         """LongRoPE with these long factors at the target length (`factor = target / original`), short factors
-        all ones unless given."""
+        all ones unless given, its short regime ending at the original length unless `original_length` says
+        where (`deployed`: the length a model that ships scaling serves)."""
         return LongRope.from_factors(
             factors,
             short_factor=short_factor,
             head_dim=self.head_dim,
-            original_length=self.original_length,
+            original_length=original_length or self.original_length,
             target_length=self.target_length,
             rope_theta=self.rope_theta,
             partial_rotary_factor=self.partial_rotary_factor,
