@@ -280,9 +280,10 @@ def check_same_shape(factors: FactorsFile, rope: ModelRope, where: str) -> None:
             f"{where}: the model has {pairs} rotary pairs (head_dim {rope.head_dim}), the factors are for "
             f"{len(block.long_factor)}; use a model of the factors' shape"
         )
-    if rope.serving_length != block.original_max_position_embeddings:
-        what = "original length" if rope.shipped_scaling is None else "serving length (its own scaling's)"
+    # a model that ships scaling (or holds an earlier export) has two lengths a block may start its long regime at
+    if block.original_max_position_embeddings not in (rope.original_length, rope.serving_length):
+        serving = "" if rope.shipped_scaling is None else f" (it serves {rope.serving_length} with its own scaling)"
         raise ExportError(
-            f"{where}: the model's {what} is {rope.serving_length}, the factors' is "
+            f"{where}: the model's original length is {rope.original_length}{serving}, the factors' is "
             f"{block.original_max_position_embeddings}; use a model of the factors' shape"
         )

@@ -58,6 +58,11 @@ class WindowsShape(BaseModel):
         return fields
 
 
+# fields a job.json holds only when they apply (a model that ships RoPE scaling), so that a plain model's job.json
+# has the fields, and the hash, that release 1.0 wrote
+WRITTEN_WHEN_SET = ("serving_length", "serving_factors")
+
+
 class RopeShape(BaseModel):
     """The model's RoPE shape and the run's lengths: everything a LongRoPE encoding needs besides its factors.
 
@@ -134,7 +139,8 @@ class JobRecord(RopeShape):
     def sealed(self) -> dict[str, Any]:
         """job.json as written: the fields and their hash, as config.json carries its config's hash. A reader
         that finds them apart (`read_job_record`) knows the file was edited after the run wrote it."""
-        fields = self.model_dump(mode="json", exclude={"record_hash"})
+        unset = {name for name in WRITTEN_WHEN_SET if getattr(self, name) is None}
+        fields = self.model_dump(mode="json", exclude={"record_hash", *unset})
         return {**fields, "record_hash": digest(fields)}
 
     def candidate(self, record: HistoryRecord) -> LongRope:
