@@ -127,3 +127,21 @@ def test_the_export_reads_as_the_shipped_model_below_its_serving_length(job, tmp
     assert {"none", OWN_SCALING, "file:factors.json"} <= set(methods)
     for name in ("none", OWN_SCALING):
         assert all(math.isfinite(v[0]) for v in methods[name]["perplexity"].values())
+
+
+def test_a_model_config_as_a_seed_file_gives_its_scaling_moved_to_the_target(job, tmp_path):
+    """`search.seed_files` takes a model's config.json (Llama 3.1's, say): its scaling at the target is a seed; one
+    of another rope_theta is refused in one line naming it."""
+    path, model_dir = job
+    config_path = str(model_dir / "config.json")
+    context = JobContext.resolve(load_job_config(str(path), [f"search.seed_files=[{config_path}]"]))
+    seeds = {seed.name: seed for seed in context.seeds()}
+    own = model_rope(json.loads((model_dir / "config.json").read_text())).method.moved_to(TARGET)
+    assert seeds["file:config.json"].factors.tolist() == pytest.approx(own.factors(TARGET).double().tolist())
+    other = tmp_path / "other" / "config.json"
+    other.parent.mkdir()
+    shipped = json.loads((model_dir / "config.json").read_text())
+    other.write_text(json.dumps({**shipped, "rope_parameters": {**LLAMA3, "rope_theta": 500000.0}}))
+    context = JobContext.resolve(load_job_config(str(path), [f"search.seed_files=[{other}]"]))
+    with pytest.raises(ValueError, match="rope_theta 500000, this job's model has 10000"):
+        context.seeds()

@@ -219,7 +219,9 @@ class SearchConfig(Strict):
         description=f"closed forms at the target that start the population: any of {', '.join(seed_names())}",
     )
     seed_files: tuple[PathText, ...] = Field(
-        default=(), description="more seeds: factors JSON files (what `longrope export` writes) or other runs' dirs"
+        default=(),
+        description="more seeds: factors JSON files (what `longrope export` writes), other runs' dirs, or a "
+        "model's config.json (its RoPE scaling moved to the target)",
     )
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="the optimizer's random seed")
     n_hat: NHatConfig = Field(default=NHatConfig(), description="section: n_hat, the un-scaled first positions")

@@ -4,6 +4,7 @@ the baseline methods and the search seeds. Every check that can fail on bad inpu
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from longrope.search.run.stages import last_stage
 from longrope.workers.documents import TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
 from longrope.workers.families import load_overrides, window_problem
-from longrope.workers.models import check_model, model_rope, read_model_config, rope_with_overrides
+from longrope.workers.models import check_model, model_rope, read_config_file, read_model_config, rope_with_overrides
 from longrope.workers.specs import ModelSpec, PoolSpec
 from longrope.workers.tokenization import BYTE_TOKENIZER, TextTokenizer
 from longrope.workers.windows import Windows, interleave_windows, load_windows
@@ -290,6 +291,8 @@ class JobContext:
         (S - 1) (microsoft/LongRoPE, DynamicLongRoPEScaledRotaryEmbedding): how a progressive stage hands its best
         to the next."""
         seed = self.seed_from_file(path)
+        if Path(path).name == "config.json":
+            return [seed]  # moved to this target already, as its own method defines
         other_length = _run_target_length(path)
         if other_length == self.target_length or other_length <= self.original_length:
             return [seed]
@@ -298,16 +301,36 @@ class JobContext:
         return [seed, Seed(f"{seed.name}@{self.target_length}", moved, seed.attention_factor)]
 
     def seed_from_file(self, path: str, field: str = "search.seed_files") -> Seed:
-        """A factors JSON (what `longrope export` writes), or another run's directory (its best candidate)."""
+        """A factors JSON (what `longrope export` writes), another run's directory (its best candidate), or a
+        model's config.json (`config.json` by name): its RoPE scaling moved to this target."""
         if Path(path).is_dir():
             factors, attention = _run_long_factors(RunDir(path))
             where = f"{field}: {path}: best candidate's factors"
+        elif Path(path).name == "config.json":
+            factors, attention = self._config_scaling(path, f"{field}: {path}")
+            where = f"{field}: {path}: its RoPE scaling at {self.target_length} tokens"
         else:
             block = read_factors_file(path, f"{field}: {path}").rope_parameters
             factors, attention = np.asarray(block.long_factor, dtype=np.float64), block.attention_factor
             where = f"{field}: {path}: rope_parameters.long_factor"
         check_seed_factors(where, factors, self.pairs)
         return Seed(f"file:{Path(path).name}", factors, attention)
+
+    def _config_scaling(self, path: str, where: str) -> tuple[np.ndarray, float]:
+        """A model config's RoPE scaling (Llama 3.1's `llama3`, a `yarn` or `longrope` block) moved to this target
+        (`RopeMethod.moved_to`) as per-pair factors over this model's frequencies, which it must share: the same
+        rope_theta and rotary pairs."""
+        try:
+            method = model_rope(read_config_file(Path(path))).method
+        except ValueError as exc:
+            raise JobConfigError(f"{where}: {exc}") from exc
+        if not math.isclose(method.rope_theta, self.method.rope_theta, rel_tol=1e-9):
+            raise JobConfigError(
+                f"{where}: rope_theta {method.rope_theta:g}, this job's model has {self.method.rope_theta:g}; "
+                "its scaling divides other frequencies"
+            )
+        moved = method.moved_to(self.target_length)
+        return moved.factors(self.target_length).double().numpy(), moved.attention_factor
 
     def validation_checks(self, file_checks: list[dict] | None = None) -> list[dict]:
         """`validate`: what resolving the job checked (model, lengths, seeds), then the data sources, read

@@ -143,6 +143,8 @@ def _offline_factors_check(field: str, path: str) -> dict:
     needs the model); a run directory or a path that exists only on the cluster is skipped."""
     if not Path(path).is_file():
         return validation_check(field, path, "skipped", "--offline: not a factors file on this machine")
+    if Path(path).name == "config.json":
+        return validation_check(field, path, "skipped", "--offline: a model's RoPE scaling is read with the model's")
     read_factors_file(path, f"{field}: {path}")  # its long factors checked as it is read (`long_factor_problem`)
     return validation_check(field, path, "ok", "long factors >= 1 and non-decreasing (their count needs the model)")
 
