@@ -44,12 +44,13 @@ import torch
 from benchlib import RESULTS, ROOT, provenance, run_status, save_json
 from score_log import LogSetup, ScoreLog, fingerprint
 
+from longrope.search.config.tuning_grids import TUNING_GRIDS
 from longrope.search.job.job_context import JobContext
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare import default_lengths, summarize, write_outputs
 from longrope.search.reports.compare_rows import factors_rows, given_methods
 from longrope.search.reports.compare_tables import markdown_table
-from longrope.search.reports.tuned_baselines import TUNING_GRIDS, pick_tuned, setting_label, tuning_grids
+from longrope.search.reports.tuned_baselines import pick_tuned, setting_label, tuning_grids
 from longrope.workers.models import load_model
 from longrope.workers.scorer import Scorer
 

@@ -32,10 +32,11 @@ from pathlib import Path
 from benchlib import RESULTS, provenance, save_json
 from real_model import CONFIG, WindowScorer, score_log, stem, tuned, window_ids
 
+from longrope.search.config.tuning_grids import TUNING_GRIDS
 from longrope.search.job.job_context import JobContext
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare_rows import factors_rows, given_methods
-from longrope.search.reports.tuned_baselines import TUNING_GRIDS, setting_label, tuning_grids
+from longrope.search.reports.tuned_baselines import setting_label, tuning_grids
 
 
 def split_perplexities(log, length: int, labels, ids: list[str]) -> dict[str, float | None]:

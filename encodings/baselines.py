@@ -28,6 +28,17 @@ def tuned_names() -> tuple[str, ...]:
     return tuple(name for name, cls in closed_forms().items() if cls.tuned)
 
 
+def tuned_row(name: str) -> str:
+    """The name of a closed form tuned on the search split: compare's row, and the seed name that asks for its
+    tuning grid's settings as seeds."""
+    return f"{name}_tuned"
+
+
+def seed_choices() -> tuple[str, ...]:
+    """What `search.seeds` may name: a closed form at its nominal setting, or a tuned one (its grid's settings)."""
+    return (*seed_names(), *map(tuned_row, tuned_names()))
+
+
 def baseline_methods(
     *, head_dim: int, rope_theta: float, partial_rotary_factor: float, original: int, target: int
 ) -> dict[str, RopeMethod]:

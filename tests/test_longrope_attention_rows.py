@@ -10,10 +10,11 @@ from pathlib import Path
 import torch
 from conftest import hf_inv_freq
 
+from longrope.search.config.tuning_grids import TUNING_GRIDS
 from longrope.search.job.job_context import JobContext
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare_result import BASELINES
-from longrope.search.reports.tuned_baselines import TUNING_GRIDS, tuning_grids
+from longrope.search.reports.tuned_baselines import tuning_grids
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -74,3 +75,31 @@ def test_every_grid_tries_longropes_attention_factor_at_the_jobs_scale():
             assert len(at_point) == len(multipliers), (name, method_name)
             for method in at_point:
                 assert math.isclose(method.attention_factor, expected, rel_tol=1e-12), (name, method_name)
+
+
+def test_a_tuned_seed_name_seeds_every_setting_of_its_coarse_grid(capsys):
+    """`search.seeds: [pi, ntk_tuned, yarn_tuned]`: every setting compare's coarse grid scores for NTK and YaRN
+    (`tuning_grids`, compare's own builder) is a seed, with the same factors and attention factor, and validate's
+    plan counts them among the seeds."""
+    from longrope.search.cli.main import main
+
+    overrides = ["target_length=1024", "search.seeds=[pi,ntk_tuned,yarn_tuned]"]
+    context = JobContext.resolve(load_job_config(CONFIGS / "demo.yaml", overrides))
+    seeds = {seed.name: seed for seed in context.seeds()}
+    grids = tuning_grids(context, "coarse")
+    expected = {f"{row} {setting}": method for row, grid in grids.items() for setting, method in grid.items()}
+    assert set(seeds) == {"pi", *expected} and len(expected) == 15
+    for name, method in expected.items():
+        assert seeds[name].factors.tolist() == method.factors(1024).double().tolist()
+        assert seeds[name].attention_factor == method.attention_factor
+    capsys.readouterr()
+    args = ["validate", "--offline", str(CONFIGS / "demo.yaml")] + [f"--set={o}" for o in overrides]
+    assert main(args) == 0
+    assert "seeds pi, ntk_tuned, yarn_tuned" in capsys.readouterr().out
+
+
+def test_the_estimate_counts_a_tuned_seed_as_its_grid():
+    """The budget counts `ntk_tuned` as the 9 settings of NTK's coarse line (3 multipliers x 3 attention points)
+    and `yarn_tuned` as YaRN's 6: descent scores every seed before its first step."""
+    search = load_job_config(CONFIGS / "demo.yaml", ["search.seeds=[pi,ntk_tuned,yarn_tuned]"]).search
+    assert search.most_seeds() == 1 + 3 * 3 + 2 * 3

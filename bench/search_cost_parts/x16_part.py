@@ -12,11 +12,12 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from longrope.search.config.tuning_grids import NTK_SCALE_MULTIPLIERS, TUNING_GRIDS, MethodGrid
 from longrope.search.job.job_context import JobContext
+from longrope.search.job.tuning_grid import method_grid
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.reports.compare_scoring import score_all, window_means
 from longrope.search.reports.intervals import interval, paired_difference
-from longrope.search.reports.tuned_baselines import NTK_SCALE_MULTIPLIERS, TUNING_GRIDS, MethodGrid, method_grid
 from search_cost_parts.plots import plot_16x
 from search_cost_parts.variants import LENGTH_16X, REFERENCE, ROOT, TARGET_16X, WIDTH, cost_to_reach, run_all
 

@@ -196,11 +196,12 @@ def validation_summary(config: JobConfig, original: int | None, checks: list[dic
     scale = f" (scale {config.target_length / original:g})" if original else " (original_length: from the model)"
     window_length = original if search.factor == "short" else config.target_length
     seeds = by_what["search.seeds"]["value"]  # resolved: seed files and other runs included
-    if by_what["search.seeds"]["result"] != "ok":
-        seeds = [*search.seeds, *(f"file:{Path(path).name}" for path in search.seed_files)]
+    count = len(seeds)
+    if by_what["search.seeds"]["result"] != "ok":  # --offline: the config's names, and at most as many seeds
+        seeds, count = [*search.seeds, *(f"file:{Path(path).name}" for path in search.seed_files)], search.most_seeds()
     lines = [
         f"validate: ok — {config.name}: model {config.model.path}, {lengths}{scale}",
-        f"  search: {search.optimizer}, {_plan_text(search_plan(search, len(seeds)))}, "
+        f"  search: {search.optimizer}, {_plan_text(search_plan(search, count))}, "
         f"{search.factor} factors, seeds {', '.join(seeds)}",
         f"  search data: {_source_line(by_what['data.search_source'])}; {data.search_windows} search windows of "
         f"{window_length or '(from the model)'} tokens per objective ({', '.join(data.objective_weights())})",

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from longrope.encodings.baselines import seed_names
+from longrope.encodings.baselines import seed_names, tuned_names, tuned_row
 from longrope.search.config.optimizer_sections import checked_sections, section
 from longrope.search.config.strict import (
     MAX_COUNT,
@@ -19,6 +19,7 @@ from longrope.search.config.strict import (
     SeedName,
     Strict,
 )
+from longrope.search.config.tuning_grids import TUNING_GRIDS
 
 
 class NHatConfig(Strict):
@@ -216,7 +217,8 @@ class SearchConfig(Strict):
     )
     seeds: tuple[SeedName, ...] = Field(
         default=("pi", "ntk", "yarn"),
-        description=f"closed forms at the target that start the population: any of {', '.join(seed_names())}",
+        description=f"closed forms at the target that start the population: any of {', '.join(seed_names())}; "
+        f"or {', '.join(map(tuned_row, tuned_names()))}: every setting of its coarse tuning grid",
     )
     seed_files: tuple[PathText, ...] = Field(
         default=(),
@@ -290,6 +292,13 @@ class SearchConfig(Strict):
         extra = self.__pydantic_extra__
         extra.update(checked_sections(self.optimizer, extra))
         return self
+
+    def most_seeds(self) -> int:
+        """Seeds a search starts from, at most: each closed form of `seeds` (a tuned one, `ntk_tuned`, every
+        setting of its coarse grid), and two a seed file (a run at another target length gives its best and those
+        factors moved to this target: job_context.py `seeds_from_file`)."""
+        tuned = {tuned_row(name): TUNING_GRIDS["coarse"].line(name).size for name in tuned_names()}
+        return sum(tuned.get(name, 1) for name in self.seeds) + 2 * len(self.seed_files)
 
     def optimizer_settings(self) -> BaseModel:
         """The configured optimizer's own settings (its registered section), for an optimizer that has some."""

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from longrope.encodings.baselines import seed_names
+from longrope.encodings.baselines import seed_choices
 from longrope.workers.errors import LongRopeError
 from longrope.workers.path_limits import path_length_problem
 
@@ -60,9 +60,10 @@ PathText = Annotated[str, AfterValidator(checked_os_path)]
 
 
 def known_seed(name: str) -> str:
-    """A closed form that may seed a search, as the encodings' registry states it (`encodings.baselines`)."""
-    if name not in seed_names():
-        raise ValueError(f"unknown seed {name!r}; a seed is one of {', '.join(seed_names())}")
+    """A closed form that may seed a search, as the encodings' registry states it (`encodings.baselines`), or a
+    tuned one (`ntk_tuned`: the settings of its tuning grid, each a seed)."""
+    if name not in seed_choices():
+        raise ValueError(f"unknown seed {name!r}; a seed is one of {', '.join(seed_choices())}")
     return name
 
 

@@ -42,7 +42,7 @@ class SearchBudget(Frozen):
 def candidates_per_search(config: JobConfig) -> int:
     """Upper bound (no early stop, no patience): points scored forward on every search window, as the configured
     optimizer plans them (`plan` of its class in search/optimizers/)."""
-    return search_plan(config.search, seed_count(config)).candidates
+    return search_plan(config.search, config.search.most_seeds()).candidates
 
 
 def raced_children(config: JobConfig) -> int:
@@ -51,21 +51,14 @@ def raced_children(config: JobConfig) -> int:
     return candidates_per_search(config) - config.search.population
 
 
-def seed_count(config: JobConfig) -> int:
-    """Seeds a search starts from, at most: each closed form of search.seeds, and two a seed file (a run at
-    another target length gives its best and those factors moved to this target: job_context.py
-    `seeds_from_file`)."""
-    return len(config.search.seeds) + 2 * len(config.search.seed_files)
-
-
 def gradient_steps(config: JobConfig) -> int:
     """Steps with a backward pass in one search (descent's steps, a hybrid's polish steps; none for the others)."""
-    return search_plan(config.search, seed_count(config)).backward_steps
+    return search_plan(config.search, config.search.most_seeds()).backward_steps
 
 
 def per_search_text(config: JobConfig) -> str:
     """How one search's candidate count is made up, in words."""
-    return search_plan(config.search, seed_count(config)).text
+    return search_plan(config.search, config.search.most_seeds()).text
 
 
 def gradient_windows(config: JobConfig) -> int:

@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from longrope.encodings import LongRope, RopeMethod
-from longrope.encodings.baselines import baseline_methods, tuned_names
+from longrope.encodings.baselines import baseline_methods, tuned_names, tuned_row
 from longrope.search.config.factors_file import read_factors_file
 from longrope.search.config.job_config import JobConfig, check_lengths_message
 from longrope.search.config.strict import JobConfigError
+from longrope.search.config.tuning_grids import TUNING_GRIDS
+from longrope.search.job.tuning_grid import method_grid
 from longrope.search.job.validation_checks import (
     check_seed_factors,
     file_checks_of,
@@ -40,6 +42,8 @@ from longrope.workers.windows import Windows, interleave_windows, load_windows
 # are the same factors, as the closed forms apply theirs below the original length too). A searched LongRoPE row
 # carries that attention factor, so these rows tell what the searched per-pair factors win from what the attention
 # factor alone wins.
+# `search.seeds` names that stand for a tuned closed form's grid: {"ntk_tuned": "ntk", ...}
+TUNED_SEEDS = {tuned_row(name): name for name in tuned_names()}
 # compare's row and the seed for a model's own RoPE scaling moved to the target (models that ship one)
 OWN_SCALING = "own"
 LONGROPE_ATTENTION_ROWS = {f"{name}_longrope_attention": name for name in tuned_names()}
@@ -264,12 +268,22 @@ class JobContext:
         if self.short_search:
             return [Seed("ones", np.ones(self.pairs))]
         baselines = self.baselines()
-        names = [*self.config.search.seeds, *([OWN_SCALING] if self.shipped_scaling is not None else [])]
+        methods: dict[str, RopeMethod] = {}
+        for name in [*self.config.search.seeds, *([OWN_SCALING] if self.shipped_scaling is not None else [])]:
+            methods.update(self._tuned_seeds(name) if name in TUNED_SEEDS else {name: baselines[name]})
         seeds = [
-            Seed(name, baselines[name].factors(self.target_length).double().numpy(), baselines[name].attention_factor)
-            for name in names
+            Seed(name, method.factors(self.target_length).double().numpy(), method.attention_factor)
+            for name, method in methods.items()
         ]
         return seeds + self._longrope2_ramp()
+
+    def _tuned_seeds(self, name: str) -> dict[str, RopeMethod]:
+        """A tuned closed form as seeds: every setting of its coarse tuning grid (the grid compare's
+        `--tuning-grid coarse` scores), each named by its setting, "ntk_tuned (1.5, 1.1)". The search scores them
+        in its first generation, so its best start is at least the tuned method compare will read."""
+        closed = TUNED_SEEDS[name]
+        grid = method_grid(self, closed, TUNING_GRIDS["coarse"].line(closed))
+        return {f"{name} {setting}": method for setting, method in grid.items()}
 
     def _longrope2_ramp(self) -> list[Seed]:
         """In the longrope2 space every closed form projects to S, S + step, ... on the searched pairs (they are

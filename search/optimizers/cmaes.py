@@ -106,7 +106,7 @@ class CmaesOptimizer(Searcher):
             return 1 + search.cmaes.generations, 1 + search.cmaes.generations
         budget = DimMonoEvolution.plan(search, 0).candidates
         samples = search.cmaes.population or search.mutations + search.crossovers
-        most_seeds = len(search.seeds) + 2 * len(search.seed_files) + 1
+        most_seeds = search.most_seeds() + 1
         return 1 + max(0, math.ceil((budget - most_seeds) / samples)), 1 + max(0, math.ceil((budget - 1) / samples))
 
     @staticmethod

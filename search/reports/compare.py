@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from longrope.encodings import LongRope, RopeMethod
-from longrope.encodings.baselines import tuned_names
+from longrope.encodings.baselines import tuned_names, tuned_row
 from longrope.search.config.strict import JobConfigError
 from longrope.search.job.job_context import LONGROPE_ATTENTION_ROWS, JobContext
 from longrope.search.reports.compare_out import CompareOut
@@ -34,7 +34,6 @@ from longrope.search.reports.compare_result import (
     CompareResult,
     MethodRow,
     base_method,
-    tuned_row,
 )
 from longrope.search.reports.compare_rows import factors_rows, given_methods
 from longrope.search.reports.compare_scoring import (

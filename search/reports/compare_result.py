@@ -16,14 +16,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from longrope.encodings.baselines import closed_forms, tuned_names
+from longrope.encodings.baselines import closed_forms, tuned_names, tuned_row
 from longrope.search.job.job_context import LONGROPE_ATTENTION_ROWS
-
-
-def tuned_row(name: str) -> str:
-    """The row of a closed form tuned on the search split (`tuned_baselines`)."""
-    return f"{name}_tuned"
-
 
 # compare's baseline rows, in its order: each closed form at its nominal setting (`JobContext.baselines`), each tuned
 # one read with LongRoPE's attention factor, then tuned (the registry's `baseline` and `tuned`, `encodings.baselines`)
