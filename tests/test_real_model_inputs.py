@@ -25,7 +25,7 @@ from longrope.search.downloads.model_wheels import WheelModel, WheelPart
 from longrope.search.job.job_context import JobContext
 from longrope.search.job.jobs import job_record
 from longrope.search.optimizers.factory import load_job_config
-from longrope.search.run.job_record import JobRecord, WindowSource, WindowsShape
+from longrope.search.run.job_record import WRITTEN_WHEN_SET, JobRecord, WindowSource, WindowsShape
 from longrope.workers import gguf_model
 from longrope.workers.errors import DataError
 from longrope.workers.gguf_model import PROVENANCE_FILE, ModelProvenance
@@ -237,7 +237,9 @@ def test_job_record_names_each_window_and_older_records_keep_their_hash():
         search_windows_hash="h",
     )
     old = JobRecord(**base, search_windows=WindowsShape(count=1, tokens=129))
-    written_before = {k: v for k, v in old.model_dump(mode="json").items() if k != "record_hash"}
+    # what an older release wrote: every field but the hash, and none of those a job.json holds only when set
+    unwritten = {"record_hash", *WRITTEN_WHEN_SET}
+    written_before = {k: v for k, v in old.model_dump(mode="json").items() if k not in unwritten}
     assert "documents" not in written_before["search_windows"]
     assert (
         old.sealed()["record_hash"]

@@ -224,6 +224,7 @@ def test_status_reads_the_run_record(finished_known_problem_run, tmp_path):
 # model)
 SHIPPED = {
     "demo": (1024, None),
+    "gemma3-270m-64k-cpu": (64 * 1024, None),
     "llama2-7b-32k": (32 * 1024, 4096),
     "llama3-8b-64k": (64 * 1024, 8192),
     "mistral-7b-32k": (32 * 1024, 8192),
