@@ -127,6 +127,37 @@ def byte_job(model_dir: Path, documents: Path, target: int, **sections: dict[str
     return job
 
 
+def rising_candidate(rope) -> Any:
+    """The LongRoPE candidate the family tests export: long factors rising from 1 to 4 over the model's rotary pairs
+    and an attention factor of 1.1, written for both runtimes (`for_both_runtimes`: vLLM's mscales equal to it), as
+    `longrope export` writes a run's best. `rope` is the model's `ModelRope`."""
+    from longrope.encodings import LongRope
+
+    pairs = rope.rotary_dim // 2
+    return LongRope.from_factors(
+        [1.0 + 3.0 * i / (pairs - 1) for i in range(pairs)],
+        head_dim=rope.head_dim,
+        original_length=rope.original_length,
+        target_length=TARGET,
+        rope_theta=rope.rope_theta,
+        partial_rotary_factor=rope.method.partial_rotary_factor,
+        attention_factor=1.1,
+    ).for_both_runtimes()
+
+
+def exported_model(model_dir: Path, candidate, original_length: int, copy: Path) -> Path:
+    """A copy of the model directory with `candidate` exported into its config.json, as `longrope export --into`
+    writes it (`factors_file_for`, then `config_with_block`)."""
+    from longrope.search.config.factors_file import factors_file_for
+    from longrope.search.export.factors_export import config_with_block
+
+    factors = factors_file_for(
+        candidate, method_name="candidate", target_length=TARGET, original_length=original_length, created_by="t"
+    )
+    config = config_with_block(json.loads((model_dir / "config.json").read_text()), factors)
+    return with_config(model_dir, config, copy)
+
+
 def transformers_window_nll(model_dir: Path, windows: torch.Tensor) -> torch.Tensor:
     """Per-window summed NLL of each window's last len - 1 tokens by transformers alone: the family's own
     `ForCausalLM.forward` (its logit scale and softcap included), eager attention, float32."""

@@ -13,30 +13,23 @@ import json
 
 import pytest
 import torch
-from family_models import FAMILY_CONFIGS, TARGET, VOCAB, save_family_model, transformers_window_nll, with_config
+from family_models import (
+    FAMILY_CONFIGS,
+    TARGET,
+    VOCAB,
+    exported_model,
+    rising_candidate,
+    save_family_model,
+    transformers_window_nll,
+)
 
-from longrope.encodings import LongRope
 from longrope.search.config.factors_file import factors_file_for
-from longrope.search.export.factors_export import config_with_block
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.families import FAMILIES, family_of
 from longrope.workers.models import check_model, load_model, model_rope
 from longrope.workers.scorer import Scorer
 
 TOLERANCE = 1e-5  # relative, float32
-
-
-def rising_candidate(rope) -> LongRope:
-    pairs = rope.rotary_dim // 2
-    return LongRope.from_factors(
-        [1.0 + 3.0 * i / (pairs - 1) for i in range(pairs)],
-        head_dim=rope.head_dim,
-        original_length=rope.original_length,
-        target_length=TARGET,
-        rope_theta=rope.rope_theta,
-        partial_rotary_factor=rope.method.partial_rotary_factor,
-        attention_factor=1.1,
-    ).for_both_runtimes()
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +46,8 @@ def test_the_scorer_equals_transformers_with_the_export_applied(family, windows,
     scorer = Scorer(model, windows, rope.method.original_inv_freq())
     ours, plain = (torch.tensor(score.nll, dtype=torch.float64) for score in scorer.score([candidate, rope.method]))
 
-    factors = factors_file_for(
-        candidate, method_name="candidate", target_length=TARGET, original_length=rope.original_length, created_by="t"
-    )
-    config = config_with_block(json.loads((model_dir / "config.json").read_text()), factors)
-    theirs = transformers_window_nll(with_config(model_dir, config, tmp_path / "exported"), windows)
+    exported = exported_model(model_dir, candidate, rope.original_length, tmp_path / "exported")
+    theirs = transformers_window_nll(exported, windows)
 
     assert ((ours - theirs).abs() / theirs).max() < TOLERANCE
     assert ((ours - plain).abs() / plain).max() > 10 * TOLERANCE, "the candidate must move the NLL"

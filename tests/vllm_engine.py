@@ -13,11 +13,15 @@ that folder on PYTHONPATH). What the tests here read is vLLM's code end to end:
   vectors (query head i is the unit vector e_i, so its output holds cos_i at i and sin_i at i + d/2): the forward
   picks the rows (vLLM's LongRoPE offsets them into its long table when the engine's max_model_len is past L0),
   so nothing of vLLM's indexing is copied here. On the CPU the forward is vLLM's PyTorch-native one
-  (`RotaryEmbedding.forward_native`); its CUDA kernel reads the same `cos_sin_cache`.
+  (`RotaryEmbedding.forward_native`); its CUDA kernel reads the same `cos_sin_cache`;
+- `applied_rotation`: the same forward on every unit vector of a head, for a family whose rotary dims, layout or
+  mscale may differ from Llama's (tests/test_vllm_families.py builds its modules with the family's own model class,
+  in `building_in` an `engine_config`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -65,27 +69,44 @@ def write_model_config(
     return folder
 
 
-def engine_rope(model_dir: Path, max_model_len: int | None = None):
-    """(vLLM's rotary module for the model, the engine's max_model_len): `max_model_len` None is an engine
-    started without `--max-model-len`. vLLM memoises `get_rope` on its arguments, which do not include the
-    engine's max_model_len that its LongRoPE reads at construction: one engine per process never notices, a
-    test that builds several must empty that cache first."""
-    from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
-    from vllm.model_executor.layers import rotary_embedding
+def engine_config(model_dir: Path, max_model_len: int | None = None):
+    """The engine's config for a model directory (`vllm.config.VllmConfig`): `max_model_len` None is an engine
+    started without `--max-model-len`."""
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 
     model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=max_model_len)
     # the CPU named: vLLM's CUDA wheel finds no platform of its own on a CPU torch
-    engine = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
-    hf_config = model_config.hf_config
+    return VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
+
+
+@contextlib.contextmanager
+def building_in(engine):
+    """The engine's config current, as while vLLM builds a model. vLLM memoises `get_rope` on its arguments, which
+    do not include the engine's max_model_len that its LongRoPE reads at construction: one engine per process never
+    notices, a test that builds several must empty that cache first, which this does."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers import rotary_embedding
+
     rotary_embedding._ROPE_DICT.clear()
     with set_current_vllm_config(engine):
+        yield
+
+
+def engine_rope(model_dir: Path, max_model_len: int | None = None):
+    """(vLLM's rotary module for the model, the engine's max_model_len), `get_rope` called as vLLM's Llama
+    attention calls it."""
+    from vllm.model_executor.layers import rotary_embedding
+
+    engine = engine_config(model_dir, max_model_len)
+    hf_config = engine.model_config.hf_config
+    with building_in(engine):
         rope = rotary_embedding.get_rope(
             hf_config.head_dim,
             max_position=hf_config.max_position_embeddings,
             rope_parameters=hf_config.rope_parameters,
             is_neox_style=True,
         )
-    return rope, model_config.max_model_len
+    return rope, engine.model_config.max_model_len
 
 
 def applied_cos_sin(rope, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +121,18 @@ def applied_cos_sin(rope, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         query, _ = rope(torch.arange(length), probe.clone(), probe.clone())
     query = query.view(length, pairs, rope.head_size)
     return query[:, index, index], query[:, index, index + pairs]
+
+
+def applied_rotation(rope, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What vLLM's module does to one query head and one key head at positions 0..length-1: each
+    [length, head_size, head_size], row h the image of the unit vector e_h (the forward run on one probe head per
+    unit vector). Rotation is linear, so this is all of it: the angles, the mscale, which dims pair (neox halves
+    or interleaved neighbours) and the dims past rotary_dim, which pass unchanged."""
+    size = rope.head_size
+    probe = torch.eye(size).repeat(length, 1, 1).reshape(length, size * size)
+    with torch.no_grad():
+        query, key = rope(torch.arange(length), probe.clone(), probe.clone())
+    return query.view(length, size, size), key.view(length, size, size)
 
 
 def transformers_cos_sin(model_dir: Path, length: int) -> tuple[torch.Tensor, torch.Tensor]:
