@@ -2,10 +2,12 @@
 
 A run on the GPU machine carries at most 64 MiB, the checkout (about 30 MB) included, and the GGUF of SmolLM2-135M is
 98 MB; so `split` cuts a file into parts of at most `--max-bytes` (30 MB: a part, the checkout and the carried wheels
-fit one run), all of one size but the last, and writes manifest.json beside them (each part's size and sha256, and the
-whole file's). One run carries one part, and `join` there appends it to the file being assembled under `--into`, a
-folder outside the checkout (/tmp/longrope-gpu): ignored files and /tmp are kept between runs while the machine stays
-warm (30 s after each run), and a fresh machine starts with neither. After the last part, the whole file's sha256 is
+fit one run), all of one size, and writes manifest.json beside them (each part's size and sha256, and the whole
+file's). `--full-parts` cuts them all `--max-bytes` but the last, which takes the rest: Gemma 3's 253 MB GGUF as 8
+parts of 30 MB and one of 13 MB, beside which the last run carries the bundle. One run carries one part, and `join`
+there appends it to the file being assembled under `--into`, a folder outside the checkout (/tmp/longrope-gpu):
+ignored files and /tmp are kept between runs while the machine stays warm (30 s after each run), and a fresh machine
+starts with neither. After the last part, the whole file's sha256 is
 checked and the file takes its name.
 
 `join` refuses, with one line naming the part and exit status 2, and writes nothing: a part that is missing, not in
@@ -17,7 +19,7 @@ leaves nothing half-written.
 Needs only pydantic (the GPU machine's copy is a carried wheel: bench/gpu_wheels.sh), no torch, so a run that only
 joins a part takes seconds.
 
-  python bench/gpu_parts.py split FILE --into DIR [--max-bytes 30000000]     # here
+  python bench/gpu_parts.py split FILE --into DIR [--max-bytes 30000000] [--full-parts]     # here
   python3 bench/gpu_parts.py join DIR/FILE.000 --into /tmp/longrope-gpu      # there, one part a run
 """
 
@@ -85,15 +87,16 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def split(path: Path, into: Path, max_bytes: int = MAX_BYTES) -> PartsManifest:
-    """Cut `path` into ceil(size / max_bytes) parts of equal size (the last smaller) in `into`, with manifest.json."""
+def split(path: Path, into: Path, max_bytes: int = MAX_BYTES, full: bool = False) -> PartsManifest:
+    """Cut `path` into ceil(size / max_bytes) parts in `into`, with manifest.json: of equal size (the last a few bytes
+    smaller), or, `full`, each `max_bytes` but the last."""
     if not path.is_file():
         raise Refused(f"FILE: {str(path)!r} does not exist")
     if into.exists() and any(into.iterdir()):
         raise Refused(f"--into: {str(into)!r} is not empty; give a new folder (nothing is overwritten)")
     size = path.stat().st_size
     count = max(1, math.ceil(size / max_bytes))
-    part_size = math.ceil(size / count)
+    part_size = max_bytes if full else math.ceil(size / count)
     into.mkdir(parents=True, exist_ok=True)
     parts = []
     with open(path, "rb") as stream:
@@ -189,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     cut.add_argument("file", type=Path)
     cut.add_argument("--into", type=Path, required=True)
     cut.add_argument("--max-bytes", type=int, default=MAX_BYTES)
+    cut.add_argument("--full-parts", action="store_true", help="every part --max-bytes but the last (the rest)")
     glue = verbs.add_parser("join", help="there: append one part to DIR/FILE (manifest.json beside the part)")
     glue.add_argument("part", type=Path)
     glue.add_argument("--into", type=Path, required=True)
@@ -196,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.verb == "split":
-            manifest = split(args.file, args.into, args.max_bytes)
+            manifest = split(args.file, args.into, args.max_bytes, args.full_parts)
             print(
                 f"{manifest.file}: {len(manifest.parts)} parts of at most {manifest.parts[0].size} bytes in {args.into}"
             )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheels bench/gpu_check.py and bench/gpu_table.py need on the GPU machine, whose image (Python 3.12, torch,
 # transformers, numpy, PyYAML, requests, tqdm, rich, safetensors) has no pydantic and no gguf (gpu_table reads
-# SmolLM2's GGUF there) and reaches no registry: downloaded here into .whl/ (.gitignore'd),
+# SmolLM2's or Gemma 3's GGUF there) and reaches no registry: downloaded here into .whl/ (.gitignore'd),
 # carried there with the checkout, and installed there with
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 # pydantic-core is a compiled wheel (about 2 MB), the others pure Python; the versions this project is tested with

@@ -1,7 +1,9 @@
 """bench/gpu_table.py and bench/gpu_parts.py cannot rot: the parts a GPU run joins are the file split here, a part
 missing, out of order or damaged is refused with one line and exit 2 and nothing written, the window rule and the
-plan are what their docstrings say, bench/README.md gives the runs the script makes, and (slow) the whole sequence
-runs on tiny shapes on the CPU, as on the GPU machine (no install, no Ray), to a table with every row."""
+plans (SmolLM2's two searches; Gemma 3's descent with its windows per target) are what their docstrings say, the GPU
+side converts a Gemma 3 GGUF as transformers does, bench/README.md gives the runs the script makes for each model,
+and (slow) each model's whole sequence runs on tiny shapes on the CPU, as on the GPU machine (no install, no Ray), to
+a table with every row."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gpu_table_parts.bundle import ONE_PER_DOCUMENT, SPREAD, cut_windows, spread_windows
-from gpu_table_parts.plan import POLISH_STEPS, TABLE_ROWS, Timing, make_plan, search_seconds
+from gpu_table_parts.plan import POLISH_STEPS, TABLE_ROWS, Timing, make_plan, search_seconds, table_rows
+from gpu_table_parts.profiles import GEMMA3, PROFILES
 
 from longrope.search.optimizers.history_record import HistoryRecord
 
@@ -162,42 +165,130 @@ def test_the_windows_rule_one_per_document_else_spread_over_the_longest():
         spread_windows(docs, names, length=32, count=8, seed=0)
 
 
+def planned(budget) -> int:
+    """What a planned search's settings score at most, by the optimizers' own `plan`, and its seeds."""
+    from longrope.search.config.search_section import SearchConfig
+    from longrope.search.optimizers.factory import search_plan
+
+    settings = SearchConfig.model_validate(budget.search)
+    return search_plan(settings, settings.most_seeds()).candidates, settings.most_seeds()
+
+
 def test_the_plan_puts_the_table_first_and_fits_the_searches_in_what_is_left():
     timings = [
         Timing(length=32768, forward_seconds=0.2, gradient_seconds=0.9),
         Timing(length=65536, forward_seconds=0.7, gradient_seconds=3.0),
     ]
     tuning = {32768: 10, 65536: 10}
-    plan = make_plan(timings, 480, tuning_settings=tuning, search_windows=4, test_windows=16)
+    plan = make_plan(timings, 900, tuning_settings=tuning, search_windows=4, test_windows=16)
     assert plan.table_seconds == pytest.approx(0.2 * (40 + TABLE_ROWS * 16) + 0.7 * (40 + TABLE_ROWS * 16))
-    left = 480 - plan.table_seconds
+    left = 900 - plan.table_seconds
     ga, descent = plan.ga, plan.descent
     assert ga.search["surrogate"] == {"enabled": True} and ga.search["population"] == 16
     # the GA then its polish (the hybrid): 6 steps, each a gradient pass on 3 windows and a forward on 1, and the
     # polished point on the grid, a forward on all 4
     step = 3 * 3.9 + 0.9
     assert ga.search["optimizer"] == "hybrid" and ga.backward_steps == POLISH_STEPS == 6
+    assert planned(ga) == (ga.candidates, 18)  # PI, NTK, YaRN and the 15 settings of the tuning grids
     evolution = ga.candidates - POLISH_STEPS - 1
     assert ga.seconds == pytest.approx((evolution + 1) * 4 * 0.9 + POLISH_STEPS * step) and ga.seconds <= left * 2 / 3
     one_more = ga.candidates + 8  # a generation scores half of its 16 children (the surrogate keeps the rest out)
     assert search_seconds(one_more, POLISH_STEPS, timings, 4) > left * 2 / 3
-    # descent: 3 seeds, a gradient pass on 3 windows and a forward on 1 per step, the rounded point
-    assert descent.seconds == pytest.approx((3 + 1) * 4 * 0.9 + descent.backward_steps * step)
+    # descent: the 18 seeds, a gradient pass on 3 windows and a forward on 1 per step, the rounded point
+    assert descent.seconds == pytest.approx((18 + 1) * 4 * 0.9 + descent.backward_steps * step)
     assert ga.seconds + descent.seconds <= left < ga.seconds + descent.seconds + step  # no room for one more step
     starved = make_plan(timings, 100, tuning_settings=tuning, search_windows=4, test_windows=16)
     assert starved.ga is None and starved.descent is None and "no search" in starved.note
 
 
-def test_the_readme_gives_the_runs_the_script_makes():
-    import gpu_table
-    from gpu_table_parts.device_runs import PART_BYTES, device_runs
+def test_gemma3s_plan_counts_each_targets_windows_and_gives_descent_all_that_is_left():
+    """Gemma 3's table: 3 search windows at both targets, 8 test windows at 64k and 4 at 128k, descent only (the
+    baselines and one searched row), with the CPU config's step size and patience."""
+    timings = [
+        Timing(length=65536, forward_seconds=0.35, gradient_seconds=1.5),
+        Timing(length=131072, forward_seconds=0.9, gradient_seconds=4.0),
+    ]
+    tuning = {65536: 15, 131072: 15}
+    test = GEMMA3.test_windows
+    plan = make_plan(
+        timings,
+        424,
+        tuning_settings=tuning,
+        search_windows=GEMMA3.search_windows,
+        test_windows=test,
+        optimizers=GEMMA3.optimizers,
+        descent=GEMMA3.descent,
+    )
+    assert test == {65536: 8, 131072: 4} and table_rows(GEMMA3.optimizers) == 11 == TABLE_ROWS - 2
+    assert plan.table_seconds == pytest.approx(0.35 * (15 * 3 + 11 * 8) + 0.9 * (15 * 3 + 11 * 4))
+    assert plan.ga is None and "GA" not in plan.note
+    descent = plan.descent
+    assert descent.search["gradient"] == {
+        "learning_rate": 0.05,
+        "patience": 3,
+        "steps": descent.backward_steps,
+        "holdout_windows": 1,
+    }
+    step = (2 * 1.5 + 0.35) + (2 * 4.0 + 0.9)  # 2 gradient windows and 1 held out, at each target
+    seeds = (18 + 1) * (3 * 0.35 + 3 * 0.9)  # the seeds and the point rounded to the grid, on all 3 windows
+    assert planned(descent)[0] == 18 + descent.backward_steps + 1
+    assert descent.seconds == pytest.approx(seeds + descent.backward_steps * step)
+    left = 424 - plan.table_seconds
+    assert descent.seconds <= left < descent.seconds + step and descent.backward_steps == 18  # bench/README.md's
 
-    runs = device_runs(gpu_table.part_names(gpu_table.GGUF_SIZE, PART_BYTES, gpu_table.GGUF_NAME), gpu_table.GGUF_NAME)
-    assert len(runs) == 4 and all(len(run.command) <= 2000 and len(run.carry) <= 8 for run in runs)
+
+@pytest.mark.parametrize("model", sorted(PROFILES))
+def test_the_readme_gives_the_runs_the_script_makes(model):
+    """SmolLM2's 98 MB GGUF in 4 runs, Gemma 3's 253 MB in 9, each run's command within the tool's 2,000 characters
+    and 8 carried paths, the last writing the model's own result file."""
+    import gpu_table
+
+    profile = PROFILES[model]
+    runs = gpu_table.profile_runs(profile)
+    assert len(runs) == {"smollm2-135m": 4, "gemma3-270m": 9}[model]
+    assert all(len(run.command) <= 2000 and len(run.carry) <= 8 for run in runs)
+    assert f'--out "$OUT/{profile.result}.json"' in runs[-1].command and f"{profile.stage}/bundle" in runs[-1].carry
     readme = (ROOT / "bench" / "README.md").read_text()
     for run in runs:
         assert run.command in readme and ", ".join(f'"{c}"' for c in run.carry) in readme
     assert f"timeout_s {runs[-1].timeout_s}" in readme
+
+
+def test_full_parts_leave_the_last_part_the_rest(tmp_path):
+    """`--full-parts` (Gemma 3's GGUF: 8 x 30 MB and 13 MB, beside which the bundle travels): every part the most
+    but the last, and they join to the file."""
+    data = np.random.default_rng(2).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    source = tmp_path / "model.gguf"
+    source.write_bytes(data)
+    done = parts_cli("split", source, "--into", tmp_path / "parts", "--max-bytes", 30_000, "--full-parts")
+    assert done.returncode == 0, done.stderr
+    parts = sorted((tmp_path / "parts").glob("model.gguf.*"))
+    assert [p.stat().st_size for p in parts] == [30_000, 30_000, 30_000, 10_000]
+    for part in parts:
+        assert parts_cli("join", part, "--into", tmp_path / "there").returncode == 0
+    assert (tmp_path / "there" / "model.gguf").read_bytes() == data
+
+
+def test_the_gpu_side_converts_a_gemma3_gguf_as_transformers_does(tmp_path):
+    """gguf_weights (gguf-py alone, the GPU side) on a tiny Gemma 3 GGUF quantized as the real one (Q8_0, Q5_0, Q4_K,
+    Q6_K, F32 norms) gives the weights, bit for bit, that the project's converter (transformers' GGUF loader) writes:
+    llama.cpp's norm + 1 undone, no q/k permutation. A GGUF of another architecture than config.json's is refused."""
+    from gpu_table_parts import dry, dry_gemma3
+    from gpu_table_parts.gguf_weights import gguf_state_dict, safetensors_digest, weights_digest
+
+    gguf = dry_gemma3.tiny_gguf(tmp_path / "tiny-gemma3.gguf")
+    reference = dry.reference_dir(gguf, tmp_path / "reference")
+    config = json.loads((reference / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and config["sliding_window"] == dry_gemma3.WINDOW
+    assert {"sliding_attention", "full_attention"} == set(config["layer_types"])
+    state = gguf_state_dict(gguf, config)
+    assert weights_digest(state) == safetensors_digest(reference / "model.safetensors")
+    model = dry_gemma3.tiny_model()  # the weights the GGUF was written from: its norms stored as 1 + weight
+    norm = "model.layers.0.input_layernorm.weight"
+    assert np.allclose(state[norm], model.state_dict()[norm].numpy(), atol=1e-6)
+    llama = dry.tiny_gguf(tmp_path / "tiny.gguf")
+    with pytest.raises(ValueError, match=r"a 'llama' GGUF, but config\.json's model is 'gemma3'"):
+        gguf_state_dict(llama, config)
 
 
 @pytest.mark.slow
@@ -282,3 +373,47 @@ def test_dry_run_gives_every_row_at_both_targets_and_refuses_bad_input(tmp_path)
     )
     assert done.returncode == 2 and "weights hash to" in done.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "b.json").exists() and not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_gemma3_dry_run_gives_every_row_at_2x_and_4x_through_local_and_global_layers(tmp_path):
+    """Gemma 3's sequence on tiny shapes: a random gemma3_text model (5 sliding-window layers, window 32, and a full
+    one) as a Q4_K_M-typed GGUF in 3 full parts, its windows one per document, converted on the 'GPU' side and checked
+    against transformers' conversion, then every baseline (the model as shipped, `none`, among them), NTK and YaRN
+    tuned and descent (the CPU config's step size), at 2x and 4x, 8 and 4 test windows, paired against the best."""
+    from longrope.search.reports.compare_result import BASELINES
+
+    work, out = tmp_path / "work", tmp_path / "dry.json"
+    script = [sys.executable, str(ROOT / "bench" / "gpu_table.py"), "dry-run", "--model", "gemma3-270m"]
+    done = subprocess.run([*script, "--work", str(work), "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["finished"] and result["dry_run"] and "longrope-shim" in result["package"]  # nothing installed
+    assert result["gguf"] == "tiny-gemma3.gguf"
+    assert (work / "gpu" / "tiny-gemma3.gguf").read_bytes() == (work / "tiny-gemma3.gguf").read_bytes()
+    sizes = [part.stat().st_size for part in sorted((work / "stage" / "parts").glob("tiny-gemma3.gguf.*"))]
+    assert len(sizes) == 3 and sizes[0] == sizes[1] > sizes[2]  # full parts: the last one the rest
+    config = json.loads((work / "reference" / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and config["sliding_window"] == 32 < 256
+    assert set(config["layer_types"]) == {"sliding_attention", "full_attention"}
+    bundle = json.loads((work / "stage" / "bundle" / "bundle.json").read_text())
+    assert bundle["original_length"] == 128 and bundle["targets"] == [256, 512]
+    assert bundle["optimizers"] == ["gradient"] and all(w["rule"] == ONE_PER_DOCUMENT for w in bundle["windows"])
+    assert result["plan"]["ga"] is None and result["plan"]["descent"]
+    rows = {*BASELINES, "searched: descent"}
+    for target, windows in (("256", 8), ("512", 4)):
+        entry = result["targets"][target]
+        assert set(entry["per_window"]) == rows and all(len(v) == windows for v in entry["per_window"].values())
+        methods = entry["compare"]["methods"]
+        assert set(methods) == rows and entry["compare"]["windows"] == {target: windows}
+        best = entry["compare"]["best_baseline"]
+        assert methods[best]["paired_difference_to_best_baseline"] == pytest.approx([0.0, 0.0, 0.0])
+        assert all(f"| {row} |" in entry["table"] for row in rows)
+        assert (work / "out" / f"gpu_table_gemma3_paired_difference_{target}.png").stat().st_size > 0
+        assert set(entry["searches"]) == {"gradient"}
+        descent = entry["searches"]["gradient"]
+        assert descent["search"]["gradient"]["learning_rate"] == 0.05 and descent["backward_steps"] >= 1
+        for record in descent["history"]:
+            HistoryRecord.model_validate(record)  # what history.jsonl would hold
+        assert descent["best_search_nll"] == min(r["mean_nll"] for r in descent["history"])
+    assert (work / "out" / "gpu_table_gemma3.md").read_text().startswith("## 128 -> 256\n")

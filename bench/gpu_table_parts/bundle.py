@@ -8,7 +8,10 @@ the 32k windows are the ones `longrope compare` reads) wherever a split has enou
 manuals' test split has 9 documents of 65,537 tokens and a table needs 16 windows, so there, and only there,
 `spread_windows` cuts several disjoint windows from the longest documents, one per document per round (every
 document once before any twice). Windows of one document are correlated, so the intervals at that length are
-somewhat too narrow; the bundle records which rule cut each set and the table says so.
+somewhat too narrow; the bundle records which rule cut each set and the table says so. Gemma 3's table asks for no
+more windows at a length than the split has documents that long (profiles.py), so every set is the project's rule.
+
+Token ids are stored as uint16 where the vocabulary allows (SmolLM2's 49,152), else int32 (Gemma 3's 262,144).
 """
 
 from __future__ import annotations
@@ -65,15 +68,24 @@ class TableBundle(BaseModel):
     reference: str  # that directory, as made here
     original_length: int
     targets: list[int]
-    search_windows: int
-    test_windows: int
+    search_windows: int | dict[int, int]  # one count for every target, or one per target
+    test_windows: int | dict[int, int]
     data: dict[str, str | int]  # search_source, test_source, seed: where the windows were cut from
     dtype: str = "bfloat16"
     grid: str = "coarse"  # the tuning grid (search/reports/tuned_baselines.py)
+    optimizers: list[str] = ["hybrid", "gradient"]  # the searches at each target (profiles.py)
+    descent: dict = {}  # the descent's gradient settings beyond plan.py's
     windows: list[WindowSet]
 
     def window_set(self, split: str, length: int) -> WindowSet:
         return next(w for w in self.windows if w.split == split and w.length == length)
+
+    def count(self, split: str, length: int) -> int:
+        """How many windows of `split` the table reads at `length`."""
+        return self.window_set(split, length).count
+
+    def counts(self, split: str) -> dict[int, int]:
+        return {target: self.count(split, target) for target in self.targets}
 
 
 def spread_windows(token_docs: list[np.ndarray], names: list[str], *, length: int, count: int, seed: int):

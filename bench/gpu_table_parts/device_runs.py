@@ -20,12 +20,11 @@ INSTALL = (
 )
 WHEELS = ".whl"
 INTO = "/tmp/longrope-gpu"
-PART_BYTES = 30_000_000  # a part: 64 MiB a run, less the checkout (~30 MB), the wheels (~3 MB) and the bundle
 STAGE = "runs/gpu-table"  # here: ignored by git (runs/), so only what `carry` names travels
 PART_TIMEOUT_S = 120
 TABLE_TIMEOUT_S = 570
-# the table's own deadline, from its start: 8 minutes leave the lease (15 minutes: the machine's start, three short
-# runs, this one) about a minute and a half to spare; the run's timeout only stops a hang
+# the table's own deadline, from its start: 8 minutes leave the lease (15 minutes: the machine's start, the short
+# runs that join the parts, this one) time to spare (bench/README.md); the run's timeout only stops a hang
 DEADLINE_S = 480
 
 
@@ -54,10 +53,12 @@ def device_runs(
     stage: str = STAGE,
     into: str = INTO,
     out: str = "$OUT",
+    result: str = "gpu_table",
     deadline_s: int = DEADLINE_S,
     extra: tuple[str, ...] = (),
 ) -> list[DeviceRun]:
-    """The runs for `parts` (stage/parts/NAME.000 ...): each joins one part; the last also runs the table."""
+    """The runs for `parts` (stage/parts/NAME.000 ...): each joins one part; the last also runs the table, writing
+    out/RESULT.json."""
     runs = []
     for index, part in enumerate(parts):
         steps = [["bench/gpu_parts.py", "join", f"{stage}/parts/{part}", "--into", into]]
@@ -65,7 +66,7 @@ def device_runs(
         timeout = PART_TIMEOUT_S
         if index == len(parts) - 1:
             table = ["bench/gpu_table.py", "run", "--gguf", f"{into}/{gguf_name}", "--bundle", f"{stage}/bundle"]
-            steps.append([*table, "--out", f"{out}/gpu_table.json", "--deadline-s", str(deadline_s), *extra])
+            steps.append([*table, "--out", f"{out}/{result}.json", "--deadline-s", str(deadline_s), *extra])
             carry.append(f"{stage}/bundle")
             timeout = TABLE_TIMEOUT_S
         command = " && ".join([INSTALL, *map(render, steps)])

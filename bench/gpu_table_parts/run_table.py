@@ -1,7 +1,7 @@
 """`gpu_table.py run`, on the GPU machine: the joined GGUF checked and dequantized, the model loaded, the forward and
 gradient timed at each target, the plan made (plan.py), then the table at every target (tuning, every baseline),
-then per target the GA with the surrogate and its polish (the hybrid) and descent, their bests on the test windows,
-and compare's table.
+then per target the searches bundle.json names (SmolLM2's: the GA with the surrogate and its polish, the hybrid, and
+descent; Gemma 3's: descent), their bests on the test windows, and compare's table.
 
 Every input is checked before anything is written (one line, exit 2): bundle.json, the GGUF's sha256, the weights'
 digest against the reference directory's, the windows' hashes. The result file is rewritten after each part, so a
@@ -43,6 +43,7 @@ class TableResult(BaseModel):
     package: str  # where `longrope` was imported from (the checkout's shim where nothing is installed)
     gguf_sha256: str
     weights_digest: str
+    gguf: str | None = None  # the GGUF's name: which model's table
     seconds: dict[str, float] = {}
     timings: list[Timing] = []
     plan: Plan | None = None
@@ -115,6 +116,7 @@ class TableRun:
             package=str(Path(longrope.workers.__file__).parent.parent),
             gguf_sha256=bundle.gguf.sha256,
             weights_digest=bundle.weights_digest,
+            gguf=bundle.gguf.name,
         )
 
     def left(self) -> float:
@@ -153,7 +155,7 @@ class TableRun:
         context = self.context(target)
         yarn = next(seed for seed in context.seeds() if seed.name == "yarn")
         method = context.candidate(yarn.factors, attention_factor=yarn.attention_factor)
-        scorer, windows = self.scorer("search", target), self.bundle.search_windows
+        scorer, windows = self.scorer("search", target), self.bundle.count("search", target)
         scorer.score([method], (0, 1))
         forward = seconds(lambda: scorer.score([method]), repeats=1) / windows
         scorer.score_with_gradient(method, (0, 1))
@@ -192,13 +194,12 @@ class TableRun:
         from gpu_table_parts.searching import run_search
 
         timing = next(t for t in self.result.timings if t.length == target)
-        share = search_seconds(budget.candidates, budget.backward_steps, [timing], self.bundle.search_windows)
+        windows = self.bundle.count("search", target)
+        share = search_seconds(budget.candidates, budget.backward_steps, [timing], windows)
         until = min(time.monotonic() + self.args.slack * share, self.deadline - reserve)
         print(f"{target} {budget.optimizer}: {budget.candidates} candidates planned, {share:.0f} s", flush=True)
         since = time.monotonic()
-        found = run_search(
-            self.context(target, budget.search), self.scorer("search", target), self.bundle.search_windows, until
-        )
+        found = run_search(self.context(target, budget.search), self.scorer("search", target), windows, until)
         self.result.targets[str(target)].searches[budget.optimizer] = found.model_dump(mode="json")
         print(
             f"{target} {budget.optimizer}: {found.scored} scored, best search NLL {found.best_search_nll}", flush=True
@@ -268,17 +269,19 @@ def run_table(args) -> int:
         run.result.timings,
         run.left() - MARGIN_S,
         tuning_settings=tuning,
-        search_windows=bundle.search_windows,
-        test_windows=bundle.test_windows,
+        search_windows=bundle.counts("search"),
+        test_windows=bundle.counts("test"),
         max_generations=args.max_generations,
         max_steps=args.max_steps,
+        optimizers=tuple(bundle.optimizers),
+        descent=bundle.descent,
     )
     print(f"plan: {run.result.plan.note}", flush=True)
     run.save()
     for target in bundle.targets:
         run.baseline_rows(target)
     for index, target in enumerate(bundle.targets):
-        rows_left = sum(2 * bundle.test_windows * t.forward_seconds for t in run.result.timings[index:])
+        rows_left = sum(2 * bundle.count("test", t.length) * t.forward_seconds for t in run.result.timings[index:])
         for budget in (run.result.plan.ga, run.result.plan.descent):
             if budget is not None:
                 run.search(target, budget, reserve=rows_left + MARGIN_S)

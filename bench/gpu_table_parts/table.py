@@ -45,7 +45,11 @@ def job_context(bundle, target: int, model_dir: Path, rope, search: dict | None 
             "model": {"path": str(model_dir), "dtype": bundle.dtype},
             "original_length": bundle.original_length,
             "target_length": target,
-            "data": {**bundle.data, "search_windows": bundle.search_windows, "test_windows": bundle.test_windows},
+            "data": {
+                **bundle.data,
+                "search_windows": bundle.count("search", target),
+                "test_windows": bundle.count("test", target),
+            },
             "search": search or {},
             "output_dir": str(Path(model_dir).parent / f"job-{target}"),
         }
