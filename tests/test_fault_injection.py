@@ -36,6 +36,7 @@ CONFIG = {
         "crossovers": 3,
         "generations": 3,
         "seed": 3,
+        "seeds": ["pi", "ntk", "yarn"],  # the paper's three, not the tuned grids: the line counts are worked for them
         "attention_factor": {"mode": "searched"},
     },
     "workers": {"num_workers": 1, "candidates_per_forward": 1, "batch_size": 1, "local_num_cpus": 2},
@@ -274,6 +275,7 @@ GRADIENT = {
     "search": {
         "optimizer": "gradient",
         "seed": 3,
+        "seeds": ["pi", "ntk", "yarn"],
         "attention_factor": {"mode": "searched"},
         "gradient": {"steps": 5, "holdout_windows": 1, "patience": None},
     },
@@ -343,3 +345,30 @@ def test_a_screened_run_killed_at_three_points_resumes_to_the_uninterrupted_run(
     state = saved_state(killed / "run")
     assert state == saved_state(clean / "run")
     assert (state["progress"]["proposed"], state["progress"]["screened_out"]) == (3 * 12, 3 * 9)
+
+
+def test_a_run_of_a_model_that_ships_rope_scaling_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    """A tiny Llama with `llama3` scaling (pre-trained at 64 tokens, serving 256) searched for 1024: the start is
+    its serving length and its own scaling a seed, read again from the model on every resume. SIGKILL before
+    anything is scored, among the seeds and in the last generation, then resume: the same state and lines as a run
+    never stopped, and job.json records the same serving length."""
+    from family_models import byte_job, save_family_model
+
+    model_dir = save_family_model("llama (llama3 scaling)", tmp_path / "model")
+    documents = tmp_path / "docs"
+    documents.mkdir()
+    for index in range(6):
+        (documents / f"{index}.txt").write_text(" ".join(f"w{index}{n % 97}" for n in range(500)))
+    search = {"population": 6, "parents": 3, "mutations": 2, "crossovers": 2, "generations": 2, "seed": 5}
+    workers = {"num_workers": 1, "num_cpus_per_worker": 1, "local_num_cpus": 2, "batch_size": 1}
+    config = byte_job(model_dir, documents, 1024, name="shipped", search=search, workers=workers)
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    clean_then_killed(config, clean, killed, lambda total: [0, 2, total - 2])
+    assert sorted(history_lines(killed / "run")) == sorted(history_lines(clean / "run"))
+    assert saved_state(killed / "run") == saved_state(clean / "run")
+    jobs = [json.loads((folder / "run" / "job.json").read_text()) for folder in (clean, killed)]
+    assert jobs[0] == jobs[1] and jobs[0]["serving_length"] == 256
+    records = [json.loads(line) for line in history_lines(clean / "run")]
+    assert "own" in {r.get("seed") for r in records}, "the model's own scaling moved to the target is a seed"
+    first = [r for r in records if r["generation"] == 0]
+    assert len(first) > 15 > search["population"], "every default seed (the tuned grids too) in generation 0"

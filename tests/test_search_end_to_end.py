@@ -34,6 +34,7 @@ SMALL_BUDGET = [
     "target_length=1024",
     "data.search_windows=4",
     "data.test_windows=16",
+    "search.seeds=[pi, ntk, yarn]",  # the paper's three, not the tuned grids: the counts are worked for them
     "search.population=8",
     "search.parents=4",
     "search.mutations=3",

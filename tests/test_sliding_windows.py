@@ -96,3 +96,40 @@ def test_validate_refuses_the_target_without_the_setting_and_takes_it_with(tmp_p
     job["model"]["sliding_window"] = "full"
     path.write_text(yaml.safe_dump(job))
     assert main(["validate", str(path)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("choice", "local_layers"), [("keep", 2), ("full", 0)])
+def test_estimate_prices_the_model_as_the_workers_load_it(choice, local_layers, tmp_path):
+    """A Qwen2 with `use_sliding_window` and a window on both layers: `keep` prices two windowed layers, `full`
+    none, and the settings it prices are those the workers load (the window, its switch and the layer types off)."""
+    from longrope.search.cli.estimate_command import resolve_architecture
+    from longrope.search.optimizers.factory import load_job_config
+
+    model_dir = save_family_model("qwen2", tmp_path / "model")
+    config = json.loads((model_dir / "config.json").read_text())
+    windowed = {**config, "use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 0}
+    windowed["layer_types"] = ["sliding_attention"] * config["num_hidden_layers"]
+    with_config(model_dir, windowed, tmp_path / "windowed")
+    settings = [f"model.path={tmp_path / 'windowed'}", f"model.sliding_window={choice}", f"target_length={TARGET}"]
+    job = load_job_config(None, settings)
+    arch, _, settings = resolve_architecture(job, None)
+    assert arch.local_layers == local_layers
+    if choice == "full":
+        assert settings["sliding_window"] is None and settings["use_sliding_window"] is False
+        assert set(settings["layer_types"]) == {"full_attention"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "overrides", "exported"),
+    [
+        (None, {"sliding_window": None}, "full"),  # the window turned off at load: deployed off too
+        ("keep", {}, "keep"),
+        ("full", {}, "full"),
+        (None, {"rms_norm_eps": 1e-5}, None),  # no window decision: nothing for the export to carry
+    ],
+)
+def test_the_export_records_the_window_the_model_was_scored_with(setting, overrides, exported):
+    from longrope.search.config.inputs import ModelConfig
+
+    model = ModelConfig.model_validate({"path": "m", "sliding_window": setting, "config_overrides": overrides})
+    assert model.scored_window() == exported

@@ -36,7 +36,8 @@ class ModelConfig(Strict):
     config_overrides: dict[str, Any] = Field(
         default={},
         description="model config attributes changed at load, through the model's config class, e.g. "
-        "{sliding_window: null}; a mapping given with --set replaces this one whole",
+        "{rms_norm_eps: 1e-5}; a window turned off here ({sliding_window: null}) is exported as sliding_window: full; "
+        "a mapping given with --set replaces this one whole",
     )
     sliding_window: Literal["keep", "full"] | None = Field(
         default=None,
@@ -44,6 +45,14 @@ class ModelConfig(Strict):
         "deploy the window) or full (attention over the whole target; export --into turns the window off); "
         "required there, refused where the window is local by design (Gemma 2 and 3)",
     )
+
+    def scored_window(self) -> Literal["keep", "full"] | None:
+        """What the scored model did with its sliding window, as the export records it: `sliding_window`, or `full`
+        where `config_overrides` turned the window off (`sliding_window: null`), so that `export --into` deploys
+        the model that was scored."""
+        if self.sliding_window is None and "sliding_window" in self.config_overrides:
+            return "full" if self.config_overrides["sliding_window"] is None else None
+        return self.sliding_window
 
     @property
     def is_reference(self) -> bool:

@@ -21,6 +21,11 @@ from longrope.search.config.strict import (
 )
 from longrope.search.config.tuning_grids import TUNING_GRIDS
 
+# PI, NTK-aware and YaRN at their nominal settings (the LongRoPE paper's seeds), and every setting of the tuned closed
+# forms' coarse grid: the search's first generation then holds the best closed form compare's tuned row finds on
+# the same search windows, so the search starts from the best known point and can only end at or below it.
+DEFAULT_SEEDS = ("pi", "ntk", "yarn", *map(tuned_row, tuned_names()))
+
 
 class NHatConfig(Strict):
     enabled: bool = Field(
@@ -216,9 +221,10 @@ class SearchConfig(Strict):
         default=None, gt=1, le=MAX_FACTOR, description="the largest factor; null: 1.25 x target/original (the paper)"
     )
     seeds: tuple[SeedName, ...] = Field(
-        default=("pi", "ntk", "yarn"),
+        default=DEFAULT_SEEDS,
         description=f"closed forms at the target that start the population: any of {', '.join(seed_names())}; "
-        f"or {', '.join(map(tuned_row, tuned_names()))}: every setting of its coarse tuning grid",
+        f"or {', '.join(map(tuned_row, tuned_names()))}: every setting of its coarse tuning grid, so the search "
+        "starts at least where compare's tuned row ends (a model's own RoPE scaling joins them by itself)",
     )
     seed_files: tuple[PathText, ...] = Field(
         default=(),

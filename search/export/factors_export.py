@@ -65,7 +65,7 @@ def candidate_factors_file(run: CheckedRun, best: HistoryRecord, *, allow_n_hat:
     return FactorsFile(
         rope_parameters=LongRopeParameters.model_validate(block),
         max_position_embeddings=method.max_position_embeddings,
-        sliding_window=config.model.sliding_window,
+        sliding_window=config.model.scored_window(),
         provenance=Provenance(
             created_by="longrope export",
             method="longrope-search",

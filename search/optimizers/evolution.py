@@ -129,12 +129,16 @@ class DimMonoEvolution(StatefulSearcher):
 
     @staticmethod
     def plan(search: SearchConfig, seeds: int) -> SearchPlan:
-        """The initial population, then every generation's children; the steady schedule spends the same."""
+        """The initial population (every seed, where there are more seeds than `population`), then every generation's
+        children; the steady schedule spends the same."""
         children = scored_children(search)
         text = f"{search.population} + {search.generations} generations x {children}"
         if search.surrogate.enabled:  # the screened-out are bred and predicted, never scored
             text += f" (each screened by the surrogate from {search.surrogate.proposals * children} proposals)"
-        return SearchPlan(search.population + search.generations * children, 0, text)
+        first = max(search.population, seeds)  # generation 0 keeps every seed, however many
+        if first > search.population:
+            text = f"{seeds} seeds" + text.removeprefix(str(search.population))
+        return SearchPlan(first + search.generations * children, 0, text)
 
     # ---- operators ----
 
