@@ -62,13 +62,12 @@ def resolve_architecture(config: JobConfig, model_config: str | None) -> tuple[A
     """(architecture, where it came from, the config.json settings it was read from, overrides applied):
     --model-config (a file, a directory or a known name), else model.path's config.json, else the known table by
     model.path's last part: a user pricing a 7B run on a laptop has the config, not the weights."""
-    overrides = load_overrides(config.model.config_overrides, config.model.sliding_window, {})  # as workers load it
     if model_config:
         path = model_config_path(model_config)
         if path.is_file():
-            settings = read_config_json(path, overrides)
+            settings = as_loaded(config, read_config_json(path))
             return Architecture.from_hf_config(settings, name=path.parent.name), str(path), settings
-        return _known(model_config, overrides, f"--model-config {model_config!r}: no such file")
+        return _known(config, model_config, f"--model-config {model_config!r}: no such file")
     if config.model.path == REFERENCE:
         directory = reference_model_dir()
     else:
@@ -76,9 +75,16 @@ def resolve_architecture(config: JobConfig, model_config: str | None) -> tuple[A
     path = directory / "config.json"
     if path.is_file():
         name = "reference model" if config.model.path == REFERENCE else directory.name
-        settings = read_config_json(path, overrides)
+        settings = as_loaded(config, read_config_json(path))
         return Architecture.from_hf_config(settings, name=name), str(path), settings
-    return _known(config.model.path, overrides, f"model.path: no config.json at {str(directory)!r}")
+    return _known(config, config.model.path, f"model.path: no config.json at {str(directory)!r}")
+
+
+def as_loaded(config: JobConfig, settings: dict[str, Any]) -> dict[str, Any]:
+    """A model's config.json settings as the workers load the model: `model.sliding_window: full` turns its window
+    off (and with it `use_sliding_window` and the layer types, where the config has them), then the job's own
+    `model.config_overrides`."""
+    return {**settings, **load_overrides(config.model.config_overrides, config.model.sliding_window, settings)}
 
 
 def job_backward_cost(config: JobConfig, original_length: int | None = None) -> tuple[float, str]:
@@ -91,14 +97,14 @@ def job_backward_cost(config: JobConfig, original_length: int | None = None) -> 
     return backward_cost(config, arch, original), arch.name
 
 
-def _known(name: str, overrides: dict, problem: str) -> tuple[Architecture, str, dict[str, Any]]:
+def _known(config: JobConfig, name: str, problem: str) -> tuple[Architecture, str, dict[str, Any]]:
     key = known_model(name)
     if key is None:
         raise JobConfigError(
             f"{problem}, and it is not a known model ({', '.join(KNOWN_MODELS)}); give --model-config PATH "
             "(the model's config.json)"
         )
-    settings = {**KNOWN_MODELS[key], **overrides}
+    settings = as_loaded(config, dict(KNOWN_MODELS[key]))
     source = f"the known architecture of {key} (public config.json numbers; no file read)"
     return Architecture.from_hf_config(settings, name=key), source, settings
 
