@@ -21,7 +21,7 @@ from family_models import LLAMA3, ORIGINAL, byte_job, save_family_model, transfo
 from longrope.encodings import from_hf_config
 from longrope.search.cli.main import main
 from longrope.search.config.factors_file import FactorsFile
-from longrope.search.export.factors_export import config_with_block
+from longrope.search.export.factors_export import config_with_block, factors_json
 from longrope.search.job.job_context import OWN_SCALING, JobContext
 from longrope.search.optimizers.factory import load_job_config
 from longrope.workers.models import model_rope
@@ -119,14 +119,29 @@ def test_the_export_reads_as_the_shipped_model_below_its_serving_length(job, tmp
     cost = transformers_window_nll(with_attention, windows) - as_shipped
     assert block.attention_factor == 1.0 or bool(cost.abs().max() > 1e-3), "the attention factor's cost shows"
 
+    no_attention_path = tmp_path / "no-attention.json"
+    no_attention_path.write_text(factors_json(no_attention))
     out_dir = tmp_path / "compare"
-    args = ["compare", str(path), "--factors", str(factors_path), "--lengths", f"{SERVING},{TARGET}"]
-    code = main([*args, "--tuning-grid", "coarse", "--no-needles", "-o", str(out_dir)])
+    args = ["compare", str(path), "--factors", str(factors_path), "--factors", str(no_attention_path)]
+    code = main(
+        [*args, "--lengths", f"{SERVING},{TARGET}", "--tuning-grid", "coarse", "--no-needles", "-o", str(out_dir)]
+    )
     assert code == 0, capsys.readouterr().err
-    methods = json.loads((out_dir / "compare.json").read_text())["methods"]
-    assert {"none", OWN_SCALING, "file:factors.json"} <= set(methods)
+    result = json.loads((out_dir / "compare.json").read_text())
+    methods = result["methods"]
+    assert {"none", OWN_SCALING, "file:factors.json", "file:no-attention.json"} <= set(methods)
     for name in ("none", OWN_SCALING):
         assert all(math.isfinite(v[0]) for v in methods[name]["perplexity"].values())
+    # the cost column: at the serving length the export without its attention factor is the shipped model (as
+    # transformers showed above), so its cost is 0; with it, the cost is the attention factor's, window by window
+    assert result["start_length"] == SERVING
+    assert methods["file:no-attention.json"]["paired_difference_to_shipped"] == pytest.approx([0, 0, 0], abs=1e-5)
+    file_windows = torch.tensor(methods["file:factors.json"]["nll_per_window"][str(SERVING)], dtype=torch.float64)
+    shipped_windows = torch.tensor(methods["none"]["nll_per_window"][str(SERVING)], dtype=torch.float64)
+    cost_column = methods["file:factors.json"]["paired_difference_to_shipped"]
+    assert cost_column[0] == pytest.approx(float((file_windows - shipped_windows).mean()), rel=1e-9)
+    assert block.attention_factor == 1.0 or abs(cost_column[0]) > 1e-4
+    assert f"Δ NLL vs none @ {SERVING}" in (out_dir / "compare.md").read_text()
 
 
 def test_a_model_config_as_a_seed_file_gives_its_scaling_moved_to_the_target(job, tmp_path):

@@ -347,7 +347,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     given_lengths = _parse_lengths(args.lengths)
     data_source_checks(config, tokens=compare_window_tokens(config, given_lengths))
     context = JobContext.resolve(config)
-    lengths = given_lengths or default_lengths(context.original_length, context.target_length)
+    lengths = given_lengths or default_lengths(context.original_length, context.target_length, context.start_length)
     out = (
         CompareOut(args.out_dir, overwrite=args.overwrite)
         if args.out_dir

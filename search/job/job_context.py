@@ -46,6 +46,7 @@ from longrope.workers.windows import Windows, interleave_windows, load_windows
 TUNED_SEEDS = {tuned_row(name): name for name in tuned_names()}
 # compare's row and the seed for a model's own RoPE scaling moved to the target (models that ship one)
 OWN_SCALING = "own"
+SHIPPED = "none"  # the closed form "none" is the model as its config.json runs it (its own scaling, or plain RoPE)
 LONGROPE_ATTENTION_ROWS = {f"{name}_longrope_attention": name for name in tuned_names()}
 
 
@@ -249,7 +250,7 @@ class JobContext:
             factors = closed[source].factors(self.target_length).double()
             borrowed[row] = self.longrope(factors, short_factor=factors)  # the closed form's factors at every length
         shipped = self.shipped_scaling
-        own = {} if shipped is None else {"none": shipped, OWN_SCALING: shipped.moved_to(self.target_length)}
+        own = {} if shipped is None else {SHIPPED: shipped, OWN_SCALING: shipped.moved_to(self.target_length)}
         return {**closed, **borrowed, **own}
 
     def seeds(self) -> list[Seed]:
@@ -305,7 +306,7 @@ class JobContext:
         (S - 1) (microsoft/LongRoPE, DynamicLongRoPEScaledRotaryEmbedding): how a progressive stage hands its best
         to the next."""
         seed = self.seed_from_file(path)
-        if Path(path).name == "config.json":
+        if is_model_config(path):
             return [seed]  # moved to this target already, as its own method defines
         other_length = _run_target_length(path)
         if other_length == self.target_length or other_length <= self.original_length:
@@ -320,7 +321,7 @@ class JobContext:
         if Path(path).is_dir():
             factors, attention = _run_long_factors(RunDir(path))
             where = f"{field}: {path}: best candidate's factors"
-        elif Path(path).name == "config.json":
+        elif is_model_config(path):
             factors, attention = self._config_scaling(path, f"{field}: {path}")
             where = f"{field}: {path}: its RoPE scaling at {self.target_length} tokens"
         else:
@@ -440,3 +441,9 @@ def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
         return np.asarray(run.job.long_factor, dtype=np.float64), run.job.attention_factor
     best = run.scored_best()
     return np.asarray(best.factors, dtype=np.float64), best.attention_factor
+
+
+def is_model_config(path: str | Path) -> bool:
+    """A seed file named config.json is a model's config (its RoPE scaling is the seed), never a factors file:
+    `longrope export` writes factors under any other name."""
+    return Path(path).name == "config.json"

@@ -30,6 +30,7 @@ from longrope.search.reports.compare_out import CompareOut
 from longrope.search.reports.compare_plots import plot_factors, plot_paired_difference, plot_perplexity
 from longrope.search.reports.compare_result import (
     BASELINES,
+    SHIPPED,
     VLLM_SUFFIX,
     CompareResult,
     MethodRow,
@@ -59,12 +60,14 @@ OUTPUT_FILES = (
 )
 
 
-def default_lengths(original: int, target: int) -> list[int]:
+def default_lengths(original: int, target: int, start: int | None = None) -> list[int]:
+    """The original length doubled up to the target, and `start` (where the extension starts: the length a model
+    that ships RoPE scaling serves), so the table shows every method where the model already works."""
     lengths, length = [], original
     while length < target:
         lengths.append(length)
         length *= 2
-    return [*lengths, target]
+    return sorted({*lengths, target, *([start] if start is not None and start < target else [])})
 
 
 def check_lengths(lengths: list[int]) -> None:
@@ -204,7 +207,7 @@ def summarize(
     values}} keyed by the length as a string, as in the JSON. A given factors row (and its vLLM twin) records
     `factors_target_length`, the length its factors were searched for (`given_methods`)."""
     searched_lengths = searched_lengths or {}
-    target = str(context.target_length)
+    target, start = str(context.target_length), str(context.start_length)
     baseline_names = [n for n in methods if n in BASELINES]
     best_baseline = min(
         baseline_names, key=lambda n: np.mean(per_window[n][target]) if target in per_window[n] else math.inf
@@ -220,11 +223,13 @@ def summarize(
         }
         if base_method(name) in searched_lengths:
             row["factors_target_length"] = searched_lengths[base_method(name)]
-        rows[name] = with_statistics(row, lengths, target, per_window[best_baseline])
+        shipped = per_window.get(SHIPPED)
+        rows[name] = with_statistics(row, lengths, target, per_window[best_baseline], shipped, start)
     first = next(iter(per_window.values()))
     return {
         "target_length": context.target_length,
         "original_length": context.original_length,
+        "start_length": context.start_length,
         "lengths": lengths,
         "windows": {str(n): len(first[str(n)]) for n in lengths},
         "rope": {"rope_theta": context.method.rope_theta, "pairs": context.pairs},
@@ -234,9 +239,21 @@ def summarize(
     }
 
 
-def with_statistics(row: MethodRow, lengths: list[int], target: str, best: dict[str, list[float]]) -> MethodRow:
+def with_statistics(
+    row: MethodRow,
+    lengths: list[int],
+    target: str,
+    best: dict[str, list[float]],
+    shipped: dict[str, list[float]] | None = None,
+    start: str | None = None,
+) -> MethodRow:
     """A row with what its per-window NLLs give: perplexity exp(mean NLL) with its 95% interval at each length,
-    and at the target the paired NLL difference to the best baseline's windows (`best`) with its interval."""
+    at the target the paired NLL difference to the best baseline's windows (`best`), and at the start length the
+    paired difference to the model as shipped (`shipped`, the `none` row's windows), each with its interval.
+
+    The second is what a method costs where the model already works: an export's short factors reproduce the shipped
+    model up to the start length, so for a searched row it is what its attention factor costs there (transformers'
+    LongRoPE multiplies cos and sin by it at every length)."""
     row = {**row, "perplexity": {}}
     for length in map(str, lengths):
         mean, low, high = interval(np.asarray(row["nll_per_window"][length]))
@@ -244,6 +261,8 @@ def with_statistics(row: MethodRow, lengths: list[int], target: str, best: dict[
     if target in row["nll_per_window"]:
         difference = paired_difference(row["nll_per_window"][target], best[target])
         row["paired_difference_to_best_baseline"] = list(difference)
+    if shipped is not None and start in row["nll_per_window"] and start in shipped:
+        row["paired_difference_to_shipped"] = list(paired_difference(row["nll_per_window"][start], shipped[start]))
     return row
 
 
@@ -253,5 +272,9 @@ def restated(result: CompareResult) -> CompareResult:
     written it. Needle cells keep theirs: their answer NLLs are stored only in aggregate."""
     lengths, target = result["lengths"], str(result["target_length"])
     best = result["methods"][result["best_baseline"]]["nll_per_window"]
-    methods = {name: with_statistics(row, lengths, target, best) for name, row in result["methods"].items()}
+    shipped = result["methods"].get(SHIPPED, {}).get("nll_per_window")
+    start = str(result.get("start_length", result["original_length"]))
+    methods = {
+        name: with_statistics(row, lengths, target, best, shipped, start) for name, row in result["methods"].items()
+    }
     return {**result, "methods": methods}

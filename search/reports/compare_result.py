@@ -1,7 +1,8 @@
 """The shape of a comparison (compare.json) and the names of its rows.
 
 compare.json, one object:
-- `target_length`, `original_length`: the job's lengths; `lengths`: the lengths scored, in order;
+- `target_length`, `original_length`: the job's lengths; `start_length`: where the extension starts (the original
+  length, or the length a model that ships RoPE scaling serves); `lengths`: the lengths scored, in order;
 - `windows`: {length: test windows scored there}; `rope`: {`rope_theta`, `pairs`} (the factors plot's wavelengths);
 - `best_baseline`: the baseline with the lowest mean NLL at the target, which the paired differences are to;
 - one `NAME_tuned` per tuned closed form (`ntk_tuned`, `yarn_tuned`): its factor (`NAME_factor`) and attention
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from longrope.encodings.baselines import closed_forms, tuned_names, tuned_row
-from longrope.search.job.job_context import LONGROPE_ATTENTION_ROWS
+from longrope.search.job.job_context import LONGROPE_ATTENTION_ROWS, SHIPPED  # noqa: F401 (compare's row names)
 
 # compare's baseline rows, in its order: each closed form at its nominal setting (`JobContext.baselines`), each tuned
 # one read with LongRoPE's attention factor, then tuned (the registry's `baseline` and `tuned`, `encodings.baselines`)
@@ -37,6 +38,7 @@ class MethodRow(TypedDict, total=False):
     nll_per_window: dict[str, list[float]]  # {length: mean NLL per token of each test window, in window order}
     factors_target_length: int  # a given factors row: the length its factors were searched for
     paired_difference_to_best_baseline: Interval  # mean NLL difference per token at the target, same windows
+    paired_difference_to_shipped: Interval  # the same at the start length, to the `none` row (what it costs there)
     needle: dict[str, dict[str, Any]]  # {length: needle cell (`needle_report.needle_cell`)}
 
 
@@ -45,6 +47,7 @@ class CompareResult(TypedDict, total=False):
 
     target_length: int
     original_length: int
+    start_length: int
     lengths: list[int]
     windows: dict[str, int]
     rope: dict[str, float]

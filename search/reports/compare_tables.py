@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from longrope.search.reports.compare_result import VLLM_SUFFIX, CompareResult
+from longrope.search.reports.compare_result import SHIPPED, VLLM_SUFFIX, CompareResult
 
 
 def window_counts(result: CompareResult) -> dict[str, int]:
@@ -33,12 +33,18 @@ def markdown_table(result: CompareResult) -> str:
     perplexities = [_column_cells([row["perplexity"][str(n)] for row in rows.values()], "{:.3f}") for n in lengths]
     differences = _column_cells([row.get("paired_difference_to_best_baseline") for row in rows.values()], "{:+.4f}")
     cells = [*perplexities, differences]
+    start = result.get("start_length", result["original_length"])
+    costs = [row.get("paired_difference_to_shipped") for row in rows.values()]
+    if any(costs):
+        header.append(f"Δ NLL vs {SHIPPED} @ {start}")
+        cells.append(_column_cells(costs, "{:+.4f}"))
     lines = [
         f"Test split, {describe_windows(window_counts(result))}. **Lower is better** in every column. "
         "ppl: perplexity = exp(mean NLL per token over the windows), with its 95% interval over windows. "
         f"Δ NLL: mean paired difference in NLL per token (nats/token) to {best}, the best baseline at {target} "
         f"tokens, on the same windows (negative: better than {best}), with its 95% interval. "
-        "**Bold**: the best value of its column.",
+        "**Bold**: the best value of its column."
+        + (f" {start_cost_note(start, result['original_length'])}" if any(costs) else ""),
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -53,6 +59,16 @@ def markdown_table(result: CompareResult) -> str:
             "to the long factors only past the original length). The other methods apply the same in both.",
         ]
     return "\n".join(lines)
+
+
+def start_cost_note(start: int, original: int) -> str:
+    """What the last column measures: each method against the model as shipped, where the model already works."""
+    where = "the length it was pre-trained for" if start == original else "the length its own RoPE scaling serves"
+    return (
+        f"Δ NLL vs {SHIPPED} @ {start}: the same paired difference at {start} tokens, {where}, to the model as "
+        "its config.json runs it: what each method costs where the model already works. An export's short factors "
+        "reproduce the model there, so for a searched row it is what its attention factor costs."
+    )
 
 
 def _column_cells(column: list, number: str) -> list[str]:
