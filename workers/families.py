@@ -45,8 +45,8 @@ class Family:
     - `config_keys`: config.json keys the family's config class renames into `rope_parameters`
       (GPT-NeoX's `rotary_pct`, `rotary_emb_base`), and `rope_defaults` what that class assumes when a key is
       absent (Phi's partial rotary factor 0.5): the RoPE read must be the one transformers builds.
-    - `eager_attention_for`: a config key which, when set, makes transformers' SDPA path refuse the model (Gemma 2's
-      attention logit softcapping); SDPA is then replaced by eager attention, which applies it.
+    - `attention_softcap_key`: the config key of attention logit softcapping (Gemma 2 and 3), which transformers' SDPA
+      path refuses; when it is set the model loads with the scorer's blockwise attention, which applies it.
     - `refused`: why the scorer cannot reproduce the family; `validate` says so in one line.
     """
 
@@ -58,7 +58,7 @@ class Family:
     searched_layer_type: str | None = None
     config_keys: Mapping[str, str] = field(default_factory=dict)
     rope_defaults: Mapping[str, Any] = field(default_factory=dict)
-    eager_attention_for: str | None = None
+    attention_softcap_key: str | None = None
     refused: str | None = None
 
     def logit_transform(self, config: Any) -> LogitTransform:
@@ -71,7 +71,8 @@ class Family:
 
 
 LLAMA_LIKE = Family()
-GEMMA_SOFTCAPPED = Family(softcap_key="final_logit_softcapping", eager_attention_for="attn_logit_softcapping")
+# Gemma 2 and 3 cap both the final logits and the attention logits (tanh softcapping)
+GEMMA_SOFTCAPS = {"softcap_key": "final_logit_softcapping", "attention_softcap_key": "attn_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
     "llama": LLAMA_LIKE,
@@ -91,12 +92,8 @@ FAMILIES: dict[str, Family] = {
         config_keys={"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"},
         rope_defaults={"partial_rotary_factor": 0.25},
     ),
-    "gemma2": GEMMA_SOFTCAPPED,
-    "gemma3_text": Family(
-        softcap_key="final_logit_softcapping",
-        eager_attention_for="attn_logit_softcapping",
-        searched_layer_type="full_attention",
-    ),
+    "gemma2": Family(**GEMMA_SOFTCAPS),
+    "gemma3_text": Family(**GEMMA_SOFTCAPS, searched_layer_type="full_attention"),
     "cohere": Family(layout="interleaved", logit_scale_key="logit_scale"),
     "granite": Family(logit_divisor_key="logits_scaling"),
     "deepseek_v3": Family(
@@ -143,10 +140,14 @@ def rope_config(config: Mapping[str, Any], family: Family) -> dict[str, Any]:
     return config
 
 
+def model_family(model) -> Family:
+    """The family of a loaded causal LM."""
+    return family_of({"model_type": model.config.model_type})
+
+
 def decoder_of(model) -> Any:
     """The decoder module (embeddings, layers, final norm, rotary module) of a loaded causal LM."""
-    family = family_of({"model_type": model.config.model_type})
-    return getattr(model, family.decoder)
+    return getattr(model, model_family(model).decoder)
 
 
 def attention_for(config: Mapping[str, Any], asked: str) -> str:
@@ -155,7 +156,7 @@ def attention_for(config: Mapping[str, Any], asked: str) -> str:
     the same arithmetic as eager, without the [T, T] mask transformers builds for a window
     (workers/local_attention.py)."""
     family = family_of(config)
-    softcapped = bool(family.eager_attention_for and config.get(family.eager_attention_for))
+    softcapped = bool(family.attention_softcap_key and config.get(family.attention_softcap_key))
     if asked == "sdpa" and (softcapped or attention_window(config) is not None):
         return BLOCKWISE
     return asked

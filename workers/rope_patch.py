@@ -22,7 +22,7 @@ from torch import nn
 
 from longrope.encodings import LongRope, RopeMethod, rotary_cos_sin
 from longrope.encodings.rope_methods import candidate_rows, longrope_inv_freq
-from longrope.workers.families import Family, family_of
+from longrope.workers.families import model_family
 
 
 class CandidateRotaryEmbedding(nn.Module):
@@ -83,10 +83,6 @@ class CandidateRotaryEmbedding(nn.Module):
             layout=self.layout,
         )
         return cos.to(x.dtype), sin.to(x.dtype)
-
-
-def model_family(model) -> Family:
-    return family_of({"model_type": model.config.model_type})
 
 
 def patch_rotary(model, original_inv_freq: torch.Tensor) -> tuple[CandidateRotaryEmbedding, nn.Module]:
