@@ -1,6 +1,7 @@
-"""SmolLM2-135M read past its pre-trained 8k tokens: every baseline, NTK and YaRN tuned, and our searched factors,
-on held-out documents at 8k (1x) and 16k (2x), with paired 95% intervals; and what a forward and a gradient pass
-cost at 16k in float32 and bfloat16.
+"""A real model read past its pre-trained length: every baseline, NTK and YaRN tuned, and our searched factors, on
+held-out documents at the start length and the target, with paired 95% intervals (SmolLM2-135M at 16k and 32k,
+Gemma 3 270M at 64k: the job's config says which); and what a forward and a gradient pass cost at 16k in float32
+and bfloat16.
 
 Why a script of its own and not `longrope compare`: on this 2-core CPU every (method, window) at 16k is a 95 s
 forward and the table is about 200 of them, more than one sitting. So every score is appended to a log as it lands
@@ -28,6 +29,8 @@ Run (after `make real-model` and the search, `longrope search configs/smollm2-13
     --factors bench/results/smollm2_16k_factors.json
   .venv/bin/python bench/real_model.py table --config configs/smollm2-135m-32k-cpu.yaml --windows 6 \
     --short-windows 4 --factors bench/results/smollm2_32k_factors.json --factors bench/results/smollm2_16k_factors.json
+  .venv/bin/python bench/real_model.py table --config configs/gemma3-270m-64k-cpu.yaml --windows 4 \
+    --short-windows 2 --run runs/gemma3-270m-64k-cpu --factors bench/results/gemma3_64k_factors.json
   .venv/bin/python bench/real_model.py ranking --factors bench/results/smollm2_16k_factors.json
   .venv/bin/python bench/real_model.py speed
 """
@@ -57,15 +60,16 @@ from longrope.workers.scorer import Scorer
 CONFIG = ROOT / "configs" / "smollm2-135m-16k.yaml"
 
 
-def stem(target_length: int) -> str:
-    """The name of a target's results: smollm2_16k (its score log smollm2_16k_scores.jsonl, its table smollm2_16k/
-    and smollm2_16k.json), smollm2_32k..."""
-    return f"smollm2_{target_length // 1024}k"
+def stem(config) -> str:
+    """The name of a job's results: the first word of its config's name and its target in k tokens, smollm2_16k (its
+    score log smollm2_16k_scores.jsonl, its table smollm2_16k/ and smollm2_16k.json) for configs/smollm2-135m-16k.yaml
+    and its -ga and -hybrid arms alike (one model, one log), gemma3_64k for configs/gemma3-270m-64k-cpu.yaml."""
+    return f"{config.name.split('-')[0]}_{config.target_length // 1024}k"
 
 
 def score_log(results: str, context: JobContext, read_only: bool = False) -> ScoreLog:
     """The target's score log (`read_only`: as it stands, beside a run that may be adding to it)."""
-    return ScoreLog(Path(results) / f"{stem(context.target_length)}_scores.jsonl", LogSetup.of(context), read_only)
+    return ScoreLog(Path(results) / f"{stem(context.config)}_scores.jsonl", LogSetup.of(context), read_only)
 
 
 def window_ids(windows) -> list[str]:
@@ -77,7 +81,12 @@ class WindowScorer:
     """One loaded model; a Scorer per window set; each (method, window) scored once and logged."""
 
     def __init__(self, context: JobContext, log: ScoreLog, dtype: str | None = None):
-        self.model, self.rope = load_model(context.model_dir, device="cpu", dtype=dtype or context.config.model.dtype)
+        self.model, self.rope = load_model(
+            context.model_dir,
+            device="cpu",
+            dtype=dtype or context.config.model.dtype,
+            config_overrides=dict(context.model_overrides),  # as the workers load it (a sliding window kept or not)
+        )
         self.log, self.scorers = log, {}
 
     def scorer(self, kind: str, length: int, windows) -> Scorer:
@@ -179,7 +188,7 @@ def run_table(args: argparse.Namespace) -> None:
     lengths = (
         [int(n) for n in args.lengths.split(",")]
         if args.lengths
-        else default_lengths(context.original_length, context.target_length)
+        else default_lengths(context.original_length, context.target_length, context.start_length)
     )
     ids = {}
     for length in sorted(lengths, reverse=True):  # the target first: the headline figure
@@ -199,7 +208,7 @@ def run_table(args: argparse.Namespace) -> None:
     }
     methods = {table_name(label): method for label, method in methods.items()}
     result = summarize(context, methods, per_window, lengths, settings, searched_lengths)
-    name = args.name or stem(context.target_length)
+    name = args.name or stem(config)
     out = Path(args.results) / name
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(result, out)
@@ -291,7 +300,7 @@ def main() -> None:
     table.add_argument("--run", help="the search's run directory, for its cost")
     table.add_argument("--windows", type=int, default=8, help="test windows at the target length")
     table.add_argument("--short-windows", type=int, help="test windows at the shorter lengths (default: --windows)")
-    table.add_argument("--name", help="the table's name in --results (default: the log's stem, smollm2_16k)")
+    table.add_argument("--name", help="the table's name in --results (default: the log's stem, e.g. smollm2_16k)")
     table.add_argument("--lengths", help="default: the original length, doubled up to the target (compare's)")
     table.add_argument("--grid", choices=sorted(TUNING_GRIDS), default="coarse")
     table.add_argument("--partial", action="store_true", help="the table of the windows scored so far; score none")

@@ -87,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     config = load_job_config(Path(args.config), args.set)
     if args.replot:
-        saved = Path(args.results) / f"{stem(config.target_length)}_search_split.json"
+        saved = Path(args.results) / f"{stem(config)}_search_split.json"
         plot_split(json.loads(saved.read_text()), saved.with_suffix(".png"))
         return
     context = JobContext.resolve(config)
@@ -103,7 +103,7 @@ def main() -> None:
     ids = window_ids(windows)
     perplexity = split_perplexities(log, length, [*files, *grid], ids)
     split = {"length": length, "windows": ids, "tuned": settings, "perplexity": perplexity}
-    saved = save_json(Path(args.results) / f"{stem(length)}_search_split.json", {**provenance(), **split})
+    saved = save_json(Path(args.results) / f"{stem(config)}_search_split.json", {**provenance(), **split})
     plot_split(split, saved.with_suffix(".png"))
     for label, value in sorted(perplexity.items(), key=lambda item: item[1] or math.inf):
         print(f"{value:9.4f}  {label}")
