@@ -22,8 +22,10 @@ from longrope.search.config.strict import (
 from longrope.search.config.tuning_grids import TUNING_GRIDS
 
 # PI, NTK-aware and YaRN at their nominal settings (the LongRoPE paper's seeds), and every setting of the tuned closed
-# forms' coarse grid: the search's first generation then holds the best closed form compare's tuned row finds on
-# the same search windows, so the search starts from the best known point and can only end at or below it.
+# forms' coarse grid: the first generation then holds each scale compare's tuned rows try (NTK at 1.5 and 2 times the
+# nominal factor, YaRN at 1.5), read with the search's attention factor; with `attention_factor.mode: searched` the
+# grid's attention points too, so the search starts where compare's tuned row ends. Settings that differ only in an
+# attention factor the search does not search are one candidate.
 DEFAULT_SEEDS = ("pi", "ntk", "yarn", *map(tuned_row, tuned_names()))
 
 
@@ -223,8 +225,8 @@ class SearchConfig(Strict):
     seeds: tuple[SeedName, ...] = Field(
         default=DEFAULT_SEEDS,
         description=f"closed forms at the target that start the population: any of {', '.join(seed_names())}; "
-        f"or {', '.join(map(tuned_row, tuned_names()))}: every setting of its coarse tuning grid, so the search "
-        "starts at least where compare's tuned row ends (a model's own RoPE scaling joins them by itself)",
+        f"or {', '.join(map(tuned_row, tuned_names()))}: every setting of its coarse tuning grid (its attention "
+        "points only where attention_factor.mode is searched); a model's own RoPE scaling joins them by itself",
     )
     seed_files: tuple[PathText, ...] = Field(
         default=(),
