@@ -95,10 +95,13 @@ def test_nan_scores_rank_last():
 def test_the_default_seeds_are_the_nominal_closed_forms_and_every_coarse_grid_setting():
     """PI, NTK and YaRN at their nominal settings, then the coarse grids' settings: NTK at 1, 1.5 and 2 times the
     scale with attention 1, 1.1 and LongRoPE's (9), YaRN at 1 and 1.5 times with its own, 1 and LongRoPE's (6), so
-    at most 18 seeds; a population of 8 then starts with all 18 (none dropped), and the plan counts them."""
+    18 seeds where the attention factor is searched, and 8 (one per scale) where it is not; a population of 8 then
+    starts with all 18 (none dropped), and the plan counts them."""
     search = SearchConfig()
     assert search.seeds == ("pi", "ntk", "yarn", "ntk_tuned", "yarn_tuned")
-    assert search.most_seeds() == 3 + 3 * 3 + 2 * 3
+    assert search.most_seeds() == 3 + 3 + 2  # the attention factor is LongRoPE's: one seed per scale
+    searched = SearchConfig(attention_factor={"mode": "searched"})
+    assert searched.most_seeds() == 3 + 3 * 3 + 2 * 3  # every setting: the attention factor is a gene
     small = SearchConfig(population=8, parents=4, mutations=2, crossovers=2, generations=3)
-    assert DimMonoEvolution.plan(small, small.most_seeds()).candidates == 18 + 3 * 4
+    assert DimMonoEvolution.plan(small, searched.most_seeds()).candidates == 18 + 3 * 4
     assert DimMonoEvolution.plan(SearchConfig(), 18).candidates == 64 + 40 * 32  # a population above the seeds

@@ -303,9 +303,11 @@ class SearchConfig(Strict):
 
     def most_seeds(self) -> int:
         """Seeds a search starts from, at most: each closed form of `seeds` (a tuned one, `ntk_tuned`, every
-        setting of its coarse grid), and two a seed file (a run at another target length gives its best and those
+        setting of its coarse grid, or every scale of it where the attention factor is not searched), and two a seed
+        file (a run at another target length gives its best and those
         factors moved to this target: job_context.py `seeds_from_file`)."""
-        tuned = {tuned_row(name): TUNING_GRIDS["coarse"].line(name).size for name in tuned_names()}
+        searched = self.attention_factor.mode == "searched"
+        tuned = {tuned_row(name): TUNING_GRIDS["coarse"].line(name).seeds(searched) for name in tuned_names()}
         return sum(tuned.get(name, 1) for name in self.seeds) + 2 * len(self.seed_files)
 
     def optimizer_settings(self) -> BaseModel:

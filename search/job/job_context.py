@@ -15,7 +15,7 @@ from longrope.encodings.baselines import baseline_methods, tuned_names, tuned_ro
 from longrope.search.config.factors_file import read_factors_file
 from longrope.search.config.job_config import JobConfig, check_lengths_message
 from longrope.search.config.strict import JobConfigError
-from longrope.search.config.tuning_grids import TUNING_GRIDS
+from longrope.search.config.tuning_grids import TUNING_GRIDS, MethodGrid
 from longrope.search.job.tuning_grid import method_grid
 from longrope.search.job.validation_checks import (
     check_seed_factors,
@@ -276,15 +276,21 @@ class JobContext:
             Seed(name, method.factors(self.target_length).double().numpy(), method.attention_factor)
             for name, method in methods.items()
         ]
-        return seeds + self._longrope2_ramp()
+        return distinct_seeds(seeds) + self._longrope2_ramp()
 
     def _tuned_seeds(self, name: str) -> dict[str, RopeMethod]:
-        """A tuned closed form as seeds: every setting of its coarse tuning grid (the grid compare's
-        `--tuning-grid coarse` scores), each named by its setting, "ntk_tuned (1.5, 1.1)". The search scores them
-        in its first generation, so its best start is at least the tuned method compare will read."""
+        """A tuned closed form as seeds: the settings of its coarse tuning grid (the grid compare's `--tuning-grid
+        coarse` scores), each named by its setting, "ntk_tuned (1.5, 1.1)". The search scores them in its first
+        generation, so its best start is at least the tuned method compare will read. Where the attention factor is
+        not searched (`attention_factor.mode: longrope`) a candidate carries LongRoPE's, so the grid's attention
+        points would all be one candidate: one seed per scale then, "ntk_tuned (1.5,)"."""
         closed = TUNED_SEEDS[name]
-        grid = method_grid(self, closed, TUNING_GRIDS["coarse"].line(closed))
-        return {f"{name} {setting}": method for setting, method in grid.items()}
+        line = TUNING_GRIDS["coarse"].line(closed)
+        if self.config.search.attention_factor.mode != "searched":
+            line = MethodGrid(line.multipliers, line.attention[:1])
+        grid = method_grid(self, closed, line)
+        searched = len(line.attention) > 1
+        return {f"{name} {setting if searched else setting[:1]}": method for setting, method in grid.items()}
 
     def _longrope2_ramp(self) -> list[Seed]:
         """In the longrope2 space every closed form projects to S, S + step, ... on the searched pairs (they are
@@ -447,3 +453,18 @@ def is_model_config(path: str | Path) -> bool:
     """A seed file named config.json is a model's config (its RoPE scaling is the seed), never a factors file:
     `longrope export` writes factors under any other name."""
     return Path(path).name == "config.json"
+
+
+def distinct_seeds(seeds: list[Seed]) -> list[Seed]:
+    """The seeds less any whose factors (to float32 rounding: a closed form's own and its per-pair factors differ in
+    the last bits) and attention factor equal an earlier one's (a tuned grid's nominal scale is the nominal closed form
+    listed before it): each start is scored once, under its first name."""
+    kept: list[Seed] = []
+    for seed in seeds:
+        if not any(
+            np.allclose(seed.factors, other.factors, rtol=1e-6, atol=0)
+            and seed.attention_factor == other.attention_factor
+            for other in kept
+        ):
+            kept.append(seed)
+    return kept
