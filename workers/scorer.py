@@ -26,7 +26,8 @@ from torch.utils.checkpoint import checkpoint
 
 from longrope.encodings import LongRope, RopeMethod
 from longrope.workers.families import LogitTransform, decoder_of, family_of
-from longrope.workers.rope_patch import patch_rotary, patched_rotary, restore_rotary
+from longrope.workers.rope_patch import patched_rotary
+from longrope.workers.sequence_chunks import DEFAULT_MLP_CHUNK_TOKENS, chunked_mlps
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,11 @@ class Scorer:
         candidates_per_forward: int = 4,
         tokens_per_forward: int | None = None,
         loss_chunk_tokens: int = 1024,
+        mlp_chunk_tokens: int | None = DEFAULT_MLP_CHUNK_TOKENS,
         loss_mask: torch.Tensor | None = None,
     ):
-        """`loss_mask` [count, length - 1] bool: which predictions of each window count (None: all)."""
+        """`loss_mask` [count, length - 1] bool: which predictions of each window count (None: all).
+        `mlp_chunk_tokens`: tokens per chunk of each layer's MLP (workers/sequence_chunks.py; None: unchunked)."""
         if windows.ndim != 2 or windows.shape[1] < 2:
             raise ValueError(f"windows: expected [count, length >= 2] token ids, got shape {tuple(windows.shape)}")
         expected = (windows.shape[0], windows.shape[1] - 1)
@@ -143,6 +146,7 @@ class Scorer:
         self.candidates_per_forward = max(1, candidates_per_forward)
         self.tokens_per_forward = tokens_per_forward or DEFAULT_TOKENS_PER_FORWARD[self.device.type == "cuda"]
         self.loss_chunk_tokens = loss_chunk_tokens
+        self.mlp_chunk_tokens = mlp_chunk_tokens
         self.decoder = decoder_of(model)
         self.logits = family_of(model.config.to_dict()).logit_transform(model.config)
 
@@ -167,8 +171,8 @@ class Scorer:
         begin, end = self.window_range(windows)
         nll = torch.zeros(len(candidates), end - begin, dtype=torch.float64)
         misses = torch.zeros(len(candidates), end - begin, dtype=torch.long)
-        patched, original = patch_rotary(self.model, self.original_inv_freq)
-        try:
+        rotary = patched_rotary(self.model, self.original_inv_freq)
+        with chunked_mlps(self.model, self.mlp_chunk_tokens), rotary as patched:
             for first in range(0, len(candidates), self.candidates_per_forward):
                 group = candidates[first : first + self.candidates_per_forward]
                 per_forward = self.windows_per_forward(len(group), end - begin)
@@ -183,8 +187,6 @@ class Scorer:
                     block = (slice(first, first + len(group)), slice(column, column + len(rows)))
                     nll[block] = rows_nll.view(len(group), len(rows)).cpu()
                     misses[block] = rows_misses.view(len(group), len(rows)).cpu()
-        finally:
-            restore_rotary(self.model, original)
         tokens = self.counted_tokens[begin:end]
         return [
             CandidateScore(
@@ -220,7 +222,11 @@ class Scorer:
         values = torch.tensor([*method.long_factor, method.attention_factor], dtype=dtype, device=self.device)
         nll, misses, gradient = [], [], []
         per_forward = self.windows_per_forward(1, end - begin)
-        with gradient_mode(self.model), patched_rotary(self.model, self.original_inv_freq) as patched:
+        with (
+            gradient_mode(self.model),
+            patched_rotary(self.model, self.original_inv_freq) as patched,
+            chunked_mlps(self.model, self.mlp_chunk_tokens),  # the backward's recompute chunks as the forward did
+        ):
             for start in range(begin, end, per_forward):
                 stop = min(start + per_forward, end)
                 leaf = values.repeat(stop - start, 1).requires_grad_()
