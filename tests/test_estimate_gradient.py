@@ -162,3 +162,22 @@ def test_cli_prints_the_gradient_budget(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["backward_window_passes"] == 60 and result["candidates"] == 363
     assert result["devices"][0]["gradient_memory"]["checkpoints"] > 0
+
+
+def test_chunked_mlp_memory_worked_by_hand():
+    """The arch of test_gradient_memory_worked_by_hand with the MLP in chunks of 128 tokens (2 rows: 64 positions
+    each, 128 in all): the forward keeps 3 d a position for the MLP (normed input, the chunks' outputs, their
+    concatenation) and one chunk's 3 I; the gradient saves the chunks' inputs (d) for the products (3 I) and holds
+    one chunk's products and their gradients."""
+    arch = Architecture(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                        vocab_size=100)  # fmt: skip
+    shape = ForwardShape(tokens=256, rows=2)
+    forward = worker_memory(arch, shape, "float32", "sdpa", chunk_tokens=128)
+    # per position: residual 64 + input 64 + max(attention 64 + 2 x 64, MLP 3 x 64) + cos/sin 2 x 16 = 352
+    assert forward.layer_activations == (512 * 352 + 128 * 3 * 128) * 4
+    memory = gradient_memory(arch, shape, "float32", "sdpa", chunk_tokens=128)
+    saved = 3352 - (3 * 128 - 64) * 4  # test_gradient_memory_worked_by_hand's 3352, the chunk inputs for the products
+    in_flight = (64 + 2 * 64 + 2 * 32) * 4
+    assert memory.layer_backward == 512 * (saved + in_flight) + 2 * 128 * 3 * 128 * 4
+    unchunked = gradient_memory(arch, shape, "float32", "sdpa", chunk_tokens=512)  # one chunk: as before
+    assert unchunked == gradient_memory(arch, shape, "float32", "sdpa") and memory.peak < unchunked.peak

@@ -17,6 +17,16 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The scorer's stacking budget (workers/scorer.py DEFAULT_TOKENS_PER_FORWARD): copied, not imported, because the
 # scorer imports torch.
 TOKENS_PER_FORWARD = {"gpu": 16384, "cpu": 2048}
+# Tokens per chunk of a layer's MLP (workers/sequence_chunks.py DEFAULT_MLP_CHUNK_TOKENS), copied for the same reason.
+MLP_CHUNK_TOKENS = 16384
+
+
+def mlp_chunk(shape: ForwardShape, chunk_tokens: int = MLP_CHUNK_TOKENS) -> int | None:
+    """Positions (all rows) in one chunk of a layer's MLP, or None where the forward is one chunk: the scorer takes
+    chunk_tokens // rows positions of every row at a time (workers/sequence_chunks.py)."""
+    if shape.rows * shape.tokens <= chunk_tokens:
+        return None
+    return max(1, chunk_tokens // shape.rows) * shape.rows
 
 
 class ForwardShape(Frozen):
@@ -78,7 +88,9 @@ class Memory(Frozen):
         return self.weights + self.checkpoints + max(self.forward_peak + self.layer_backward, self.loss_chunk)
 
 
-def worker_memory(arch: Architecture, shape: ForwardShape, dtype: str, attn_implementation: str) -> Memory:
+def worker_memory(
+    arch: Architecture, shape: ForwardShape, dtype: str, attn_implementation: str, chunk_tokens: int = MLP_CHUNK_TOKENS
+) -> Memory:
     """Peak memory of a worker scoring one forward (inference mode: no activations are kept for a backward).
 
     - weights: parameters x dtype bytes.
@@ -87,7 +99,9 @@ def worker_memory(arch: Architecture, shape: ForwardShape, dtype: str, attn_impl
       be alive at the last layer: L times this).
     - layer_activations: R T bytes x (residual stream d + the layer input d + max(attention: normed input d,
       q and the attention output 2 H Q; MLP: normed input d, SiLU(gate), up and their product 3 I)) + RoPE's
-      cos and sin (2 R T Q).
+      cos and sin (2 R T Q). Past `chunk_tokens` positions the MLP runs a chunk of c positions at a time
+      (`mlp_chunk`): its part is then the normed input, the chunks' outputs and their concatenation, 3 d per
+      position, plus one chunk's 3 I c.
     - attention_matrix: eager only, R H T^2 x (scores + the float32 softmax + its cast back: 2 bytes + 4)
       plus the float mask R T^2 bytes; SDPA's flash kernels and flash-attention never hold it.
     - loss_chunk: after the forward, the last hidden states R T d and one chunk of 1024 positions' logits
@@ -97,22 +111,27 @@ def worker_memory(arch: Architecture, shape: ForwardShape, dtype: str, attn_impl
     size = DTYPE_BYTES[dtype]
     rows, tokens, d = shape.rows, shape.tokens, arch.hidden_size
     q_out, kv_out, width = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.intermediate_size
-    per_position = 2 * d + max(d + 2 * q_out, d + 3 * width) + 2 * arch.head_dim
+    chunk = mlp_chunk(shape, chunk_tokens)
+    mlp = d + 3 * width if chunk is None else 3 * d
+    per_position = 2 * d + max(d + 2 * q_out, mlp) + 2 * arch.head_dim
+    mlp_chunk_bytes = 0 if chunk is None else chunk * 3 * width
     matrix = 0.0
     if attn_implementation == "eager":
         matrix = rows * tokens * tokens * (arch.num_heads * (2 * size + 4) + size)
-    chunk = min(LOSS_CHUNK_TOKENS, rows * tokens)
-    logits = chunk * arch.vocab_size * (size + (4 if size != 4 else 0) + 4)
+    loss_chunk = min(LOSS_CHUNK_TOKENS, rows * tokens)
+    logits = loss_chunk * arch.vocab_size * (size + (4 if size != 4 else 0) + 4)
     return Memory(
         weights=float(parameter_count(arch) * size),
         keys_values=float(2 * rows * tokens * kv_out * size),
-        layer_activations=float(rows * tokens * per_position * size),
+        layer_activations=float((rows * tokens * per_position + mlp_chunk_bytes) * size),
         attention_matrix=float(matrix),
         loss_chunk=float(rows * tokens * d * size + logits),
     )
 
 
-def gradient_memory(arch: Architecture, shape: ForwardShape, dtype: str, attn_implementation: str) -> Memory:
+def gradient_memory(
+    arch: Architecture, shape: ForwardShape, dtype: str, attn_implementation: str, chunk_tokens: int = MLP_CHUNK_TOKENS
+) -> Memory:
     """Peak memory of a worker's gradient pass (workers/scorer.py `score_with_gradient`): `worker_memory`'s
     forward, plus
 
@@ -126,22 +145,32 @@ def gradient_memory(arch: Architecture, shape: ForwardShape, dtype: str, attn_im
     - the loss: the hidden states' gradient (R T d) and one chunk's logits gradient (float32) on top of the
       forward's loss chunk: the loss chunks are checkpointed too, so only one chunk's logits exist at a time.
 
-    The forward's peak and one layer's backward are added, not maxed: the recomputed layer's transient buffers
-    coexist with the incoming gradient (an upper bound). Not counted: cos/sin and their gradients (4 R T Q
+    Past `chunk_tokens` positions each MLP chunk is checkpointed: the layer saves its chunks' inputs (d a position)
+    in place of the MLP's products (3 I), and the backward holds one chunk's products and their gradients at a time
+    (2 x 3 I c). The forward's peak and one layer's backward are added, not maxed: the recomputed layer's transient
+    buffers coexist with the incoming gradient (an upper bound). Not counted: cos/sin and their gradients (4 R T Q
     float32 values, less than one hidden state), the parameters' gradients (none: frozen)."""
-    forward = worker_memory(arch, shape, dtype, attn_implementation)
+    forward = worker_memory(arch, shape, dtype, attn_implementation, chunk_tokens)
     size, positions, d = DTYPE_BYTES[dtype], shape.rows * shape.tokens, arch.hidden_size
     q_out, kv_out, width = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.intermediate_size
-    in_flight = (d + max(3 * width, 2 * q_out + 2 * kv_out)) * size
+    chunk = mlp_chunk(shape, chunk_tokens)
+    saved = saved_bytes_per_position(arch, dtype)
+    if chunk is None:
+        in_flight = (d + max(3 * width, 2 * q_out + 2 * kv_out)) * size
+        mlp_chunk_bytes = 0
+    else:  # the chunks' inputs saved instead of the products; one chunk's products and their gradients at a time
+        saved += (d - 3 * width) * size
+        in_flight = (d + 2 * q_out + 2 * kv_out) * size
+        mlp_chunk_bytes = 2 * chunk * 3 * width * size
     matrix = 0.0
     if attn_implementation == "eager":
         matrix = 2.0 * shape.rows * arch.num_heads * shape.tokens * shape.tokens * size
-    chunk = min(LOSS_CHUNK_TOKENS, positions)
+    loss_chunk = min(LOSS_CHUNK_TOKENS, positions)
     return forward.model_copy(
         update={
             "checkpoints": float(arch.num_layers * positions * d * size),
-            "layer_backward": float(positions * (saved_bytes_per_position(arch, dtype) + in_flight) + matrix),
-            "loss_chunk": forward.loss_chunk + positions * d * size + chunk * arch.vocab_size * 4,
+            "layer_backward": float(positions * (saved + in_flight) + mlp_chunk_bytes + matrix),
+            "loss_chunk": forward.loss_chunk + positions * d * size + loss_chunk * arch.vocab_size * 4,
         }
     )
 
