@@ -226,10 +226,10 @@ def device_lines(device: DeviceEstimate) -> list[str]:
     attention = f", attention matrix {_gib(memory.attention_matrix)}" if memory.attention_matrix else ""
     lines = [
         f"\n{device.device}: {device.rates.source}",
-        f"  memory/worker  {_gib(memory.peak)}{capacity} ({device.dtype} weights {_gib(memory.weights)} + the "
-        f"larger of the forward {_gib(memory.forward_peak)} [keys/values {_gib(memory.keys_values)}, layer "
-        f"{_gib(memory.layer_activations)}{attention}] and the loss {_gib(memory.loss_chunk)}; "
-        f"{device.rows_per_forward} sequence(s) a forward)",
+        f"  memory/worker  {_gib(memory.peak + device.headroom)}{capacity} ({device.dtype} weights "
+        f"{_gib(memory.weights)} + the larger of the forward {_gib(memory.forward_peak)} [keys/values "
+        f"{_gib(memory.keys_values)}, layer {_gib(memory.layer_activations)}{attention}] and the loss "
+        f"{_gib(memory.loss_chunk)}{_headroom_text(device.headroom)}; {device.rows_per_forward} sequence(s) a forward)",
     ]
     if device.gradient_memory is not None:
         lines.append(gradient_memory_line(device))
@@ -255,11 +255,19 @@ def gradient_memory_line(device: DeviceEstimate) -> str:
     """A gradient pass's peak (estimate.gradient_memory) and what makes it up."""
     memory = device.gradient_memory
     return (
-        f"  memory/grad.   {_gib(memory.peak)} a gradient pass (weights {_gib(memory.weights)} + checkpoints "
-        f"{_gib(memory.checkpoints)} [a hidden state per layer] + the larger of the forward "
-        f"{_gib(memory.forward_peak)} with one layer's backward {_gib(memory.layer_backward)} and the loss "
-        f"{_gib(memory.loss_chunk)}; {device.gradient_rows_per_forward} sequence(s) a forward)"
+        f"  memory/grad.   {_gib(memory.peak + device.gradient_headroom)} a gradient pass (weights "
+        f"{_gib(memory.weights)} + checkpoints {_gib(memory.checkpoints)} [a hidden state per layer] + the larger of "
+        f"the forward {_gib(memory.forward_peak)} with one layer's backward {_gib(memory.layer_backward)} and the "
+        f"loss {_gib(memory.loss_chunk)}{_headroom_text(device.gradient_headroom)}; "
+        f"{device.gradient_rows_per_forward} sequence(s) a forward)"
     )
+
+
+def _headroom_text(headroom: float) -> str:
+    """A GPU's headroom, named (none on a CPU)."""
+    if not headroom:
+        return ""
+    return f" + headroom {_gib(headroom)} [CUDA context, float32 cos/sin, allocator slack]"
 
 
 def _rates_lines(rates: Rates, device: DeviceEstimate | None = None) -> list[str]:

@@ -38,6 +38,7 @@ from longrope.search.cost.memory import (
     Memory,
     forward_shape,
     forwards_per_candidate,
+    gpu_headroom,
     gradient_memory,
     gradient_shape,
     worker_dtype,
@@ -81,13 +82,18 @@ class DeviceEstimate(Frozen):
     gradient_memory: Memory | None = None  # gradient and hybrid: a gradient pass at the longest stage
     gradient_rows_per_forward: int | None = None
     seconds_per_backward_window: float | None = None  # at the target: a gradient pass beyond its forward
+    headroom: float = 0.0  # a GPU: bytes beyond `memory.peak` (`memory.gpu_headroom`); a CPU: none counted
+    gradient_headroom: float = 0.0  # the same beyond `gradient_memory.peak`
 
     @computed_field
     @property
     def fits(self) -> bool | None:
+        """Both peaks with their headroom within the device's memory."""
         if self.memory_capacity_gib is None:
             return None
-        peaks = [self.memory.peak] + ([self.gradient_memory.peak] if self.gradient_memory else [])
+        peaks = [self.memory.peak + self.headroom]
+        if self.gradient_memory:
+            peaks.append(self.gradient_memory.peak + self.gradient_headroom)
         return max(peaks) <= self.memory_capacity_gib * 2**30
 
 
@@ -185,12 +191,14 @@ def device_estimate(
     longest = max(stages, key=lambda s: s.length)
     shape = forward_shape(config, longest.length, longest.windows, kind)
     gpus = config.workers.num_workers * config.workers.num_gpus_per_worker
+    memory = worker_memory(arch, shape, dtype, config.model.attn_implementation)
     return DeviceEstimate(
         device=device,
         dtype=dtype,
         rates=rates,
         rows_per_forward=shape.rows,
-        memory=worker_memory(arch, shape, dtype, config.model.attn_implementation),
+        memory=memory,
+        headroom=gpu_headroom(memory, shape, arch) if kind == "gpu" else 0.0,
         memory_capacity_gib=capacity_gib,
         forwards_per_candidate=forwards[-1],
         fixed_cost_share=max(shares) if fixed is not None else None,
@@ -215,8 +223,10 @@ def gradient_device_fields(
     if not longest.backward_windows:
         return {}
     shape = gradient_shape(config, longest.length, kind)
+    memory = gradient_memory(arch, shape, dtype, config.model.attn_implementation)
     return {
-        "gradient_memory": gradient_memory(arch, shape, dtype, config.model.attn_implementation),
+        "gradient_memory": memory,
+        "gradient_headroom": gpu_headroom(memory, shape, arch) if kind == "gpu" else 0.0,
         "gradient_rows_per_forward": shape.rows,
         "seconds_per_backward_window": seconds_per_backward,
     }

@@ -190,6 +190,21 @@ def saved_bytes_per_position(arch: Architecture, dtype: str) -> float:
     return (4 * q_out + 4 * kv_out + 3 * arch.intermediate_size) * size + norms + (arch.num_heads + 2) * 4
 
 
+# What a GPU worker holds beyond the scorer's tensors, assumed until measured on a GPU: the CUDA context
+# with cuBLAS's and the attention kernels' workspaces (about 1 GiB on an H100 with torch 2.x), and the caching
+# allocator's slack between freed and reused blocks, a share of the activations' peak.
+CUDA_CONTEXT_BYTES = 2**30
+ALLOCATOR_SLACK = 0.05
+
+
+def gpu_headroom(memory: Memory, shape: ForwardShape, arch: Architecture) -> float:
+    """Bytes a GPU worker needs beyond `memory.peak`: the CUDA context, the rope patch's float32 cos and sin tables
+    (2 R T Q x 4 bytes, computed in float32 before the cast to the model's dtype), and the allocator's slack on the
+    activations (`ALLOCATOR_SLACK` of the peak less the weights)."""
+    tables = 2 * shape.rows * shape.tokens * arch.head_dim * 4
+    return CUDA_CONTEXT_BYTES + tables + ALLOCATOR_SLACK * (memory.peak - memory.weights)
+
+
 def worker_dtype(config: JobConfig, device: Literal["cpu", "gpu"]) -> str:
     """workers/models.py resolve_dtype: 'auto' is bfloat16 on a GPU and float32 on the CPU."""
     if config.model.dtype != "auto":
