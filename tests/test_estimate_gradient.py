@@ -181,3 +181,20 @@ def test_chunked_mlp_memory_worked_by_hand():
     assert memory.layer_backward == 512 * (saved + in_flight) + 2 * 128 * 3 * 128 * 4
     unchunked = gradient_memory(arch, shape, "float32", "sdpa", chunk_tokens=512)  # one chunk: as before
     assert unchunked == gradient_memory(arch, shape, "float32", "sdpa") and memory.peak < unchunked.peak
+
+
+def test_checkpoints_go_to_the_host_past_a_third_of_the_free_memory():
+    """A GPU of 40 GiB, weights 5 GiB and the CUDA context's 1 GiB: 34 GiB free, so checkpoints of 11 GiB stay on
+    the GPU (under 34 / 3) and 12 GiB go to the host, leaving the peak 12 GiB lower; the estimate's printed line
+    says where they are."""
+    from longrope.search.cli.estimate_command import _checkpoints_text
+    from longrope.search.cost.memory import Memory, offloaded
+
+    gib = 2**30
+    base = {"keys_values": gib, "layer_activations": gib, "attention_matrix": 0.0, "loss_chunk": gib}
+    staying = Memory(weights=5 * gib, checkpoints=11 * gib, **base)
+    assert offloaded(staying, 40 * gib) == staying
+    moving = Memory(weights=5 * gib, checkpoints=12 * gib, **base)
+    moved = offloaded(moving, 40 * gib)
+    assert (moved.checkpoints, moved.host_checkpoints) == (0.0, 12 * gib) and moved.peak == moving.peak - 12 * gib
+    assert "12 GiB in host memory" in _checkpoints_text(moved)

@@ -176,7 +176,7 @@ def saved_elements(model_dir, *, checkpointing: bool, monkeypatch) -> int:
     model, rope = load_model(model_dir, device="cpu")
     scorer = Scorer(model, torch.randint(0, 96, (2, 513)), rope.method.original_inv_freq(), tokens_per_forward=4096)
     if not checkpointing:
-        monkeypatch.setattr(scorer_module, "checkpointed_layers", lambda model: contextlib.nullcontext())
+        monkeypatch.setattr(scorer_module, "checkpointed_layers", lambda model, offload_to: contextlib.nullcontext())
     sizes = []
 
     def pack(tensor):

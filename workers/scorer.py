@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,9 @@ def chunk_losses(
     return losses, wrong
 
 
+# The share of a GPU's free memory a gradient pass's checkpoints may take before they are kept on the host instead
+# (`Scorer.checkpoint_home`; search/cost/memory.py prices the same rule)
+CHECKPOINT_SHARE = 1 / 3
 # Tokens per forward pass when stacking short windows: a CPU runs fastest per token on ~2k-token forwards (bigger
 # activations fall out of cache; measured with bench/scoring.py), a GPU needs far more rows to fill its SMs.
 DEFAULT_TOKENS_PER_FORWARD = {False: 2048, True: 16384}
@@ -127,10 +131,12 @@ class Scorer:
         tokens_per_forward: int | None = None,
         loss_chunk_tokens: int = 1024,
         mlp_chunk_tokens: int | None = DEFAULT_MLP_CHUNK_TOKENS,
+        offload_checkpoints: Literal["auto", "on", "off"] = "auto",
         loss_mask: torch.Tensor | None = None,
     ):
         """`loss_mask` [count, length - 1] bool: which predictions of each window count (None: all).
-        `mlp_chunk_tokens`: tokens per chunk of each layer's MLP (workers/sequence_chunks.py; None: unchunked)."""
+        `mlp_chunk_tokens`: tokens per chunk of each layer's MLP (workers/sequence_chunks.py; None: unchunked).
+        `offload_checkpoints`: where a gradient pass keeps its layer checkpoints (`checkpoint_home`)."""
         if windows.ndim != 2 or windows.shape[1] < 2:
             raise ValueError(f"windows: expected [count, length >= 2] token ids, got shape {tuple(windows.shape)}")
         expected = (windows.shape[0], windows.shape[1] - 1)
@@ -147,6 +153,7 @@ class Scorer:
         self.tokens_per_forward = tokens_per_forward or DEFAULT_TOKENS_PER_FORWARD[self.device.type == "cuda"]
         self.loss_chunk_tokens = loss_chunk_tokens
         self.mlp_chunk_tokens = mlp_chunk_tokens
+        self.offload_checkpoints = offload_checkpoints
         self.decoder = decoder_of(model)
         self.logits = family_of(model.config.to_dict()).logit_transform(model.config)
 
@@ -223,7 +230,7 @@ class Scorer:
         nll, misses, gradient = [], [], []
         per_forward = self.windows_per_forward(1, end - begin)
         with (
-            gradient_mode(self.model),
+            gradient_mode(self.model, self.checkpoint_home(per_forward)),
             patched_rotary(self.model, self.original_inv_freq) as patched,
             chunked_mlps(self.model, self.mlp_chunk_tokens),  # the backward's recompute chunks as the forward did
         ):
@@ -243,6 +250,21 @@ class Scorer:
             misses=None if self.loss_mask is None else tuple(int(v) for v in misses),
             gradient=tuple(tuple(row) for row in gradient),
         )
+
+    def checkpoint_home(self, rows: int) -> torch.device | None:
+        """Where a gradient pass keeps each layer's input (None: where the model is): the host with
+        `offload_checkpoints` "on"; with "auto", the host when the model is on a GPU and the checkpoints of a
+        forward of `rows` windows (layers x rows x positions x hidden) would take more than `CHECKPOINT_SHARE` of
+        its free memory: the rest holds the forward's activations and the backward's recomputed layer, which at long
+        windows are each about the checkpoints' size."""
+        if self.offload_checkpoints == "on":
+            return torch.device("cpu")
+        if self.offload_checkpoints == "off" or self.device.type != "cuda":
+            return None
+        parameter = next(self.model.parameters())
+        size = len(self.decoder.layers) * rows * self.context_length * self.model.config.hidden_size
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return torch.device("cpu") if size * parameter.element_size() > free * CHECKPOINT_SHARE else None
 
     def check_differentiable(self, method: RopeMethod) -> None:
         """A ValueError naming why, unless `method` is a LongRope read in its long regime at this scorer's length
@@ -279,10 +301,15 @@ class Scorer:
 
 
 @contextmanager
-def gradient_mode(model) -> Iterator[None]:
+def gradient_mode(model, offload_to: torch.device | None = None) -> Iterator[None]:
     """What a gradient forward runs under: autograd on (even inside a caller's inference mode), the weights
-    frozen, every decoder layer checkpointed."""
-    with torch.inference_mode(False), torch.enable_grad(), frozen_parameters(model), checkpointed_layers(model):
+    frozen, every decoder layer checkpointed (its input kept on `offload_to` when given: `checkpointed_layers`)."""
+    with (
+        torch.inference_mode(False),
+        torch.enable_grad(),
+        frozen_parameters(model),
+        checkpointed_layers(model, offload_to),
+    ):
         yield
 
 
@@ -301,11 +328,13 @@ def frozen_parameters(model) -> Iterator[None]:
 
 
 @contextmanager
-def checkpointed_layers(model) -> Iterator[None]:
+def checkpointed_layers(model, offload_to: torch.device | None = None) -> Iterator[None]:
     """Each layer of the model's decoder (`model.model.layers` in most families) runs under
     `torch.utils.checkpoint` (non-reentrant) for the block: the forward keeps only each layer's inputs (its hidden
     state; cos/sin are shared by all layers) and the backward recomputes the layer's activations one layer at a
-    time.
+    time. With `offload_to` (the host, for a GPU model) each layer's input is kept there instead, a copy, and
+    brought back for the layer's recompute: an 8B model's 32 checkpoints at 128k tokens are 32 GiB of GPU memory
+    otherwise (the copies are differentiable, so the gradient still reaches the input).
 
     The layer's instance `forward` is wrapped, not the class and not transformers' own switch
     (`gradient_checkpointing_enable` acts only in training mode, which would also turn dropout on: transformers 5.x
@@ -314,7 +343,7 @@ def checkpointed_layers(model) -> Iterator[None]:
     layers = list(decoder_of(model).layers)
     saved = [layer.__dict__.get("forward") for layer in layers]
     for layer in layers:
-        layer.forward = _checkpointed(layer.forward)
+        layer.forward = _checkpointed(layer.forward, offload_to)
     try:
         yield
     finally:
@@ -324,8 +353,17 @@ def checkpointed_layers(model) -> Iterator[None]:
                 layer.forward = previous
 
 
-def _checkpointed(forward):
+def _checkpointed(forward, offload_to: torch.device | None = None):
     def run(*args, **kwargs):
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        if offload_to is None:
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        hidden, rest = (args[0], args[1:]) if args else (kwargs.pop("hidden_states"), ())
+        device = hidden.device
+        kept = hidden.to(offload_to, copy=True)  # the only copy the checkpoint holds; `hidden` can be freed
+
+        def from_kept(kept, *rest, **kwargs):
+            return forward(kept.to(device), *rest, **kwargs)
+
+        return checkpoint(from_kept, kept, *rest, use_reentrant=False, **kwargs)
 
     return run

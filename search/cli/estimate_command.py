@@ -256,11 +256,18 @@ def gradient_memory_line(device: DeviceEstimate) -> str:
     memory = device.gradient_memory
     return (
         f"  memory/grad.   {_gib(memory.peak + device.gradient_headroom)} a gradient pass (weights "
-        f"{_gib(memory.weights)} + checkpoints {_gib(memory.checkpoints)} [a hidden state per layer] + the larger of "
+        f"{_gib(memory.weights)} + {_checkpoints_text(memory)} + the larger of "
         f"the forward {_gib(memory.forward_peak)} with one layer's backward {_gib(memory.layer_backward)} and the "
         f"loss {_gib(memory.loss_chunk)}{_headroom_text(device.gradient_headroom)}; "
         f"{device.gradient_rows_per_forward} sequence(s) a forward)"
     )
+
+
+def _checkpoints_text(memory) -> str:
+    """Where a gradient pass's checkpoints are: on the device, or offloaded to the host."""
+    if memory.host_checkpoints:
+        return f"checkpoints 0 [{_gib(memory.host_checkpoints)} in host memory: too big for the GPU]"
+    return f"checkpoints {_gib(memory.checkpoints)} [a hidden state per layer]"
 
 
 def _headroom_text(headroom: float) -> str:

@@ -41,6 +41,7 @@ from longrope.search.cost.memory import (
     gpu_headroom,
     gradient_memory,
     gradient_shape,
+    offloaded,
     worker_dtype,
     worker_memory,
 )
@@ -207,7 +208,9 @@ def device_estimate(
         hours=None if withheld else hours,
         hours_racing=None if withheld else hours_racing,
         devices_in_parallel=gpus if kind == "gpu" and gpus > 0 else None,
-        **gradient_device_fields(config, arch, longest, dtype, kind, None if withheld else per_backward[-1]),
+        **gradient_device_fields(
+            config, arch, longest, dtype, kind, None if withheld else per_backward[-1], capacity_gib
+        ),
     )
 
 
@@ -218,12 +221,16 @@ def gradient_device_fields(
     dtype: str,
     kind: Literal["cpu", "gpu"],
     seconds_per_backward: float | None,
+    capacity_gib: float | None = None,
 ) -> dict[str, Any]:
-    """DeviceEstimate's gradient fields: none unless the optimizer takes backward passes."""
+    """DeviceEstimate's gradient fields: none unless the optimizer takes backward passes. On a GPU of known
+    capacity the checkpoints are where the scorer would keep them (`memory.offloaded`)."""
     if not longest.backward_windows:
         return {}
     shape = gradient_shape(config, longest.length, kind)
     memory = gradient_memory(arch, shape, dtype, config.model.attn_implementation)
+    if kind == "gpu" and capacity_gib is not None:
+        memory = offloaded(memory, capacity_gib * 2**30)
     return {
         "gradient_memory": memory,
         "gradient_headroom": gpu_headroom(memory, shape, arch) if kind == "gpu" else 0.0,

@@ -73,6 +73,7 @@ class Memory(Frozen):
     attention_matrix: float
     loss_chunk: float
     checkpoints: float = 0.0  # the gradient path: each decoder layer's input, kept to the backward
+    host_checkpoints: float = 0.0  # the same, kept in host memory instead (`offloaded`): not on the device
     layer_backward: float = 0.0  # the gradient path: one layer's recomputed activations and gradients
 
     @computed_field
@@ -203,6 +204,23 @@ def gpu_headroom(memory: Memory, shape: ForwardShape, arch: Architecture) -> flo
     activations (`ALLOCATOR_SLACK` of the peak less the weights)."""
     tables = 2 * shape.rows * shape.tokens * arch.head_dim * 4
     return CUDA_CONTEXT_BYTES + tables + ALLOCATOR_SLACK * (memory.peak - memory.weights)
+
+
+# The share of a GPU's free memory a gradient pass's checkpoints may take before they go to the host: the rest holds
+# the forward's activations and one layer's recompute and backward, which at long windows are each about the
+# checkpoints' size (Llama-3-8B at 128k tokens: 32 GiB of checkpoints, 23 GiB of the rest). The scorer's rule is
+# the same (workers/scorer.py CHECKPOINT_SHARE): copied, not imported, because the scorer imports torch.
+CHECKPOINT_SHARE = 1 / 3
+
+
+def offloaded(memory: Memory, capacity_bytes: float) -> Memory:
+    """A GPU gradient pass's memory with its checkpoints where the scorer's `offload_checkpoints: auto` keeps them
+    (workers/scorer.py `Scorer.checkpoint_home`): on the host when they would take more than a third of the GPU's
+    free memory at the pass's start (its capacity less the weights and the CUDA context)."""
+    free = capacity_bytes - memory.weights - CUDA_CONTEXT_BYTES
+    if memory.checkpoints <= free * CHECKPOINT_SHARE:
+        return memory
+    return memory.model_copy(update={"checkpoints": 0.0, "host_checkpoints": memory.checkpoints})
 
 
 def worker_dtype(config: JobConfig, device: Literal["cpu", "gpu"]) -> str:
