@@ -226,6 +226,22 @@ CASES = [
         "data.test_source: ",
         id="search-test-source-missing",
     ),
+    # the workers' failure handling: refused before any worker starts
+    pytest.param(
+        lambda t: search(t, "workers.retries=-1"),
+        "workers.retries = -1: Input should be greater than or equal to 0",
+        id="workers-retries-negative",
+    ),
+    pytest.param(
+        lambda t: validate(t, "workers.restart_timeout_s=0"),
+        "workers.restart_timeout_s = 0: Input should be greater than 0",
+        id="workers-restart-timeout-zero",
+    ),
+    pytest.param(
+        lambda t: search(t, "workers.accelerator_type='H 100'"),
+        "workers.accelerator_type = 'H 100': must be a Ray accelerator type such as H100",
+        id="workers-accelerator-type-not-a-name",
+    ),
 ]
 
 

@@ -1,7 +1,9 @@
-"""The worker pool on a real multi-node Ray cluster (head + 2 nodes on this machine) losing a node mid-run."""
+"""The worker pool on a real multi-node Ray cluster (head + 2 nodes on this machine) losing a node mid-run, and a
+whole search (the known problem, no model) that loses one and ends as the uninterrupted search does."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -71,3 +73,61 @@ def test_removed_node_mid_run_still_returns_every_result(ray_utils_cluster, tiny
         assert score.nll == pytest.approx(direct[key].nll, rel=1e-6)
     assert pool.failures == 1
     pool.shutdown()
+
+
+def scores(run_dir) -> dict[str, float | None]:
+    lines = run_dir.file("history.jsonl").read_text().splitlines()
+    return {record["key"]: record["mean_nll"] for record in map(json.loads, lines)}
+
+
+class NodeRemover:
+    """The pool as the coordinator sees it, removing the node of one of its workers once `after` results are in."""
+
+    def __init__(self, pool: WorkerPool, cluster: Cluster, after: int):
+        self.pool, self.cluster, self.after, self.seen = pool, cluster, after, 0
+        self.capacity, self.workers, self.submit = pool.capacity, pool.workers, pool.submit
+
+    def as_completed(self):
+        for item in self.pool.as_completed():
+            self.seen += 1
+            if self.seen == self.after:
+                node_id = self.pool.worker_info()[0]["node"]
+                node = next(n for n in self.cluster.list_all_nodes() if n.node_id == node_id)
+                self.cluster.remove_node(node, allow_graceful=False)
+            yield item
+
+
+def test_a_search_that_loses_a_node_ends_as_the_uninterrupted_one(ray_utils_cluster, tmp_path):
+    from faulty_function_workers import FunctionWorker, fault_folder, function_model
+    from search_helpers import FunctionEvaluator, run_job
+
+    from longrope.search.config.job_config import JobConfig
+    from longrope.search.run.run_store import RunDir
+
+    cluster, _ = ray_utils_cluster
+    cluster.add_node(num_cpus=1)  # whatever the test before removed: a node for each worker
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+
+    def job(folder):
+        search = {"population": 8, "parents": 4, "mutations": 3, "crossovers": 3, "generations": 2, "seed": 5}
+        return JobConfig.model_validate(
+            {"target_length": 256, "output_dir": str(folder), "data": {"search_windows": 1}, "search": search}
+        )
+
+    clean_dir, run_dir = RunDir(tmp_path / "clean"), RunDir(tmp_path / "run")
+    clean_best = run_job(job(clean_dir.path), clean_dir, FunctionEvaluator())[0]
+    pool = WorkerPool(
+        function_model(fault_folder(tmp_path / "fault", "slow 0.2")),  # its calls out when the node goes
+        [[0, 0]],
+        PoolSpec(num_workers=2, num_cpus_per_worker=1, batch_size=1, restart_timeout_s=5, address=cluster.address),
+        worker_class=FunctionWorker,
+        record_failures=True,
+    )
+    try:
+        best = run_job(job(run_dir.path), run_dir, NodeRemover(pool, cluster, after=3))[0]
+    finally:
+        pool.shutdown()
+    assert best == clean_best
+    assert scores(run_dir) == scores(clean_dir), "every candidate scored once, with the score it has anyway"
+    assert pool.failures == 1

@@ -69,3 +69,12 @@ def actor_resources(spec: PoolSpec, cluster: dict[str, float]) -> tuple[float, f
                 f"workers.{field_name} = {need}: the Ray cluster has only {cluster.get(resource, 0):g} {resource}s"
             )
     return spec.num_cpus_per_worker, num_gpus
+
+
+def actor_options(spec: PoolSpec, num_cpus: float, num_gpus: float) -> dict:
+    """Ray's `.options()` for each worker actor: its size, how often Ray restarts it, and the accelerator type it
+    is pinned to (`workers.accelerator_type`; absent when null, so any GPU will do)."""
+    options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": spec.max_restarts, "max_task_retries": 0}
+    if spec.accelerator_type is not None:
+        options["accelerator_type"] = spec.accelerator_type
+    return options

@@ -6,6 +6,13 @@ worker that dies loses only its in-flight batches, which go back to the front of
 Ray restarts the actor where it can (`max_restarts`), and the pool sends it the windows again and takes it back
 once it answers. The caller gets every result exactly once.
 
+A task that raises (a CUDA OOM on a smaller card, a NaN check, a broken driver) costs only that task: it is sent
+again, alone, to another worker where one is left, up to `retries` times, and then given up: with
+`record_failures` the pool yields a `TaskFailure` for it and goes on (the search records it as failed), else it
+raises. Errors are not sorted into the candidate's and the worker's by their type: a task that fails on several
+workers is taken to be at fault, and a worker whose tasks fail `retire_after_failures` times in a row (none
+answered between) is taken to be broken, killed and replaced by a fresh one.
+
 The pool fails fast, with the cause: a worker that cannot load its model reports that exception at once (it is
 not restarted into the same failure); a worker that has died more often than Ray restarts it is given up at
 once; when no worker is left, the pool raises one `WorkerPoolError`. It starts only as many workers as the
@@ -30,7 +37,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTa
 
 from longrope.encodings import RopeMethod
 from longrope.workers.errors import ModelLoadError, WorkerPoolError, one_line
-from longrope.workers.placement import actor_resources, workers_to_start
+from longrope.workers.placement import actor_options, actor_resources, workers_to_start
 from longrope.workers.ray_start import ensure_ray
 from longrope.workers.scorer import CandidateScore
 from longrope.workers.scoring_worker import (
@@ -43,6 +50,7 @@ from longrope.workers.scoring_worker import (
     window_spans,
 )
 from longrope.workers.specs import ModelSpec, PoolSpec
+from longrope.workers.task_failure import TaskFailure
 
 PROBE_INTERVAL_S = 0.5
 SHUTDOWN_DRAIN_S = 5.0  # at most this long collecting killed workers' calls (`shutdown`)
@@ -58,6 +66,7 @@ class _Worker:
     dead: bool = False
     failed_since: float | None = None  # set while the worker is down and being probed
     next_probe_at: float | None = None  # when to ask a down worker again (None: a probe is out)
+    failed_in_a_row: int = 0  # calls that raised since its last answer: past the pool's limit it is replaced
 
     @property
     def usable(self) -> bool:
@@ -70,6 +79,18 @@ class _Call:
     batch: list[Task] = field(default_factory=list)
     probe: bool = False
     load: bool = False  # a `load` call (the windows), answered with the worker's ready() info
+    retry: _Retry | None = None  # a task sent again after it raised (alone in its call)
+
+
+@dataclass
+class _Retry:
+    """A task that raised: the workers it failed on (a retry goes to another where one is left), how often, and
+    the last error on one line."""
+
+    task: Task
+    failed_on: set[int] = field(default_factory=set)
+    attempts: int = 0
+    error: str = ""
 
 
 class WorkerPool:
@@ -83,13 +104,16 @@ class WorkerPool:
         *,
         loss_mask: np.ndarray | Sequence[np.ndarray | None] | None = None,
         worker_class=None,
+        record_failures: bool = False,
     ):
         """`windows` [count, length], or a list of such window sets (each worker loads the model once for all of
         them; `self.spans` gives each set's range for `submit`). `loss_mask` [count, length - 1], or one per set:
         which predictions of each window count (None: all).
         `worker_class`: the actor class (ScoringWorker; bench/search_cost.py passes a synthetic one with the
         same constructor and `ready`/`score` methods to measure scheduling without a model). It is built with
-        no windows; a class with a `load` method gets them from `load` (see ScoringWorker)."""
+        no windows; a class with a `load` method gets them from `load` (see ScoringWorker).
+        `record_failures`: a task that raised on `spec.retries + 1` tries is yielded as a `TaskFailure` (the
+        search records it and goes on); otherwise it raises `WorkerPoolError` (compare: a table needs every row)."""
         spec = spec or PoolSpec()
         if spec.num_workers < 1:
             raise WorkerPoolError(f"workers.num_workers: must be at least 1, got {spec.num_workers}")
@@ -101,20 +125,17 @@ class WorkerPool:
         self.spans = window_spans(window_sets)
         self.windows_ref = ray.put([np.ascontiguousarray(w, dtype=np.int64) for w in window_sets])
         self.loss_mask_ref = ray.put([None if m is None else np.ascontiguousarray(m, dtype=bool) for m in loss_masks])
-        actor_class = ray.remote(worker_class or ScoringWorker).options(
-            num_gpus=num_gpus,
-            num_cpus=num_cpus,
-            max_restarts=spec.max_restarts,
-            max_task_retries=0,
-        )
-        count = workers_to_start(spec, num_cpus, num_gpus, ray.nodes())
-        # no ObjectRef among the constructor arguments (see ScoringWorker): the windows follow by `load`
-        self.workers = [_Worker(actor_class.remote(model, None), i) for i in range(count)]
+        self.model, self.record_failures = model, record_failures
+        self._actor_class = ray.remote(worker_class or ScoringWorker).options(**actor_options(spec, num_cpus, num_gpus))
+        self._loads_windows = callable(getattr(worker_class or ScoringWorker, "load", None))
+        self.workers: list[_Worker] = []
         self._queue: deque[Task] = deque()  # packed into calls of batch_size when a worker has room
+        self._retries: deque[_Retry] = deque()  # tasks that raised, each sent alone to the next free worker
         self._calls: dict[ray.ObjectRef, _Call] = {}
-        if callable(getattr(worker_class or ScoringWorker, "load", None)):
-            for worker in self.workers:
-                self._send_windows(worker)
+        for _ in range(workers_to_start(spec, num_cpus, num_gpus, ray.nodes())):
+            self._start_worker()
+        self.retired = 0  # workers replaced after failing `retire_after_failures` tasks in a row
+        self.retried = 0  # tasks sent again after they raised
         self.failures = 0
         self.started_at = time.monotonic()
         self.answered = False  # has any worker answered a call yet?
@@ -140,11 +161,12 @@ class WorkerPool:
 
     def as_completed(self) -> Iterator[tuple[Key, CandidateScore]]:
         """Results of everything submitted, as each batch finishes; returns when all are done."""
-        while self._queue or any(not call.probe for call in self._calls.values()):  # submit() may add more
+        while self._queue or self._retries or any(not call.probe for call in self._calls.values()):  # submit() adds
             self._dispatch()
             if all(w.dead for w in self.workers):
                 # queued, and still out with the dead workers (their calls never come back as results)
-                unscored = len(self._queue) + sum(len(call.batch) for call in self._calls.values())
+                out = sum(len(call.batch) for call in self._calls.values())
+                unscored = len(self._queue) + len(self._retries) + out
                 raise WorkerPoolError(
                     f"worker pool: no worker left ({self.failures} worker failures); "
                     f"{unscored} candidates were not scored"
@@ -178,6 +200,15 @@ class WorkerPool:
                 with suppress(RayError):  # the run's error was raised already; this one is its echo
                     ray.get(ref)
 
+    def _start_worker(self) -> _Worker:
+        """A new actor (the pool's next index), sent the windows first where its class loads them by `load`."""
+        # no ObjectRef among the constructor arguments (see ScoringWorker): the windows follow by `load`
+        worker = _Worker(self._actor_class.remote(self.model, None), len(self.workers))
+        self.workers.append(worker)
+        if self._loads_windows:
+            self._send_windows(worker)
+        return worker
+
     def _send_windows(self, worker: _Worker, *, probe: bool = False) -> None:
         """The windows to one worker (`load`), ahead of any batch sent to it (Ray runs one caller's calls to an
         actor in order). Counted in flight like a batch, so a worker that dies loading is noticed like one
@@ -192,11 +223,28 @@ class WorkerPool:
         for worker in self.workers:
             if worker.failed_since is not None and not worker.dead:
                 self._probe_if_due(worker, now)
-            while worker.usable and self._queue and worker.in_flight < self.spec.calls_per_worker:
+            while worker.usable and worker.in_flight < self.spec.calls_per_worker:
+                retry = self._retry_for(worker)
+                if retry is not None:
+                    self._calls[worker.actor.score.remote([retry.task])] = _Call(worker, [retry.task], retry=retry)
+                    worker.in_flight += 1
+                    continue
+                if not self._queue:
+                    break
                 size = min(max(1, self.spec.batch_size), len(self._queue))
                 batch = [self._queue.popleft() for _ in range(size)]
                 self._calls[worker.actor.score.remote(batch)] = _Call(worker, batch)
                 worker.in_flight += 1
+
+    def _retry_for(self, worker: _Worker) -> _Retry | None:
+        """The first waiting retry this worker may take: one that has not failed on it, or one that has failed on
+        every worker still in the pool (a one-worker pool retries where it can)."""
+        live = {w.index for w in self.workers if not w.dead}
+        for retry in self._retries:
+            if worker.index not in retry.failed_on or live <= retry.failed_on:
+                self._retries.remove(retry)
+                return retry
+        return None
 
     def _warn_if_never_started(self) -> None:
         """Placement is counted from the nodes' totals; on a shared cluster the resources may be taken, and Ray
@@ -240,8 +288,10 @@ class WorkerPool:
                 return []
             if isinstance(cause, ModelLoadError):
                 raise ModelLoadError(str(cause)) from exc
-            name = type(cause).__name__
-            raise WorkerPoolError(f"worker {call.worker.index}: scoring failed: {name}: {one_line(cause)}") from exc
+            if call.probe or call.load:  # not a task: no other worker would fare differently
+                name = type(cause).__name__
+                raise WorkerPoolError(f"worker {call.worker.index}: loading failed: {name}: {one_line(cause)}") from exc
+            return self._on_task_error(call, f"{type(cause).__name__}: {one_line(cause)}")
         except RayError as exc:  # the object store or the cluster failed under the call: one line, not a traceback
             name = type(exc).__name__
             raise WorkerPoolError(f"worker {call.worker.index}: Ray failed: {name}: {one_line(exc)}") from exc
@@ -251,7 +301,41 @@ class WorkerPool:
             call.worker.death_counted = False
             return []
         call.worker.in_flight -= 1
+        if not call.load:
+            call.worker.failed_in_a_row = 0
         return [] if call.load else value
+
+    def _on_task_error(self, call: _Call, error: str) -> list[tuple[Key, TaskFailure]]:
+        """A call that raised: each of its tasks is retried alone (so a task at fault cannot take its batch-mates
+        down with it) until it has failed `retries + 1` times, then given up (`TaskFailure`, or raised); the
+        worker is replaced once its calls have raised `retire_after_failures` times in a row."""
+        worker = call.worker
+        worker.in_flight -= 1
+        worker.failed_in_a_row += 1
+        given_up = []
+        for retry in [call.retry] if call.retry else [_Retry(task) for task in call.batch]:
+            retry.failed_on.add(worker.index)
+            retry.attempts += 1
+            retry.error = error
+            if retry.attempts <= self.spec.retries:
+                self._retries.append(retry)
+                self.retried += 1
+            elif self.record_failures:
+                given_up.append((retry.task.key, TaskFailure(error, retry.attempts)))
+            else:
+                raise WorkerPoolError(f"worker {worker.index}: scoring failed {retry.attempts} times: {error}")
+        if worker.failed_in_a_row >= self.spec.retire_after_failures and not worker.dead:
+            self._retire(worker)
+        return given_up
+
+    def _retire(self, worker: _Worker) -> None:
+        """A worker that keeps failing (a bad GPU, a driver in a broken state): killed for good and replaced by a
+        fresh actor, which Ray may place elsewhere. Its calls still out fail as a dead worker's do and go back to
+        the queue."""
+        worker.dead = True
+        ray.kill(worker.actor, no_restart=True)
+        self.retired += 1
+        self._start_worker()
 
     def _on_windows_missing(self, call: _Call) -> None:
         """A restarted actor answered without windows: a probe sends them (the worker stays down until that
@@ -269,7 +353,10 @@ class WorkerPool:
             worker.death_counted = True
         if not call.probe:
             worker.in_flight -= 1
-            self._queue.extendleft(reversed(call.batch))  # lost work goes first, to whoever is free
+            if call.retry:
+                self._retries.appendleft(call.retry)  # lost with the worker, not failed: its count stays
+            else:
+                self._queue.extendleft(reversed(call.batch))  # lost work goes first, to whoever is free
             if worker.failed_since is None:
                 self.failures += 1
                 worker.failed_since = now

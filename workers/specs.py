@@ -31,8 +31,11 @@ class PoolSpec:
     address: str | None = None  # None: an embedded local Ray; "auto" or "ray://host:port": an existing cluster
     batch_size: int = 4  # candidates per call
     calls_per_worker: int = 2
-    max_restarts: int = 1
-    restart_timeout_s: float = 120.0
+    max_restarts: int = 1  # times Ray restarts a dead worker
+    restart_timeout_s: float = 120.0  # a dead worker not back (model reloaded) by then is given up
+    retries: int = 2  # times a task that raised is sent again, to another worker where one is left
+    retire_after_failures: int = 3  # a worker whose tasks raised this many times in a row is replaced
+    accelerator_type: str | None = None  # Ray's `accelerator_type` for the actors ("H100"); None: any
     start_warning_s: float = 300.0  # warn once when no worker has answered by then (pending placement?)
     local_num_cpus: int | None = None  # CPUs for the embedded Ray (default: all)
     local_num_gpus: int | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, field_validator
 
 from longrope.search.config.strict import MAX_COUNT, Strict
@@ -21,6 +23,37 @@ class WorkersConfig(Strict):
     local_num_cpus: int | None = Field(
         default=None, ge=1, le=100_000, description="CPUs the embedded Ray may use; null: all"
     )
+    retries: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        description="times a candidate whose scoring raised (an OOM, a bad GPU) is sent again, to another worker "
+        "where one is left, before it is recorded as failed (ranked last; the run goes on)",
+    )
+    max_restarts: int = Field(
+        default=1, ge=0, le=1000, description="times Ray restarts a worker that died (its process or node lost)"
+    )
+    restart_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86_400,
+        description="seconds a dead worker has to come back (restarted, model reloaded) before it is given up; "
+        "allow for loading the model from network storage",
+    )
+    accelerator_type: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description='pin workers to nodes of this Ray accelerator type ("H100", "A100", "L4"); null: any',
+    )
+
+    @field_validator("accelerator_type")
+    @classmethod
+    def _accelerator_name(cls, value: str | None) -> str | None:
+        """Ray takes any name and then never places the actor on a typo: refuse what cannot be one."""
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]*", value):
+            raise ValueError(f"must be a Ray accelerator type such as H100 (letters, digits, _ . : -), got {value!r}")
+        return value
 
     @field_validator("num_gpus_per_worker", "num_cpus_per_worker")
     @classmethod

@@ -408,6 +408,10 @@ class JobContext:
             address=workers.address,
             batch_size=workers.batch_size,
             local_num_cpus=workers.local_num_cpus,
+            retries=workers.retries,
+            max_restarts=workers.max_restarts,
+            restart_timeout_s=workers.restart_timeout_s,
+            accelerator_type=workers.accelerator_type,
         )
 
 

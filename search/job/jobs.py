@@ -262,7 +262,13 @@ def _score(
     )
     heartbeat = HeartbeatWriter(run_dir.file(HEARTBEAT), sigterm_seen=options.sigterm_seen)
     with heartbeat.held():
-        pool = WorkerPool(context.model_spec(), windows.tokens, context.pool_spec(), loss_mask=windows.loss_mask)
+        pool = WorkerPool(
+            context.model_spec(),
+            windows.tokens,
+            context.pool_spec(),
+            loss_mask=windows.loss_mask,
+            record_failures=True,  # a candidate that fails on every worker is recorded as failed; the run goes on
+        )
         try:
             coordinator = Coordinator(
                 config.search,

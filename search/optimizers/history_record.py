@@ -29,7 +29,7 @@ class HistoryRecord(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
     key: str
-    status: Literal["scored", "stopped", "partial"] = "scored"  # see FINAL_STATUSES
+    status: Literal["scored", "stopped", "partial", "failed"] = "scored"  # see FINAL_STATUSES
     generation: int = Field(ge=0)
     seed: str | None = None  # the seed method's name for a seed candidate
     factors: list[float]
@@ -45,6 +45,7 @@ class HistoryRecord(BaseModel):
     gradient_windows: list[int] | None = None
     backward_windows: int = Field(default=0, ge=0)
     gradient: list[float | None] | None = None
+    error: str | None = Field(default=None, min_length=1)  # a failed candidate's last exception, on one line
 
     @model_validator(mode="after")
     def _consistent(self) -> HistoryRecord:
@@ -57,6 +58,8 @@ class HistoryRecord(BaseModel):
             raise ValueError(f"nll: a window's NLL is never below 0, got {min(v for v in self.nll if v is not None)}")
         if len(self.tokens) != len(self.nll) or any(t < 1 for t in self.tokens):
             raise ValueError(f"tokens: one count >= 1 per window NLL ({len(self.nll)}), got {self.tokens[:8]}")
+        if (self.status == "failed") != (self.error is not None):
+            raise ValueError(f"error: a {self.status!r} record {'needs' if self.error is None else 'has no'} error")
         if self.status != "scored" and (self.mean_nll is not None or self.perplexity is not None):
             raise ValueError(f"mean_nll: a {self.status!r} record has no score, got {self.mean_nll}")
         if (self.mean_nll is None) != (self.perplexity is None):
@@ -69,13 +72,14 @@ class HistoryRecord(BaseModel):
 
     @property
     def score(self) -> float:
-        """What a searcher ranks it by: its mean NLL per token, or inf when it has none (stopped by racing, not
-        finite, still partial)."""
+        """What a searcher ranks it by: its mean NLL per token, or inf when it has none (stopped by racing, failed,
+        not finite, still partial)."""
         return math.inf if self.mean_nll is None else self.mean_nll
 
     @property
     def final(self) -> bool:
-        """Scored on every window, or stopped by racing (FINAL_STATUSES): not a raced candidate's partial line."""
+        """Scored on every window, stopped by racing or failed (FINAL_STATUSES): not a raced candidate's partial
+        line."""
         return self.status in FINAL_STATUSES
 
     def line(self) -> str:
@@ -108,5 +112,7 @@ class HistoryRecord(BaseModel):
 
 # "scored": every search window; "stopped": racing stopped it, clearly worse than the worst parent on the windows
 # in `nll` (never a parent, never the best); "partial": the windows scored so far of a candidate still racing (a
-# later line for the same key replaces it). Stopped and partial records have mean_nll and perplexity null.
-FINAL_STATUSES = ("scored", "stopped")
+# later line for the same key replaces it); "failed": its scoring raised on every worker it was tried on (`error`
+# says how; `nll` holds the windows scored before), ranked last as a non-finite score is. Stopped, partial and
+# failed records have mean_nll and perplexity null.
+FINAL_STATUSES = ("scored", "stopped", "failed")

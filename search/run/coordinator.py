@@ -11,6 +11,8 @@ How a candidate is scored is decided here, where the workers are:
   recorded with status "stopped" and told as ranking last;
 - a candidate that asks for a gradient (`Candidate.gradient_windows`) sends those windows out with a backward pass,
   one chunk per worker (data-parallel, each returning its windows' gradients), and the others forward only;
+- a candidate whose scoring raised on every worker it was retried on (the pool's `TaskFailure`) is recorded with
+  status "failed" and its error, and told as ranking last: the run goes on;
 - every result is appended to history.jsonl as it arrives (one record type, `history_record`), so a crash loses
   nothing; a resumed run tells the searcher what history.jsonl holds instead of scoring it again, and continues a
   partly raced candidate from its next window.
@@ -53,6 +55,7 @@ from longrope.search.run.run_store import (
 from longrope.search.run.search_problem import Evaluator, SearchProblem
 from longrope.search.run.tensorboard_scalars import TENSORBOARD_DIR, TensorBoardScalars
 from longrope.workers.scorer import CandidateScore
+from longrope.workers.task_failure import TaskFailure
 
 
 @dataclass
@@ -218,11 +221,16 @@ class Coordinator:
     def _threshold(self) -> str | None:
         return self.searcher.threshold() if self.settings.racing.enabled else None
 
-    def _on_part(self, part_key: tuple[str, int], score: CandidateScore) -> None:
+    def _on_part(self, part_key: tuple[str, int], score: CandidateScore | TaskFailure) -> None:
         """A window range's result: recorded (a partial record while a raced candidate goes on), and the candidate
-        told once it is complete or stopped."""
+        told once it is complete, stopped or failed."""
         key, start = part_key
-        task = self.tasks[key]
+        task = self.tasks.get(key)
+        if task is None:  # another range of a candidate already recorded as failed
+            return
+        if isinstance(score, TaskFailure):
+            self._on_failure(task, score)
+            return
         task.parts[start] = score
         self.window_evaluations += len(score.nll)
         if task.candidate.gradient_windows is not None and task.scored_windows() < self.problem.windows:
@@ -237,6 +245,21 @@ class Coordinator:
         del self.tasks[key]
         if status == "scored" and record.mean_nll is None:
             self.reporter.log(f"search: candidate {key} scored a non-finite NLL; ranked last")
+        self.bar.advance(self._best_perplexity_text())
+        self.heartbeat.result()
+        self.scored_since_line += 1
+        self._tell(record)
+
+    def _on_failure(self, task: _Task, failure: TaskFailure) -> None:
+        """A range that raised on every worker it was tried on: the candidate is recorded as failed (with the windows
+        it scored before) and told as ranking last."""
+        key = task.candidate.key
+        record = history_record(task, "failed", self.problem, error=failure.error)
+        self.run_dir.append_history(record)
+        self.history[key] = record
+        del self.tasks[key]
+        tries = failure.attempts
+        self.reporter.log(f"search: candidate {key} failed after {tries} tries ({failure.error}); ranked last")
         self.bar.advance(self._best_perplexity_text())
         self.heartbeat.result()
         self.scored_since_line += 1
@@ -303,9 +326,10 @@ class Coordinator:
         return f"{best.perplexity:.4f}" if best else "-"
 
 
-def history_record(task: _Task, status: str, problem: SearchProblem) -> HistoryRecord:
+def history_record(task: _Task, status: str, problem: SearchProblem, error: str | None = None) -> HistoryRecord:
     """The one history.jsonl record of a candidate (a GA child, a seed, a descent step): what was scored, on which
-    windows, with what result; a descent step also its gradient windows and the objective's gradient on them."""
+    windows, with what result; a descent step also its gradient windows and the objective's gradient on them; a
+    failed one its `error`."""
     candidate = task.candidate
     nll, tokens, gradients = task.assembled()
     mean_nll = problem.mix.mean_nll(nll, tokens) if status == "scored" else None
@@ -323,6 +347,7 @@ def history_record(task: _Task, status: str, problem: SearchProblem) -> HistoryR
         "nll": [v if math.isfinite(v) else None for v in nll],
         "tokens": list(tokens),
         **({"windows": problem.windows_hash} if problem.windows_hash else {}),
+        **({"error": error} if error is not None else {}),
     }
     if candidate.gradient_windows is not None and status == "scored":
         first, last = candidate.gradient_windows

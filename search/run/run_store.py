@@ -48,7 +48,7 @@ from longrope.workers.path_limits import os_error_text, shown_path
 
 CONFIG, STATE, HISTORY = "config.json", "state.json", "history.jsonl"
 FORMAT = "1.1"  # the run-directory format this release writes; the formats it reads: READABLE_FORMATS
-READABLE_FORMATS = ("1.0", FORMAT)  # 1.1 adds model.sliding_window to config.json
+READABLE_FORMATS = ("1.0", FORMAT)  # 1.1 adds model.sliding_window to config.json, history's "failed" lines
 
 
 Seconds = Annotated[float, Field(ge=0)]  # a duration measured on a monotonic clock: never negative
