@@ -14,6 +14,7 @@ from faulty_function_workers import FunctionWorker, fault_folder, function_model
 from search_helpers import FunctionEvaluator, run_job, write_job_record
 
 from longrope.search.config.job_config import JobConfig
+from longrope.search.export.factors_export import factors_file_of_run
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.reports.status import run_status
 from longrope.search.run.run_store import RunDir
@@ -120,6 +121,8 @@ def test_a_candidate_that_fails_everywhere_is_recorded_and_the_run_finishes(loca
     write_job_record(run_dir.path, config)
     status = run_status(run_dir)
     assert status.finished and status.best_key == best.key and status.evaluations == len(lines(run_dir))
+    exported = factors_file_of_run(run_dir).provenance
+    assert exported.finished and exported.best_key == best.key and exported.evaluations == status.evaluations
 
 
 def test_a_failed_candidate_survives_a_resume(tmp_path):
