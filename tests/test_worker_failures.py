@@ -178,3 +178,39 @@ def test_workers_are_pinned_to_an_accelerator_type_only_when_one_is_named():
         "max_task_retries": 0,
         "accelerator_type": "H100",
     }
+
+
+class FailsOneGradientRange(FunctionEvaluator):
+    """A descent's evaluator whose `fail_at`-th backward range is given up (its other ranges come back)."""
+
+    def __init__(self, fail_at: int, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_at, self.backward_ranges = fail_at, 0
+
+    def as_completed(self):
+        pending, self.pending = self.pending, []
+        for key, candidate, windows, gradient in pending:
+            self.backward_ranges += gradient
+            if gradient and self.backward_ranges == self.fail_at:
+                yield key, TaskFailure("RuntimeError: CUDA out of memory", 3)
+            else:
+                yield key, self._score(candidate, windows, gradient)
+
+
+def test_a_descent_step_with_a_failed_range_is_recorded_once_and_the_descent_goes_on(tmp_path):
+    from known_problem import problem
+    from search_helpers import make_coordinator
+
+    from longrope.search.optimizers.factory import load_job_config
+
+    settings = ["target_length=256", "data.search_windows=4", "search.seed=3", f"output_dir={tmp_path}"]
+    config = load_job_config(None, [*settings, "search.optimizer=gradient", "search.gradient.steps=4"])
+    run_dir = RunDir(tmp_path)
+    run_dir.create(config)
+    evaluator = FailsOneGradientRange(3, windows=4, wobble=0.0, workers=2)  # a step's backward: 2 ranges
+    best = make_coordinator(config, run_dir, evaluator, problem(4)).run()
+    records = lines(run_dir)
+    failed = [line for line in records if line["status"] == "failed"]
+    assert len(failed) == 1 and "gradient" not in failed[0]
+    assert len({line["key"] for line in records}) == len(records), "one line per candidate"
+    assert best.status == "scored" and json.loads(run_dir.file("state.json").read_text())["finished"]
