@@ -168,6 +168,19 @@ def test_a_failed_record_needs_its_error_and_has_no_score():
         HistoryRecord.model_validate(line | {"error": "x"})
 
 
+def test_the_generation_line_counts_the_failed_candidates():
+    from longrope.search.optimizers.searcher import GenerationEnd
+    from longrope.search.run.generation_log import generation_line
+
+    line = {"generation": 0, "factors": [1.0], "n_hat": 0, "attention_factor": None, "mean_nll": None}
+    line |= {"perplexity": None, "nll": [], "tokens": [], "status": "failed", "error": "RuntimeError: OOM"}
+    history = {key: HistoryRecord.model_validate(line | {"key": key}) for key in ("a", "b")}
+    text = generation_line(
+        GenerationEnd("generation 0/3", 0, math.inf, math.inf), history, racing=False, seconds=1.0, scored=2
+    )
+    assert text.startswith("generation 0/3  evaluations 2 (2 failed)  best search ppl -")
+
+
 def test_workers_are_pinned_to_an_accelerator_type_only_when_one_is_named():
     assert "accelerator_type" not in actor_options(PoolSpec(), 1.0, 0.0)
     pinned = actor_options(PoolSpec(accelerator_type="H100", max_restarts=4), 0.25, 1.0)

@@ -1,10 +1,10 @@
 """The line the coordinator logs after each generation (and each polish step), and the numbers in it.
 
 A generation's line gives its label (search/optimizers/labels.py: "generation 3/20", a descent's "(step 2/5)"), the
-evaluations so far, the best perplexity on the search split (with as many digits as show a new best), "new best",
-the early-stop countdown the searcher reports, what the surrogate screened out (search.surrogate), the forward
-and backward window passes and the rate. Pure functions of what the coordinator holds, so the wording is tested
-without a search.
+evaluations so far (and how many failed, where any did), the best perplexity on the search split (with as many
+digits as show a new best), "new best", the early-stop countdown the searcher reports, what the surrogate screened
+out (search.surrogate), the forward and backward window passes and the rate. Pure functions of what the coordinator
+holds, so the wording is tested without a search.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ def generation_line(end: GenerationEnd, history: Records, *, racing: bool, secon
     The rate is `scored` (candidates this process scored, over those `seconds`): a resumed run's first generation
     holds results scored before the stop, which its seconds do not cover."""
     stopped = sum(1 for r in history.values() if r.status == "stopped")
+    failed = sum(1 for r in history.values() if r.status == "failed")
     new_best = end.best < end.previous_best < math.inf and not end.countdown
     return (
         f"{end.label}  evaluations {final_count(history)}"
         + (f" ({stopped} stopped by racing)" if racing else "")
+        + (f" ({failed} failed)" if failed else "")  # on every worker they were tried on: ranked last
         + f"  best search ppl {perplexity_text(end.best, end.previous_best)}"
         + ("  * new best" if new_best else "")
         + end.countdown
