@@ -52,7 +52,7 @@ def smollm2_shaped(folder: Path, layers: int) -> Path:
 def measure(model, rope, length: int, chunk: int | None) -> dict[str, float]:
     """Peak MiB of one window's forward (`score`) and gradient pass (`score_with_gradient`) at `length`."""
     windows = torch.randint(0, SMOLLM2["vocab_size"], (1, length + 1), generator=torch.Generator().manual_seed(0))
-    scorer = Scorer(model, windows, rope.method.original_inv_freq(), mlp_chunk_tokens=chunk, offload_checkpoints="off")
+    scorer = Scorer(model, windows, rope.method.original_inv_freq(), mlp_chunk_tokens=chunk, checkpoints="device")
     pairs = rope.rotary_dim // 2
     original = SMOLLM2["max_position_embeddings"]
     method = LongRope.from_factors(

@@ -35,15 +35,15 @@ def test_offloaded_checkpoints_give_the_same_nll_and_gradient(family_model):
     model, rope, windows = family_model
     candidate = rising_candidate(rope)
     scores = {
-        setting: Scorer(
-            model, windows, rope.method.original_inv_freq(), offload_checkpoints=setting
-        ).score_with_gradient(candidate)
-        for setting in ("off", "on")
+        setting: Scorer(model, windows, rope.method.original_inv_freq(), checkpoints=setting).score_with_gradient(
+            candidate
+        )
+        for setting in ("device", "host")
     }
-    torch.testing.assert_close(torch.tensor(scores["on"].nll), torch.tensor(scores["off"].nll), rtol=1e-7, atol=0)
-    reference = torch.tensor(scores["off"].gradient)
+    torch.testing.assert_close(torch.tensor(scores["host"].nll), torch.tensor(scores["device"].nll), rtol=1e-7, atol=0)
+    reference = torch.tensor(scores["device"].gradient)
     assert reference.abs().max() > 1e-2, "the candidate moves the NLL"
-    torch.testing.assert_close(torch.tensor(scores["on"].gradient), reference, rtol=1e-6, atol=0)
+    torch.testing.assert_close(torch.tensor(scores["host"].gradient), reference, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize(("offload_to", "alive"), [(None, "every"), (torch.device("cpu"), "none")])

@@ -131,12 +131,12 @@ class Scorer:
         tokens_per_forward: int | None = None,
         loss_chunk_tokens: int = 1024,
         mlp_chunk_tokens: int | None = DEFAULT_MLP_CHUNK_TOKENS,
-        offload_checkpoints: Literal["auto", "on", "off"] = "auto",
+        checkpoints: Literal["auto", "host", "device"] = "auto",
         loss_mask: torch.Tensor | None = None,
     ):
         """`loss_mask` [count, length - 1] bool: which predictions of each window count (None: all).
         `mlp_chunk_tokens`: tokens per chunk of each layer's MLP (workers/sequence_chunks.py; None: unchunked).
-        `offload_checkpoints`: where a gradient pass keeps its layer checkpoints (`checkpoint_home`)."""
+        `checkpoints`: where a gradient pass keeps its layer checkpoints (`checkpoint_home`)."""
         if windows.ndim != 2 or windows.shape[1] < 2:
             raise ValueError(f"windows: expected [count, length >= 2] token ids, got shape {tuple(windows.shape)}")
         expected = (windows.shape[0], windows.shape[1] - 1)
@@ -153,7 +153,7 @@ class Scorer:
         self.tokens_per_forward = tokens_per_forward or DEFAULT_TOKENS_PER_FORWARD[self.device.type == "cuda"]
         self.loss_chunk_tokens = loss_chunk_tokens
         self.mlp_chunk_tokens = mlp_chunk_tokens
-        self.offload_checkpoints = offload_checkpoints
+        self.checkpoints = checkpoints
         self.decoder = decoder_of(model)
         self.logits = family_of(model.config.to_dict()).logit_transform(model.config)
 
@@ -252,14 +252,14 @@ class Scorer:
         )
 
     def checkpoint_home(self, rows: int) -> torch.device | None:
-        """Where a gradient pass keeps each layer's input (None: where the model is): the host with
-        `offload_checkpoints` "on"; with "auto", the host when the model is on a GPU and the checkpoints of a
+        """Where a gradient pass keeps each layer's input (None: where the model is): the host with `checkpoints`
+        "host"; with "auto", the host when the model is on a GPU and the checkpoints of a
         forward of `rows` windows (layers x rows x positions x hidden) would take more than `CHECKPOINT_SHARE` of
         its free memory: the rest holds the forward's activations and the backward's recomputed layer, which at long
         windows are each about the checkpoints' size."""
-        if self.offload_checkpoints == "on":
+        if self.checkpoints == "host":
             return torch.device("cpu")
-        if self.offload_checkpoints == "off" or self.device.type != "cuda":
+        if self.checkpoints == "device" or self.device.type != "cuda":
             return None
         parameter = next(self.model.parameters())
         size = len(self.decoder.layers) * rows * self.context_length * self.model.config.hidden_size

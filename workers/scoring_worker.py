@@ -105,6 +105,7 @@ class ScoringWorker:
                 candidates_per_forward=spec.candidates_per_forward,
                 tokens_per_forward=spec.tokens_per_forward,
                 loss_chunk_tokens=spec.loss_chunk_tokens,
+                checkpoints=spec.checkpoints,
                 loss_mask=None if mask is None else torch.from_numpy(np.asarray(mask, dtype=bool)),
             )
             scorers.append((first, scorer))

@@ -19,6 +19,7 @@ class ModelSpec:
     candidates_per_forward: int = 4
     tokens_per_forward: int | None = None  # None: the scorer's default for the device
     loss_chunk_tokens: int = 1024
+    checkpoints: str = "auto"  # where a gradient pass keeps its layer checkpoints (Scorer.checkpoint_home)
 
 
 @dataclass(frozen=True)

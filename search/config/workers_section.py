@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -39,6 +40,11 @@ class WorkersConfig(Strict):
         le=86_400,
         description="seconds a dead worker has to come back (restarted, model reloaded) before it is given up; "
         "allow for loading the model from network storage",
+    )
+    checkpoints: Literal["auto", "host", "device"] = Field(
+        default="auto",
+        description="where a gradient pass keeps its layer checkpoints: auto (host memory when they would take more "
+        "than a third of the GPU's free memory, else the device), host, or device; the scores are the same",
     )
     accelerator_type: str | None = Field(
         default=None,

@@ -229,8 +229,10 @@ def gradient_device_fields(
         return {}
     shape = gradient_shape(config, longest.length, kind)
     memory = gradient_memory(arch, shape, dtype, config.model.attn_implementation)
-    if kind == "gpu" and capacity_gib is not None:
-        memory = offloaded(memory, capacity_gib * 2**30)
+    if kind == "gpu" and config.workers.checkpoints != "device":
+        always = config.workers.checkpoints == "host"
+        if always or capacity_gib is not None:
+            memory = offloaded(memory, 0.0 if always else capacity_gib * 2**30)
     return {
         "gradient_memory": memory,
         "gradient_headroom": gpu_headroom(memory, shape, arch) if kind == "gpu" else 0.0,

@@ -214,7 +214,7 @@ CHECKPOINT_SHARE = 1 / 3
 
 
 def offloaded(memory: Memory, capacity_bytes: float) -> Memory:
-    """A GPU gradient pass's memory with its checkpoints where the scorer's `offload_checkpoints: auto` keeps them
+    """A GPU gradient pass's memory with its checkpoints where the scorer keeps them with `workers.checkpoints: auto`
     (workers/scorer.py `Scorer.checkpoint_home`): on the host when they would take more than a third of the GPU's
     free memory at the pass's start (its capacity less the weights and the CUDA context)."""
     free = capacity_bytes - memory.weights - CUDA_CONTEXT_BYTES

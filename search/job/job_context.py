@@ -397,6 +397,7 @@ class JobContext:
             trust_remote_code=model.trust_remote_code,
             config_overrides=dict(self.model_overrides),
             candidates_per_forward=workers.candidates_per_forward,
+            checkpoints=workers.checkpoints,
         )
 
     def pool_spec(self) -> PoolSpec:
