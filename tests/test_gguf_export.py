@@ -164,6 +164,12 @@ BAD_INPUTS = [
         "--gguf '{t}/in.gguf': general.architecture is 'phi3'; only 'llama' GGUF files are exported",
         id="phi3",
     ),
+    pytest.param(  # the reason is llama.cpp's own gemma3 graph's (search/export/gguf_export.py ARCHITECTURE_REFUSALS)
+        lambda t: variant(t, architecture="gemma3"),
+        "--gguf '{t}/in.gguf': general.architecture is 'gemma3': llama.cpp's gemma3 graph (src/models/gemma3.cpp) has "
+        "no per-pair rope factors",
+        id="gemma3",
+    ),
     pytest.param(
         lambda t: variant(t, extra_tensors={ROPE_FREQS: np.ones(16, np.float32)}),
         f"--gguf '{{t}}/in.gguf': already has {ROPE_FREQS} (rescaled frequencies, as Llama 3.1's)",

@@ -107,8 +107,20 @@ def read_gguf(path: Path, where: str):
     return reader
 
 
+# Why an architecture whose model the scorer handles gets no GGUF, where llama.cpp's own graph says so (llama.cpp as
+# vendored by llama-cpp-python 0.3.36, ggml-org/llama.cpp@0c1e57098)
+ARCHITECTURE_REFUSALS = {
+    "gemma3": "llama.cpp's gemma3 graph (src/models/gemma3.cpp) has no per-pair rope factors: its load_arch_tensors "
+    "never creates rope_freqs.weight (a GGUF holding one fails to load: 'wrong number of tensors'), it passes nullptr "
+    "factors to ggml_rope_ext, and rope.scaling.attn_factor would reach the local layers too, where transformers "
+    "scales only rope_parameters.full_attention",
+}
+
+
 def check_architecture(reader, where: str) -> None:
     architecture = field_value(reader, "general.architecture")
+    if architecture in ARCHITECTURE_REFUSALS:
+        raise ExportError(f"{where}: general.architecture is {architecture!r}: {ARCHITECTURE_REFUSALS[architecture]}")
     if architecture != ARCHITECTURE:
         raise ExportError(
             f"{where}: general.architecture is {architecture!r}; only {ARCHITECTURE!r} GGUF files are exported "

@@ -37,6 +37,7 @@ from longrope.encodings import LongRope, from_hf
 from longrope.encodings.lazy_import import torch
 from longrope.search.config.factors_file import FactorsFile
 from longrope.search.export.factors_export import check_same_shape, config_with_block
+from longrope.search.export.gguf_export import ARCHITECTURE_REFUSALS
 from longrope.search.export.llama_cpp_row import LlamaCppRow, llama_cpp_row
 from longrope.workers.families import Family, decoder_of, family_of
 from longrope.workers.models import check_weights, load_model, model_rope, read_model_config
@@ -161,7 +162,14 @@ def no_gguf_row(model_type: str | None) -> LlamaCppRow:
         f"not exportable to a GGUF: the GGUF export writes llama.cpp's llama graph, and model_type {model_type!r} "
         "runs its own graph there, which the export does not write"
     )
+    architecture = GGUF_ARCHITECTURES.get(model_type or "")
+    if architecture in ARCHITECTURE_REFUSALS:
+        reason = f"not exportable to a GGUF: {ARCHITECTURE_REFUSALS[architecture]}"
     return LlamaCppRow(source=reason, cos_sin_max_diff={}, ok=True)
+
+
+# a model_type's llama.cpp architecture, where it has its own refusal (`gguf_export.ARCHITECTURE_REFUSALS`)
+GGUF_ARCHITECTURES = {"gemma3_text": "gemma3", "gemma3": "gemma3"}
 
 
 def positions(length: int):
