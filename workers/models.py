@@ -18,9 +18,10 @@ from typing import Any
 
 from longrope.encodings import EncodingConfigError, RopeMethod, from_hf_config
 from longrope.encodings.lazy_import import torch
+from longrope.workers.device_plan import DevicePlan, plan_devices
 from longrope.workers.devices import device_problem
 from longrope.workers.errors import ModelLoadError, one_line
-from longrope.workers.families import BLOCKWISE, attention_for, family_of, rope_config
+from longrope.workers.families import BLOCKWISE, attention_for, decoder_of, family_of, rope_config
 from longrope.workers.model_build import (
     blamed,
     build_on_meta,
@@ -234,13 +235,14 @@ def load_model(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
     config_overrides: dict[str, Any] | None = None,
+    gpus: int = 1,
 ):
     """(model, ModelRope): an eval-mode causal LM on `device`, its rotary frequencies kept in float32.
 
     `config_overrides` change model config attributes at load (e.g. `sliding_window: None` for Mistral, so every
-    token attends to the whole window being scored), through the config class as `check_model` checked them."""
-    from transformers import AutoModelForCausalLM  # only where a model is loaded
-
+    token attends to the whole window being scored), through the config class as `check_model` checked them.
+    `gpus` >= 2 spreads the decoder's layers over that many GPUs (`spread_over_gpus`) where the device is CUDA; one
+    (or no CUDA) keeps the whole model on `device`, loaded and then moved as it always was."""
     rope = rope_with_overrides(read_model_config(model_dir), config_overrides)
     check_weights(model_dir)
     torch_device = check_load_options(attn_implementation, device)
@@ -250,18 +252,67 @@ def load_model(
         from longrope.workers.local_attention import register  # torch and transformers: only where a model loads
 
         register()
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    options = dict(dtype=torch_dtype, attention=attention, trust_remote_code=trust_remote_code)
+    if gpus >= 2 and torch_device.type == "cuda":  # without CUDA (a Ray fake-GPU worker) the CPU holds it all
+        model = spread_over_gpus(model_dir, config, gpus, **options)
+        check_rotary(model)
+        return model.eval(), rope
+    model = _from_pretrained(model_dir, config, **options)
+    check_rotary(model)
+    return model.to(torch_device).eval(), rope
+
+
+def spread_over_gpus(model_dir: Path, config, gpus: int, **options):
+    """The model's layers over GPUs 0 .. gpus - 1 (the worker's; Ray sets CUDA_VISIBLE_DEVICES), each holding at
+    most `DevicePlan.max_memory` of weights (workers/device_plan.py: the LongRoPE release's 0.8 rule), loaded shard
+    by shard onto their devices (`sharded_load`). Refused before a weight is read where the GPUs are missing or the
+    weights do not fit them; never moved with `.to()` afterwards (accelerate's hooks move each layer's inputs)."""
+    if torch.cuda.device_count() < gpus:
+        seen = torch.cuda.device_count()
+        raise ModelLoadError(f"workers.num_gpus_per_worker = {gpus}: the worker sees {seen} CUDA devices")
+    plan = device_plan_for(config, gpus, options["dtype"], options["trust_remote_code"])
+    if plan.problem():
+        raise ModelLoadError(plan.problem())
+    model = sharded_load(model_dir, config, device_map="auto", max_memory=plan.max_memory, **options)
+    placed = set(getattr(model, "hf_device_map", {}).values())
+    if not placed or not all(isinstance(where, int) for where in placed):
+        raise ModelLoadError(f"workers.num_gpus_per_worker = {gpus}: the device map placed weights on {placed}")
+    return model
+
+
+def device_plan_for(config, gpus: int, dtype: torch.dtype, trust_remote_code: bool) -> DevicePlan:
+    """The plan for this config on the worker's `gpus` GPUs (the smallest's memory), its weights counted on the
+    meta device at the load's dtype."""
+    meta = build_on_meta(config, trust_remote_code)
+    weights = sum(param.numel() for param in meta.parameters()) * dtype.itemsize
+    memory = min(torch.cuda.get_device_properties(index).total_memory for index in range(gpus))
+    return plan_devices(weights, len(decoder_of(meta).layers), gpus, memory)
+
+
+def sharded_load(model_dir: Path, config, *, device_map, max_memory=None, **options):
+    """from_pretrained with a `device_map`: transformers builds the model on the meta device and reads the
+    safetensors shard by shard, each tensor straight onto its device, so the host never holds a whole copy
+    (`low_cpu_mem_usage` semantics: transformers 5.x always builds on meta and drops that argument as "not used
+    anymore", modeling_utils.py `from_pretrained`; the map's dispatch is integrations/accelerate.py). The worker
+    spreads a model over its GPUs with it; tests load onto the CPU with it to bound the host's peak."""
+    return _from_pretrained(model_dir, config, device_map=device_map, max_memory=max_memory, **options)
+
+
+def _from_pretrained(model_dir: Path, config, *, dtype, attention, trust_remote_code, **placement):
+    from transformers import AutoModelForCausalLM  # only where a model is loaded
+
     try:
         with no_progress_bars():
-            model = AutoModelForCausalLM.from_pretrained(
+            return AutoModelForCausalLM.from_pretrained(
                 model_dir,
                 config=config,
-                dtype=resolve_dtype(dtype, torch_device),
+                dtype=dtype,
                 attn_implementation=attention,
                 trust_remote_code=trust_remote_code,
                 local_files_only=True,
                 use_safetensors=True,
+                **placement,
             )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"model directory: cannot load {str(model_dir)!r}: {exc}") from exc
-    check_rotary(model)
-    return model.to(torch_device).eval(), rope

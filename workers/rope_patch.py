@@ -72,6 +72,7 @@ class CandidateRotaryEmbedding(nn.Module):
         if self.searched_layer_type is not None and layer_type != self.searched_layer_type:
             return self.own(x, position_ids, layer_type)
         rows = self.inv_freq.shape[0]
+        position_ids = position_ids.to(self.inv_freq.device)  # the decoder makes them on the embedding's device
         if position_ids.shape[0] not in (1, rows):
             raise ValueError(f"batch of {position_ids.shape[0]} rows but {rows} candidates are set")
         cos, sin = rotary_cos_sin(
@@ -90,12 +91,21 @@ def patch_rotary(model, original_inv_freq: torch.Tensor) -> tuple[CandidateRotar
     family = model_family(model)
     decoder = getattr(model, family.decoder)
     original = decoder.rotary_emb
-    device = next(model.parameters()).device
+    device = rotary_device(model, original)
     patched = CandidateRotaryEmbedding(
         original_inv_freq.to(device), family.layout, family.searched_layer_type, original
     )
     decoder.rotary_emb = patched
     return patched, original
+
+
+def rotary_device(model, rotary: nn.Module) -> torch.device:
+    """Where the model's rotary module computes: its frequencies' device. A model spread over GPUs has the module
+    where accelerate's device map put it (`model.rotary_emb` in transformers' map); each layer's hook then moves
+    cos/sin to that layer's device, tuples included (accelerate hooks.py `AlignDevicesHook.pre_forward` ->
+    utils/operations.py `send_to_device`). On one device it is every parameter's device."""
+    buffer = next(rotary.buffers(), None)
+    return buffer.device if buffer is not None else next(model.parameters()).device
 
 
 def restore_rotary(model, original: nn.Module) -> None:

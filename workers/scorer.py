@@ -143,7 +143,9 @@ class Scorer:
         if loss_mask is not None and tuple(loss_mask.shape) != expected:
             raise ValueError(f"loss_mask: expected shape {expected}, got {tuple(loss_mask.shape)}")
         self.model = model
-        self.device = next(model.parameters()).device
+        # the input embedding's device: a model spread over GPUs (workers/device_plan.py) takes its input ids on
+        # the first one; on one device this is every parameter's device
+        self.device = model.get_input_embeddings().weight.device
         self.windows = windows.to(self.device, dtype=torch.long)
         self.loss_mask = None if loss_mask is None else loss_mask.to(self.device, dtype=torch.bool)
         counts = (windows.shape[1] - 1,) * len(windows) if loss_mask is None else loss_mask.sum(dim=1).tolist()
@@ -290,13 +292,16 @@ class Scorer:
         # use_cache=False: scoring never decodes on, and a DynamicCache would keep every layer's keys and values
         # alive to the end of the forward (16 GiB for a 7B model at 32k tokens)
         hidden = self.decoder(input_ids=batch[:, :-1], use_cache=False).last_hidden_state
+        # spread over GPUs, the final hidden states, lm_head and so the logits are on the last device: the targets
+        # and the mask go there (on one device every `.to` here returns its tensor as it is)
+        head = self.model.lm_head.weight.device
         return chunked_loss(
-            hidden,
-            batch[:, 1:],
+            hidden.to(head),
+            batch[:, 1:].to(head),
             self.model.lm_head,
             chunk_tokens=self.loss_chunk_tokens,
             logits=self.logits,
-            loss_mask=loss_mask,
+            loss_mask=None if loss_mask is None else loss_mask.to(head),
         )
 
 

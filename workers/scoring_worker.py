@@ -89,6 +89,7 @@ class ScoringWorker:
             attn_implementation=spec.attn_implementation,
             trust_remote_code=spec.trust_remote_code,
             config_overrides=spec.config_overrides,
+            gpus=spec.gpus,
         )
 
     def _load_windows(self, windows: list[np.ndarray], loss_masks: list[np.ndarray | None]) -> None:

@@ -20,6 +20,7 @@ class ModelSpec:
     tokens_per_forward: int | None = None  # None: the scorer's default for the device
     loss_chunk_tokens: int = 1024
     checkpoints: str = "auto"  # where a gradient pass keeps its layer checkpoints (Scorer.checkpoint_home)
+    gpus: int = 1  # GPUs the model is spread over (workers.num_gpus_per_worker when >= 2; workers/device_plan.py)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from longrope.search.cost.architecture import (
 )
 from longrope.search.cost.budget import backward_cost, per_search_text, search_budget
 from longrope.search.cost.estimate import DeviceEstimate, JobEstimate, job_estimate, resolve_original_length
+from longrope.search.cost.gpu_split import pipeline_text
 from longrope.search.cost.hardware import DEFAULT_MFU, Rates, find_gpu, gpu_rates
 from longrope.search.cost.memory import forward_shape, worker_dtype, worker_threads
 from longrope.search.job.validation_checks import data_source_checks, least_window_tokens
@@ -223,6 +224,8 @@ def device_lines(device: DeviceEstimate) -> list[str]:
     memory = device.memory
     fits = "" if device.fits is None else (" fits" if device.fits else " DOES NOT FIT")
     capacity = "" if device.memory_capacity_gib is None else f" of {device.memory_capacity_gib:.0f} GiB:{fits}"
+    if device.gpus_per_worker > 1:  # the fit is the busiest GPU's, on its own line
+        capacity = f" over {device.gpus_per_worker} GPUs"
     attention = f", attention matrix {_gib(memory.attention_matrix)}" if memory.attention_matrix else ""
     lines = [
         f"\n{device.device}: {device.rates.source}",
@@ -233,6 +236,7 @@ def device_lines(device: DeviceEstimate) -> list[str]:
     ]
     if device.gradient_memory is not None:
         lines.append(gradient_memory_line(device))
+    lines += split_lines(device)
     if device.time_withheld:
         return [*lines, f"  time           not estimated: {device.time_withheld}", *_rates_lines(device.rates)]
     racing = f" ({_hours(device.hours_racing)} with racing)" if device.hours_racing else ""
@@ -243,12 +247,38 @@ def device_lines(device: DeviceEstimate) -> list[str]:
         f"  time           {device.seconds_per_candidate:.3g} s per candidate{backward}; {_hours(device.hours)} "
         f"device time for the whole search{racing}"
     )
+    if device.gpus_per_worker > 1:
+        lines.append(f"  pipeline       {pipeline_text(device.gpus_per_worker)}")
     if device.devices_in_parallel:
         lines.append(
             f"  wall           {_hours(device.hours / device.devices_in_parallel)} on the config's "
             f"{device.devices_in_parallel:g} GPUs"
         )
     return lines + _rates_lines(device.rates, device)
+
+
+def split_lines(device: DeviceEstimate) -> list[str]:
+    """A worker spread over GPUs: the GPUs its weights need at the plan's share (workers/device_plan.py), and the
+    busiest GPU's peak against one GPU's memory (none on one device)."""
+    if device.gpus_per_worker < 2:
+        return []
+    gpus, lines = device.gpus_per_worker, []
+    plan = device.device_plan
+    if plan is not None:
+        layers = "/".join(str(count) for count in plan.layers_per_device)
+        lines.append(
+            f"  GPUs/worker    needs {plan.gpus_needed} x {_gib(plan.gpu_memory)} for the weights at "
+            f"{plan.weight_share:g} of each; {gpus} given (max_memory {_gib(plan.max_memory[0])} each, layers "
+            f"{layers}){'' if plan.fits else ': TOO FEW'}"
+        )
+    if device.memory_per_gpu is not None:
+        fits = " fits" if device.fits else " DOES NOT FIT"
+        lines.append(
+            f"  memory/GPU     {_gib(device.memory_per_gpu)} of {device.memory_capacity_gib:.0f} GiB:{fits} (the "
+            f"busiest GPU: 1/{gpus} of the weights {_gib(device.memory.weights / gpus)} and of any checkpoints, one "
+            "layer's activations or the loss, and headroom)"
+        )
+    return lines
 
 
 def gradient_memory_line(device: DeviceEstimate) -> str:

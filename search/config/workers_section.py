@@ -15,7 +15,13 @@ class WorkersConfig(Strict):
         default=None, description='null: an embedded local Ray; "auto" or "ray://host:10001": a running cluster'
     )
     num_workers: int = Field(default=1, ge=1, le=100_000, description="Ray actors, each with its own model copy")
-    num_gpus_per_worker: float = Field(default=0.0, ge=0, le=1024, description="GPUs per worker (may be fractional)")
+    num_gpus_per_worker: float = Field(
+        default=0.0,
+        ge=0,
+        le=1024,
+        description="GPUs per worker: a fraction shares one GPU; 2 or more (whole GPUs) spread the model's layers "
+        "over them (for a model too big for one GPU)",
+    )
     num_cpus_per_worker: float = Field(default=1.0, gt=0, le=1024, description="CPUs per worker (may be fractional)")
     candidates_per_forward: int = Field(
         default=4, ge=1, le=MAX_COUNT, description="candidates scored in one forward pass (as extra batch rows)"
@@ -65,6 +71,15 @@ class WorkersConfig(Strict):
     @classmethod
     def _ray_amount(cls, value: float) -> float:
         return ray_resource_amount(value)
+
+    @field_validator("num_gpus_per_worker")
+    @classmethod
+    def _whole_gpus_to_spread(cls, value: float) -> float:
+        """Above one GPU a worker spreads its layers over whole GPUs (workers/device_plan.py); Ray too takes a
+        resource above 1 only whole."""
+        if value > 1 and value != int(value):
+            raise ValueError(f"must be at most 1, or a whole number of GPUs to spread the model over, got {value}")
+        return value
 
 
 def ray_resource_amount(value: float) -> float:

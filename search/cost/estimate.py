@@ -32,6 +32,7 @@ from longrope.search.cost.budget import (
     window_evaluations,
 )
 from longrope.search.cost.flops import Flops, elementwise_bytes
+from longrope.search.cost.gpu_split import busiest_gpu_peak, split_gpus, worker_plan
 from longrope.search.cost.hardware import FIXED_COST_SHARE_LIMIT, Rates, gpu_forward_overhead, seconds
 from longrope.search.cost.memory import (
     DTYPE_BYTES,
@@ -45,6 +46,7 @@ from longrope.search.cost.memory import (
     worker_dtype,
     worker_memory,
 )
+from longrope.workers.device_plan import DevicePlan
 
 
 class StageEstimate(Frozen):
@@ -85,13 +87,32 @@ class DeviceEstimate(Frozen):
     seconds_per_backward_window: float | None = None  # at the target: a gradient pass beyond its forward
     headroom: float = 0.0  # a GPU: bytes beyond `memory.peak` (`memory.gpu_headroom`); a CPU: none counted
     gradient_headroom: float = 0.0  # the same beyond `gradient_memory.peak`
+    # GPUs each worker's model is spread over (workers.num_gpus_per_worker >= 2; 1: one device holds it), and their
+    # plan (`gpu_split.worker_plan`): the GPUs the weights need at 0.8 of each, max_memory, layers per GPU
+    gpus_per_worker: int = 1
+    device_plan: DevicePlan | None = None
+
+    @computed_field
+    @property
+    def memory_per_gpu(self) -> float | None:
+        """Spread over GPUs: the busiest GPU's peak with headroom (`gpu_split.busiest_gpu_peak`); None on one."""
+        if self.gpus_per_worker < 2:
+            return None
+        peaks = [busiest_gpu_peak(self.memory, self.gpus_per_worker) + self.headroom]
+        if self.gradient_memory:
+            peaks.append(busiest_gpu_peak(self.gradient_memory, self.gpus_per_worker) + self.gradient_headroom)
+        return max(peaks)
 
     @computed_field
     @property
     def fits(self) -> bool | None:
-        """Both peaks with their headroom within the device's memory."""
+        """Both peaks with their headroom within the device's memory; spread over GPUs, the busiest GPU's share
+        within one GPU and the weights within the GPUs at the plan's share of each."""
         if self.memory_capacity_gib is None:
             return None
+        if self.memory_per_gpu is not None:
+            planned = self.device_plan is None or self.device_plan.fits
+            return planned and self.memory_per_gpu <= self.memory_capacity_gib * 2**30
         peaks = [self.memory.peak + self.headroom]
         if self.gradient_memory:
             peaks.append(self.gradient_memory.peak + self.gradient_headroom)
@@ -193,6 +214,9 @@ def device_estimate(
     shape = forward_shape(config, longest.length, longest.windows, kind)
     gpus = config.workers.num_workers * config.workers.num_gpus_per_worker
     memory = worker_memory(arch, shape, dtype, config.model.attn_implementation)
+    split = split_gpus(config.workers.num_gpus_per_worker, kind)
+    # a layer split is a pipeline: one GPU of the N computes at a time, so device time is N x a worker's time
+    hours, hours_racing = hours * split, None if hours_racing is None else hours_racing * split
     return DeviceEstimate(
         device=device,
         dtype=dtype,
@@ -208,6 +232,8 @@ def device_estimate(
         hours=None if withheld else hours,
         hours_racing=None if withheld else hours_racing,
         devices_in_parallel=gpus if kind == "gpu" and gpus > 0 else None,
+        gpus_per_worker=split,
+        device_plan=worker_plan(memory, arch.num_layers, split, capacity_gib),
         **gradient_device_fields(
             config, arch, longest, dtype, kind, None if withheld else per_backward[-1], capacity_gib
         ),

@@ -28,6 +28,7 @@ from longrope.search.run.job_record import RopeShape
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir
 from longrope.search.run.stages import last_stage
+from longrope.workers.device_plan import spans_gpus
 from longrope.workers.documents import TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
 from longrope.workers.families import load_overrides, window_problem
@@ -398,6 +399,7 @@ class JobContext:
             config_overrides=dict(self.model_overrides),
             candidates_per_forward=workers.candidates_per_forward,
             checkpoints=workers.checkpoints,
+            gpus=int(workers.num_gpus_per_worker) if spans_gpus(workers.num_gpus_per_worker) else 1,
         )
 
     def pool_spec(self) -> PoolSpec:
