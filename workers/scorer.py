@@ -258,7 +258,8 @@ class Scorer:
         "host"; with "auto", the host when the model is on a GPU and the checkpoints of a
         forward of `rows` windows (layers x rows x positions x hidden) would take more than `CHECKPOINT_SHARE` of
         its free memory: the rest holds the forward's activations and the backward's recomputed layer, which at long
-        windows are each about the checkpoints' size."""
+        windows are each about the checkpoints' size. A model spread over GPUs is judged on its first GPU, against
+        every layer's checkpoints (each GPU keeps only its own layers': cautious, as search/cost/memory.py prices)."""
         if self.checkpoints == "host":
             return torch.device("cpu")
         if self.checkpoints == "device" or self.device.type != "cuda":

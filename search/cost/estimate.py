@@ -258,7 +258,8 @@ def gradient_device_fields(
     if kind == "gpu" and config.workers.checkpoints != "device":
         always = config.workers.checkpoints == "host"
         if always or capacity_gib is not None:
-            memory = offloaded(memory, 0.0 if always else capacity_gib * 2**30)
+            gpus = split_gpus(config.workers.num_gpus_per_worker, kind)
+            memory = offloaded(memory, 0.0 if always else capacity_gib * 2**30, gpus)
     return {
         "gradient_memory": memory,
         "gradient_headroom": gpu_headroom(memory, shape, arch) if kind == "gpu" else 0.0,

@@ -213,11 +213,12 @@ def gpu_headroom(memory: Memory, shape: ForwardShape, arch: Architecture) -> flo
 CHECKPOINT_SHARE = 1 / 3
 
 
-def offloaded(memory: Memory, capacity_bytes: float) -> Memory:
+def offloaded(memory: Memory, capacity_bytes: float, gpus: int = 1) -> Memory:
     """A GPU gradient pass's memory with its checkpoints where the scorer keeps them with `workers.checkpoints: auto`
     (workers/scorer.py `Scorer.checkpoint_home`): on the host when they would take more than a third of the GPU's
-    free memory at the pass's start (its capacity less the weights and the CUDA context)."""
-    free = capacity_bytes - memory.weights - CUDA_CONTEXT_BYTES
+    free memory at the pass's start (its capacity less the weights and the CUDA context). A model spread over `gpus`
+    GPUs is judged as the scorer judges it, on its first GPU, which holds about 1/gpus of the weights."""
+    free = capacity_bytes - memory.weights / gpus - CUDA_CONTEXT_BYTES
     if memory.checkpoints <= free * CHECKPOINT_SHARE:
         return memory
     return memory.model_copy(update={"checkpoints": 0.0, "host_checkpoints": memory.checkpoints})
