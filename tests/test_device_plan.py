@@ -178,3 +178,27 @@ def test_without_cuda_a_multi_gpu_worker_loads_on_the_cpu():
     assert not hasattr(spread, "hf_device_map") or set(spread.hf_device_map.values()) <= {"cpu"}
     assert spread.state_dict().keys() == plain.state_dict().keys()
     assert all(torch.equal(spread.state_dict()[name], tensor) for name, tensor in plain.state_dict().items())
+
+
+def test_the_workers_plan_counts_the_meta_model_and_refuses_before_reading_a_weight(monkeypatch, tmp_path):
+    """`device_plan_for` counts the 70B's parameters on the meta device at the load's dtype and reads each GPU's memory
+    (here 80 GiB, faked: no CUDA on this machine); `spread_over_gpus` refuses too few GPUs, and weights that need
+    more GPUs than the worker has, in one line each, before transformers opens a file (the directory has none)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from longrope.workers.errors import ModelLoadError
+    from longrope.workers.models import device_plan_for, spread_over_gpus
+
+    config = AutoConfig.for_model(**LLAMA3_70B)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=80 * GIB))
+    plan = device_plan_for(config, 4, torch.bfloat16, False)
+    assert (plan.weights, plan.layers, plan.gpus_needed, plan.gpus) == (WEIGHTS_70B, 80, 3, 4)
+    options = dict(dtype=torch.bfloat16, attention="sdpa", trust_remote_code=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ModelLoadError, match=r"^workers.num_gpus_per_worker = 2: the worker sees 1 CUDA devices$"):
+        spread_over_gpus(tmp_path, config, 2, **options)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ModelLoadError, match=r"the weights \(131 GiB\) need 3 GPUs of 80 GiB at 0.8 of each$"):
+        spread_over_gpus(tmp_path, config, 2, **options)
