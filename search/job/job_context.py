@@ -16,6 +16,7 @@ from longrope.search.config.factors_file import read_factors_file
 from longrope.search.config.job_config import JobConfig, check_lengths_message
 from longrope.search.config.strict import JobConfigError
 from longrope.search.config.tuning_grids import TUNING_GRIDS, MethodGrid
+from longrope.search.job.seed_sources import distinct_seeds, is_model_config, run_long_factors, run_target_length
 from longrope.search.job.tuning_grid import method_grid
 from longrope.search.job.validation_checks import (
     check_seed_factors,
@@ -25,9 +26,7 @@ from longrope.search.job.validation_checks import (
 )
 from longrope.search.optimizers.genome import SearchSpace, Seed, resolve_space
 from longrope.search.run.job_record import RopeShape
-from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir
-from longrope.search.run.stages import last_stage
 from longrope.workers.device_plan import spans_gpus
 from longrope.workers.documents import TextDocument, read_source
 from longrope.workers.errors import DataError, WindowsCacheError
@@ -315,7 +314,7 @@ class JobContext:
         seed = self.seed_from_file(path)
         if is_model_config(path):
             return [seed]  # moved to this target already, as its own method defines
-        other_length = _run_target_length(path)
+        other_length = run_target_length(path)
         if other_length == self.target_length or other_length <= self.original_length:
             return [seed]
         ratio = (self.scale - 1) / (other_length / self.original_length - 1)
@@ -326,7 +325,7 @@ class JobContext:
         """A factors JSON (what `longrope export` writes), another run's directory (its best candidate), or a
         model's config.json (`config.json` by name): its RoPE scaling moved to this target."""
         if Path(path).is_dir():
-            factors, attention = _run_long_factors(RunDir(path))
+            factors, attention = run_long_factors(RunDir(path))
             where = f"{field}: {path}: best candidate's factors"
         elif is_model_config(path):
             factors, attention = self._config_scaling(path, f"{field}: {path}")
@@ -433,45 +432,3 @@ def tokenizer_source(config: JobConfig, model_dir: Path) -> str | Path:
     if not Path(choice).is_dir():
         raise DataError(f"data.tokenizer: {choice!r} is neither 'model', 'bytes' nor a tokenizer directory")
     return Path(choice)
-
-
-def _run_target_length(path: str) -> int:
-    """The target length a seed file was searched for: a run directory's, or a factors file's
-    max_position_embeddings (what `longrope export` writes: the run's target)."""
-    if Path(path).is_dir():
-        return RunDir(path).read_config().target_length
-    return read_factors_file(path, f"search.seed_files: {path}").max_position_embeddings
-
-
-def _run_long_factors(run_dir: RunDir) -> tuple[np.ndarray, float | None]:
-    """A run's long factors and attention factor: its best candidate's; a progressive job's last stage's; a
-    short-factor run's kept long factors (its candidates are short factors). The run directory is read as every
-    command reads it (`read_run`)."""
-    if run_dir.read_config().search.stages:
-        run_dir = last_stage(run_dir)
-    run = read_run(run_dir)
-    if run.job is not None and run.job.factor == "short":
-        return np.asarray(run.job.long_factor, dtype=np.float64), run.job.attention_factor
-    best = run.scored_best()
-    return np.asarray(best.factors, dtype=np.float64), best.attention_factor
-
-
-def is_model_config(path: str | Path) -> bool:
-    """A seed file named config.json is a model's config (its RoPE scaling is the seed), never a factors file:
-    `longrope export` writes factors under any other name."""
-    return Path(path).name == "config.json"
-
-
-def distinct_seeds(seeds: list[Seed]) -> list[Seed]:
-    """The seeds less any whose factors (to float32 rounding: a closed form's own and its per-pair factors differ in
-    the last bits) and attention factor equal an earlier one's (a tuned grid's nominal scale is the nominal closed form
-    listed before it): each start is scored once, under its first name."""
-    kept: list[Seed] = []
-    for seed in seeds:
-        if not any(
-            np.allclose(seed.factors, other.factors, rtol=1e-6, atol=0)
-            and seed.attention_factor == other.attention_factor
-            for other in kept
-        ):
-            kept.append(seed)
-    return kept
