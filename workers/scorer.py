@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from longrope.encodings import LongRope, RopeMethod
 from longrope.workers.families import LogitTransform, decoder_of, family_of
 from longrope.workers.rope_patch import patched_rotary
-from longrope.workers.sequence_chunks import DEFAULT_MLP_CHUNK_TOKENS, chunked_mlps
+from longrope.workers.sequence_chunks import DEFAULT_MLP_CHUNK_TOKENS, chunked_mlps, wrapped_forwards
 
 
 @dataclass(frozen=True)
@@ -346,17 +346,8 @@ def checkpointed_layers(model, offload_to: torch.device | None = None) -> Iterat
     (`gradient_checkpointing_enable` acts only in training mode, which would also turn dropout on: transformers 5.x
     modeling_layers.py `GradientCheckpointingLayer`); module hooks stay outside the checkpoint, as transformers
     keeps them."""
-    layers = list(decoder_of(model).layers)
-    saved = [layer.__dict__.get("forward") for layer in layers]
-    for layer in layers:
-        layer.forward = _checkpointed(layer.forward, offload_to)
-    try:
+    with wrapped_forwards(decoder_of(model).layers, lambda forward: _checkpointed(forward, offload_to)):
         yield
-    finally:
-        for layer, previous in zip(layers, saved, strict=True):
-            del layer.forward
-            if previous is not None:
-                layer.forward = previous
 
 
 def _checkpointed(forward, offload_to: torch.device | None = None):

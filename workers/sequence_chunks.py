@@ -38,16 +38,26 @@ def chunked_mlps(model, chunk_tokens: int | None) -> Iterator[None]:
     if chunk_tokens is None or not mlps:
         yield
         return
-    saved = [mlp.__dict__.get("forward") for mlp in mlps]
-    for mlp in mlps:
-        mlp.forward = _chunked(mlp.forward, chunk_tokens)
+    with wrapped_forwards(mlps, lambda forward: _chunked(forward, chunk_tokens)):
+        yield
+
+
+@contextmanager
+def wrapped_forwards(modules, wrap) -> Iterator[None]:
+    """Each module's instance `forward` replaced by `wrap(forward)` for the block, and put back after (an instance
+    forward set before, such as accelerate's device hook, is the one wrapped and the one restored): how the scorer
+    changes a loaded model's layers for a call without touching its class or other instances."""
+    modules = list(modules)
+    saved = [module.__dict__.get("forward") for module in modules]
+    for module in modules:
+        module.forward = wrap(module.forward)
     try:
         yield
     finally:
-        for mlp, previous in zip(mlps, saved, strict=True):
-            del mlp.forward
+        for module, previous in zip(modules, saved, strict=True):
+            del module.forward
             if previous is not None:
-                mlp.forward = previous
+                module.forward = previous
 
 
 def _chunked(forward, chunk_tokens: int):
