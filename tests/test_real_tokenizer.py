@@ -112,6 +112,7 @@ def write_config(path: Path, model_dir: Path) -> Path:
         "target_length": TARGET,  # original_length (64) is read from the model's config
         "data": {"tokenizer": "model", "text_field": FIELD, "search_windows": SEARCH_WINDOWS},
         "search": {
+            "seeds": ["pi", "ntk", "yarn"],  # the paper's three: the counts below are worked for them
             "population": 6,
             "parents": 3,
             "mutations": 2,

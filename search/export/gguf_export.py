@@ -108,7 +108,7 @@ def read_gguf(path: Path, where: str):
 
 
 # Why an architecture whose model the scorer handles gets no GGUF, where llama.cpp's own graph says so (llama.cpp as
-# vendored by llama-cpp-python 0.3.36, ggml-org/llama.cpp@0c1e57098)
+# vendored by llama-cpp-python 0.3.36)
 ARCHITECTURE_REFUSALS = {
     "gemma3": "llama.cpp's gemma3 graph (src/models/gemma3.cpp) has no per-pair rope factors: its load_arch_tensors "
     "never creates rope_freqs.weight (a GGUF holding one fails to load: 'wrong number of tensors'), it passes nullptr "

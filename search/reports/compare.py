@@ -273,7 +273,7 @@ def restated(result: CompareResult) -> CompareResult:
     lengths, target = result["lengths"], str(result["target_length"])
     best = result["methods"][result["best_baseline"]]["nll_per_window"]
     shipped = result["methods"].get(SHIPPED, {}).get("nll_per_window")
-    start = str(result.get("start_length", result["original_length"]))
+    start = str(result.get("start_length", result.get("original_length")))  # an older or partial result may lack both
     methods = {
         name: with_statistics(row, lengths, target, best, shipped, start) for name, row in result["methods"].items()
     }
