@@ -307,7 +307,7 @@ class SearchConfig(Strict):
         file (a run at another target length gives its best and those
         factors moved to this target: job_context.py `seeds_from_file`)."""
         searched = self.attention_factor.mode == "searched"
-        tuned = {tuned_row(name): TUNING_GRIDS["coarse"].line(name).seeds(searched) for name in tuned_names()}
+        tuned = {tuned_row(name): TUNING_GRIDS["coarse"].line(name).seed_grid(searched).size for name in tuned_names()}
         return sum(tuned.get(name, 1) for name in self.seeds) + 2 * len(self.seed_files)
 
     def optimizer_settings(self) -> BaseModel:

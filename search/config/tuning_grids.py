@@ -37,10 +37,10 @@ class MethodGrid:
         """Settings at most (a job under 2x drops the multipliers that would take a factor below 1)."""
         return len(self.multipliers) * len(self.attention)
 
-    def seeds(self, attention_searched: bool) -> int:
-        """Distinct search candidates its settings make at most: every setting where the search has an attention
-        factor gene, else one per scale (settings that differ only in the attention factor are one genome)."""
-        return self.size if attention_searched else len(self.multipliers)
+    def seed_grid(self, attention_searched: bool) -> MethodGrid:
+        """The settings a search takes as seeds: every one where the search has an attention factor gene, else one
+        per scale, at the first attention point (settings that differ only in the attention factor are one genome)."""
+        return self if attention_searched else MethodGrid(self.multipliers, self.attention[:1])
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from longrope.encodings.baselines import baseline_methods, tuned_names, tuned_ro
 from longrope.search.config.factors_file import read_factors_file
 from longrope.search.config.job_config import JobConfig, check_lengths_message
 from longrope.search.config.strict import JobConfigError
-from longrope.search.config.tuning_grids import TUNING_GRIDS, MethodGrid
+from longrope.search.config.tuning_grids import TUNING_GRIDS
 from longrope.search.job.seed_sources import distinct_seeds, is_model_config, run_long_factors, run_target_length
 from longrope.search.job.tuning_grid import method_grid
 from longrope.search.job.validation_checks import (
@@ -285,11 +285,8 @@ class JobContext:
         not searched (`attention_factor.mode: longrope`) a candidate carries LongRoPE's, so the grid's attention
         points would all be one candidate: one seed per scale then, "ntk_tuned (1.5,)"."""
         closed = TUNED_SEEDS[name]
-        line = TUNING_GRIDS["coarse"].line(closed)
-        if self.config.search.attention_factor.mode != "searched":
-            line = MethodGrid(line.multipliers, line.attention[:1])
-        grid = method_grid(self, closed, line)
-        searched = len(line.attention) > 1
+        searched = self.config.search.attention_factor.mode == "searched"
+        grid = method_grid(self, closed, TUNING_GRIDS["coarse"].line(closed).seed_grid(searched))
         return {f"{name} {setting if searched else setting[:1]}": method for setting, method in grid.items()}
 
     def _longrope2_ramp(self) -> list[Seed]:
