@@ -61,3 +61,18 @@ class ScriptedWorker:
         with open(self.folder / "calls", "a") as log:
             log.write(f"{call}\n")
         return calls_made(self.folder).count("score")
+
+
+class SleepingWorker:
+    """Sleeps `sleep_s` (the number in the file `sleep` of its folder) per task and scores each task as its own pid,
+    so a test sees which worker scored what and how long each held its calls."""
+
+    def __init__(self, spec, windows, loss_mask=None):
+        self.sleep_s = float((Path(spec.model_dir) / "sleep").read_text())
+
+    def ready(self) -> dict:
+        return {"pid": os.getpid(), "device": "cpu"}
+
+    def score(self, batch):
+        time.sleep(self.sleep_s * len(batch))
+        return [(key, CandidateScore(nll=(float(os.getpid()),), tokens=(1,))) for key, *_ in batch]

@@ -149,9 +149,11 @@ class FunctionEvaluator:
         self.capacity = capacity
         self.wobble = wobble
         self.backward_windows = 0
-        self.workers = [None] * workers  # a pool's workers: descent cuts a step's gradient windows into one chunk each
+        self.width = workers  # a pool's workers: a generation smaller than this has its windows cut over them
+        self.submitted: list[tuple[str, tuple[int, int], bool]] = []  # (candidate key, windows, gradient) as sent
 
     def submit(self, candidates, windows=None, gradient=False):
+        self.submitted += [(key[0], windows or (0, self.windows), gradient) for key, _ in candidates]
         self.pending.extend((key, candidate, windows or (0, self.windows), gradient) for key, candidate in candidates)
         self.backward_windows += (windows[1] - windows[0] if windows else self.windows) if gradient else 0
 

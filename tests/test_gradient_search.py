@@ -142,17 +142,33 @@ def test_the_recorded_gradient_is_the_objective_s_on_the_step_windows(tmp_path):
 
 
 def test_windows_cut_over_more_workers_give_the_same_run(tmp_path):
-    """Data-parallel: the step's gradient windows in one chunk, or in one chunk per worker (3 of them), give the
-    same history line for line (per-window results, summed in window order)."""
-    config = job(tmp_path / "one", "data.search_windows=8")
-    run(config, tmp_path / "one", smooth(windows=8))
-    config = job(tmp_path / "three", "data.search_windows=8")
-    evaluator = smooth(windows=8, workers=3)
-    run(config, tmp_path / "three", evaluator)
-    one, three = history(tmp_path / "one"), history(tmp_path / "three")
+    """Data-parallel: a generation with fewer candidates than workers has its windows cut over them. On 8 windows
+    (2 held out) and 3 workers, by hand: a step's gradient windows [0, 6) go out as [0, 2), [2, 4), [4, 6) with a
+    backward pass and its held-out [6, 8) as [6, 7), [7, 8); the point rounded to the grid as [0, 2), [2, 5),
+    [5, 8); the seeds, as many as the workers, whole. The history is the one-worker run's, line for line."""
+    runs = {}
+    for workers in (1, 3):
+        run_dir = tmp_path / str(workers)
+        config = job(run_dir, "data.search_windows=8", "search.gradient.steps=2", "search.gradient.patience=null")
+        store = RunDir(run_dir)
+        store.create(config)
+        evaluator = smooth(windows=8, workers=workers)
+        make_coordinator(config, store, evaluator, problem(8)).run()
+        runs[workers] = (history(run_dir), evaluator.submitted)
+    (one, one_sent), (three, three_sent) = runs[1], runs[3]
     assert [(r["key"], r["mean_nll"], r.get("gradient")) for r in one] == [
         (r["key"], r["mean_nll"], r.get("gradient")) for r in three
     ]
+    seeds = [r["key"] for r in three if r["generation"] == 0]
+    step, rounded = [r["key"] for r in three if r["generation"] == 1], [r["key"] for r in three if r["generation"] == 3]
+    assert len(seeds) >= 3 and len(step) == 1 and len(rounded) == 1
+    sent = {key: sorted((windows, gradient) for k, windows, gradient in three_sent if k == key) for key in seeds}
+    assert all(ranges == [((0, 8), False)] for ranges in sent.values())
+    step_sent = sorted((windows, gradient) for key, windows, gradient in three_sent if key == step[0])
+    assert step_sent == [((0, 2), True), ((2, 4), True), ((4, 6), True), ((6, 7), False), ((7, 8), False)]
+    rounded_sent = sorted(windows for key, windows, _ in three_sent if key == rounded[0])
+    assert rounded_sent == [(0, 2), (2, 5), (5, 8)]
+    assert sorted(w for k, w, _ in one_sent if k == step[0]) == [(0, 6), (6, 8)]  # one worker: nothing cut
 
 
 @pytest.mark.parametrize("fail_on_call", [2, 4, 7, 10])

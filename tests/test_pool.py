@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 import ray
 import torch
-from scripted_workers import ScriptedWorker, calls_made, write_script
+from scripted_workers import ScriptedWorker, SleepingWorker, calls_made, write_script
 from search_helpers import unloadable_safetensors
 
 from longrope.encodings import LongRope
@@ -247,5 +248,22 @@ def test_a_death_after_a_transient_failure_still_counts(local_ray, tmp_path):
             list(pool.imap([("a", None), ("b", None)]))
         assert pool.workers[0].deaths == 1 and pool.workers[0].dead
         assert calls_made(folder) == ["score", "score"]
+    finally:
+        pool.shutdown()
+
+
+def test_a_short_queue_is_shared_over_the_workers_and_their_busy_time_counted(local_ray, tmp_path):
+    """4 tasks, 4 idle workers, batches of up to 4: one call each (not one full batch on one worker), so 4 pids
+    score them. Each worker holds its call at least the 0.3 s it sleeps, so the busy clock reads at least 4 x 0.3
+    worker-seconds, and its share of workers x wall is at most 1."""
+    (tmp_path / "sleep").write_text("0.3")
+    spec = PoolSpec(num_workers=4, num_cpus_per_worker=0.25, batch_size=4, calls_per_worker=2)
+    pool = WorkerPool(ModelSpec(model_dir=str(tmp_path)), np.zeros((1, 2)), spec, worker_class=SleepingWorker)
+    try:
+        pids = {info["pid"] for info in pool.worker_info()}
+        scored = dict(pool.imap([(key, None) for key in "abcd"]))
+        assert len(pids) == 4 and {score.nll[0] for score in scored.values()} == {float(pid) for pid in pids}
+        busy = pool.busy.reading(time.monotonic())
+        assert busy.workers == 4 and busy.busy_s >= 4 * 0.3 and 0 < busy.fraction <= 1
     finally:
         pool.shutdown()

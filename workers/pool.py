@@ -24,6 +24,7 @@ Ray is ray_start.py, and how large each actor is and how many fit is placement.p
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections import deque
@@ -36,6 +37,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
 from longrope.encodings import RopeMethod
+from longrope.workers.busy_clock import BusyClock
 from longrope.workers.errors import ModelLoadError, WorkerPoolError, one_line
 from longrope.workers.placement import actor_options, actor_resources, workers_to_start
 from longrope.workers.ray_start import ensure_ray
@@ -137,6 +139,8 @@ class WorkerPool:
         self.retired = 0  # workers replaced after failing `retire_after_failures` tasks in a row
         self.retried = 0  # tasks sent again after they raised
         self.failures = 0
+        self.width = len(self.workers)  # workers started: what a search cuts a generation's windows over
+        self.busy = BusyClock(self.width)
         self.started_at = time.monotonic()
         self.answered = False  # has any worker answered a call yet?
         self.start_warned = False
@@ -219,22 +223,32 @@ class WorkerPool:
             worker.in_flight += 1
 
     def _dispatch(self) -> None:
+        """Calls to the workers with room, one call a worker a round: every free worker gets its first call before
+        any gets its second, and a short queue is shared out (at most ceil(queued / workers with room) tasks a
+        call), so 8 tasks on 8 idle workers are 8 calls, not two full batches on two of them."""
         now = time.monotonic()
         for worker in self.workers:
             if worker.failed_since is not None and not worker.dead:
                 self._probe_if_due(worker, now)
-            while worker.usable and worker.in_flight < self.spec.calls_per_worker:
+        for level in range(self.spec.calls_per_worker):
+            room = [w for w in self.workers if w.usable and w.in_flight <= level]
+            for place, worker in enumerate(room):
                 retry = self._retry_for(worker)
                 if retry is not None:
-                    self._calls[worker.actor.score.remote([retry.task])] = _Call(worker, [retry.task], retry=retry)
-                    worker.in_flight += 1
-                    continue
-                if not self._queue:
-                    break
-                size = min(max(1, self.spec.batch_size), len(self._queue))
-                batch = [self._queue.popleft() for _ in range(size)]
-                self._calls[worker.actor.score.remote(batch)] = _Call(worker, batch)
-                worker.in_flight += 1
+                    self._send(worker, [retry.task], retry)
+                elif self._queue:
+                    share = math.ceil(len(self._queue) / (len(room) - place))
+                    size = min(max(1, self.spec.batch_size), share)
+                    self._send(worker, [self._queue.popleft() for _ in range(size)])
+        self.busy.update(self._scoring_workers(), now)
+
+    def _send(self, worker: _Worker, batch: list[Task], retry: _Retry | None = None) -> None:
+        self._calls[worker.actor.score.remote(batch)] = _Call(worker, batch, retry=retry)
+        worker.in_flight += 1
+
+    def _scoring_workers(self) -> set[int]:
+        """The workers with a scoring call out (not a load or a probe): busy, as `busy` counts it."""
+        return {call.worker.index for call in self._calls.values() if not (call.probe or call.load)}
 
     def _retry_for(self, worker: _Worker) -> _Retry | None:
         """The first waiting retry this worker may take: one that has not failed on it, or one that has failed on
@@ -276,6 +290,7 @@ class WorkerPool:
 
     def _collect(self, ref: ray.ObjectRef) -> list[tuple[Key, CandidateScore]]:
         call = self._calls.pop(ref)
+        self.busy.update(self._scoring_workers(), time.monotonic())
         try:
             value = ray.get(ref)
         except RayActorError as exc:

@@ -59,6 +59,7 @@ class RunStatus(BaseModel):
     forward_windows: int
     backward_windows: int
     stopped_by_racing: int
+    failed: int  # candidates whose scoring raised on every worker it was tried on (ranked last)
     proposed: int | None  # the surrogate's children proposed and screened out; None when it is off
     screened_out: int | None
     finished: bool
@@ -70,6 +71,8 @@ class RunStatus(BaseModel):
     last_update_seconds: float | None
     stopped_at: str | None
     stop_reason: str | None
+    workers: int | None  # the workers the process holding the run started (None: no heartbeat, or in-process)
+    workers_busy: float | None  # their busy share of workers x wall time so far in that process (`BusyTime`)
     best_perplexity: float | None
     best_key: str | None
     seed_perplexities: dict[str, float | None]
@@ -122,6 +125,7 @@ def run_status(
         forward_windows=forward,
         backward_windows=backward,
         stopped_by_racing=sum(1 for r in history.values() if r.status == "stopped"),
+        failed=sum(1 for r in history.values() if r.status == "failed"),
         **screening_fields(run),
         finished=run.finished,
         stopped_early=bool(run.state and run.state.stopped_early),
@@ -215,6 +219,8 @@ def liveness(run_dir: RunDir, finished: bool, *, now: float, host: str, stale_af
         "last_update_seconds": max(0.0, now - beat.updated_at) if beat else None,
         "stopped_at": stopped_at,
         "stop_reason": stop_reason,
+        "workers": beat.busy.workers if beat and beat.busy else None,
+        "workers_busy": beat.busy.fraction if beat and beat.busy else None,
     }
 
 
@@ -253,9 +259,12 @@ def format_status(status: RunStatus) -> str:
         f"  {_generations_text(status)}, {status.evaluations} evaluations ({status.forward_windows} forward "
         f"and {status.backward_windows} backward window passes)"
         + (f" ({status.stopped_by_racing} stopped by racing)" if status.stopped_by_racing else "")
+        + (f" ({status.failed} failed)" if status.failed else "")
         + ("; " + screening_text(screened).strip() if status.proposed else ""),
         f"  {state_text(status)}",
     ]
+    if status.workers_busy is not None:
+        lines.append(f"  workers busy {100 * status.workers_busy:.0f}% of the time ({status.workers} workers, as of the last result)")
     if status.target_length is not None:  # job.json is written
         lines.append(
             f"  {status.original_length} -> {status.target_length} tokens ({status.factor} factors), "

@@ -38,7 +38,7 @@ from longrope.search.optimizers.factory import search_plan
 from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
 from longrope.search.optimizers.objective import objective_gradient, subset_mix
 from longrope.search.optimizers.saved_state import OptimizerState
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher, keeps_state
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher, WindowRange, keeps_state
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.racing import clearly_worse, window_groups
@@ -54,6 +54,7 @@ from longrope.search.run.run_store import (
 )
 from longrope.search.run.search_problem import Evaluator, SearchProblem
 from longrope.search.run.tensorboard_scalars import TENSORBOARD_DIR, TensorBoardScalars
+from longrope.workers.busy_clock import BusyTime
 from longrope.workers.scorer import CandidateScore
 from longrope.workers.task_failure import TaskFailure
 
@@ -64,7 +65,9 @@ class _Task:
 
     candidate: Candidate
     method: RopeMethod
+    spread: int = 1  # pieces its windows are cut into, each to its own worker (`Coordinator._spread`)
     parts: dict[int, CandidateScore] = field(default_factory=dict)
+    out: int = 0  # ranges sent and not answered: a candidate sent whole is recorded once all are in
 
     def scored_windows(self) -> int:
         return sum(len(part.nll) for part in self.parts.values())
@@ -151,8 +154,9 @@ class Coordinator:
         # asked before a crash, not told: out again, those history.jsonl holds told first in the order of their
         # lines (the order they landed in, which is how a steady GA's resume reads what it was told)
         landed = {key: place for place, key in enumerate(k for k, record in self.history.items() if record.final)}
+        spread = self._spread(len(self.outstanding))
         for candidate in sorted(self.outstanding, key=lambda c: landed.get(c.key, len(landed))):
-            self._launch(candidate)
+            self._launch(candidate, spread)
         self._fill()
         while self.tasks:
             for key, score in self.evaluator.as_completed():
@@ -171,12 +175,23 @@ class Coordinator:
             if not batch:
                 break
             asked = True
+            spread = self._spread(len(batch))
             for candidate in batch:
-                self._launch(candidate)
+                self._launch(candidate, spread)
         if asked:
             self._write_state()
 
-    def _launch(self, candidate: Candidate) -> None:
+    def _spread(self, asked: int) -> int:
+        """Pieces each of `asked` candidates' windows are cut into: a generation with fewer candidates than workers
+        (descent's step, its seeds, the point rounded to the grid) would leave the others idle, so each candidate's
+        windows go out in ceil(workers / asked) ranges, one to each free worker. Only for a generation asked whole
+        (every searcher but the steady GA, whose asks follow the results' timing): the cut depends on the config
+        and the cluster alone, so a rerun batches the same windows together and scores the same bits."""
+        workers = int(getattr(self.evaluator, "width", 1))
+        steady = bool(getattr(self.searcher, "steady", False))
+        return 1 if steady or asked >= workers else math.ceil(workers / max(1, asked))
+
+    def _launch(self, candidate: Candidate, spread: int = 1) -> None:
         """Send a candidate out, or tell it at once when history.jsonl holds its final record (a resumed run):
         nothing is scored twice. A partial record continues from its next window."""
         record = self.history.get(candidate.key)
@@ -186,7 +201,7 @@ class Coordinator:
         method = self.problem.make_candidate(
             candidate.factors, attention_factor=candidate.attention_factor, n_hat=candidate.n_hat
         )
-        task = _Task(candidate, method)
+        task = _Task(candidate, method, spread)
         if record is not None:  # partial: its windows so far count, in the generation it was asked in
             task.parts[0] = CandidateScore(nll=tuple(record.nll), tokens=tuple(record.tokens))
         self.tasks[candidate.key] = task
@@ -197,11 +212,12 @@ class Coordinator:
         racing group, or every remaining window when nothing can stop it early (no racing, or no threshold)."""
         candidate, start = task.candidate, task.scored_windows()
         if candidate.gradient_windows is not None:
-            ranges = self._gradient_ranges(candidate.gradient_windows)
+            ranges = self._gradient_ranges(candidate.gradient_windows, task.spread)
         elif self._threshold() is not None:
             ranges = [((start, next(end for _, end in self.groups if end > start)), False)]
         else:
-            ranges = [((start, self.problem.windows), False)]
+            ranges = [(piece, False) for piece in cut((start, self.problem.windows), task.spread)]
+        task.out = len(ranges)
         for windows, gradient in ranges:
             item = [((candidate.key, windows[0]), task.method)]
             if gradient:
@@ -209,14 +225,15 @@ class Coordinator:
             else:
                 self.evaluator.submit(item, windows=windows)
 
-    def _gradient_ranges(self, gradient_windows: tuple[int, int]) -> list[tuple[tuple[int, int], bool]]:
-        """[start, stop) ranges covering the search windows: the gradient windows cut into one chunk per worker
-        (backward), the windows before and after them whole (forward only)."""
+    def _gradient_ranges(self, gradient_windows: WindowRange, spread: int) -> list[tuple[WindowRange, bool]]:
+        """[start, stop) ranges covering the search windows: the gradient windows (backward) and the windows before
+        and after them (forward only, the held-out ones among them), each cut into `spread` pieces: a step is
+        data-parallel over the workers, each returning its windows' NLL and gradients."""
         total, (first, last) = self.problem.windows, gradient_windows
-        chunks = max(1, min(last - first, len(getattr(self.evaluator, "workers", ())) or 1))
-        edges = [first + (last - first) * k // chunks for k in range(chunks + 1)]
-        ranges = [((a, b), True) for a, b in itertools.pairwise(edges)]
-        return [((0, first), False)] * (first > 0) + ranges + [((last, total), False)] * (last < total)
+        before, after = cut((0, first), spread), cut((last, total), spread)
+        return (
+            [(r, False) for r in before] + [(r, True) for r in cut((first, last), spread)] + [(r, False) for r in after]
+        )
 
     def _threshold(self) -> str | None:
         return self.searcher.threshold() if self.settings.racing.enabled else None
@@ -232,8 +249,9 @@ class Coordinator:
             self._on_failure(task, score)
             return
         task.parts[start] = score
+        task.out -= 1
         self.window_evaluations += len(score.nll)
-        if task.candidate.gradient_windows is not None and task.scored_windows() < self.problem.windows:
+        if task.out > 0:
             return  # its ranges went out together: it is recorded whole
         status = self._status(task)
         record = history_record(task, status, self.problem)
@@ -246,7 +264,7 @@ class Coordinator:
         if status == "scored" and record.mean_nll is None:
             self.reporter.log(f"search: candidate {key} scored a non-finite NLL; ranked last")
         self.bar.advance(self._best_perplexity_text())
-        self.heartbeat.result()
+        self.heartbeat.result(self._busy())
         self.scored_since_line += 1
         self._tell(record)
 
@@ -261,7 +279,7 @@ class Coordinator:
         tries = failure.attempts
         self.reporter.log(f"search: candidate {key} failed after {tries} tries ({failure.error}); ranked last")
         self.bar.advance(self._best_perplexity_text())
-        self.heartbeat.result()
+        self.heartbeat.result(self._busy())
         self.scored_since_line += 1
         self._tell(record)
 
@@ -297,7 +315,7 @@ class Coordinator:
             line = generation_line(end, self.history, racing=racing, seconds=seconds, scored=self.scored_since_line)
             self.reporter.log(line)
         self.scored_since_line = 0
-        self.heartbeat.beat()
+        self.heartbeat.beat(self._busy())
         self._tell_watcher(end.generation)
 
     def _tell_watcher(self, generation: int) -> None:
@@ -307,6 +325,11 @@ class Coordinator:
         best, (forward, backward) = best_of(self.history), window_passes(self.history)
         nll = best.mean_nll if best else None
         self.watcher.update(Progress(generation, final_count(self.history), forward, backward, nll))
+
+    def _busy(self) -> BusyTime | None:
+        """The workers' busy time so far (heartbeat.json, for `status`), where the evaluator keeps a clock."""
+        clock = getattr(self.evaluator, "busy", None)
+        return clock.reading(time.monotonic()) if clock is not None else None
 
     def _write_state(self) -> None:
         stored = self.searcher.stored_state() if keeps_state(self.searcher) else None
@@ -324,6 +347,14 @@ class Coordinator:
     def _best_perplexity_text(self) -> str:
         best = best_of(self.history)
         return f"{best.perplexity:.4f}" if best else "-"
+
+
+def cut(windows: WindowRange, pieces: int) -> list[WindowRange]:
+    """[start, stop) cut into at most `pieces` contiguous ranges as even as windows allow (none when it is empty)."""
+    start, stop = windows
+    count = max(1, min(stop - start, pieces))
+    edges = [start + (stop - start) * k // count for k in range(count + 1)]
+    return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
 
 
 def history_record(task: _Task, status: str, problem: SearchProblem, error: str | None = None) -> HistoryRecord:

@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longrope.search.run.run_store import write_text_atomic
+from longrope.workers.busy_clock import BusyTime
 from longrope.workers.errors import Terminated, one_line
 
 HEARTBEAT = "heartbeat.json"
@@ -46,6 +47,7 @@ class Heartbeat(BaseModel):
     updated_at: float  # its last sign of life; for a stopped or finished run, when it stopped
     last_result_at: float | None = None  # when the last result arrived (None: none yet in this process)
     stop_reason: str | None = None  # "Ctrl-C", "SIGTERM" or "<ErrorType>: <one line>"; None unless stopped
+    busy: BusyTime | None = None  # the workers' busy time in this process, as of the last result or generation
 
 
 def this_host() -> str:
@@ -141,22 +143,25 @@ class HeartbeatWriter:
         finally:
             self.depth = 0
 
-    def result(self) -> None:
-        """A result arrived: written at most every RESULT_BEAT_S (the background beat writes the rest)."""
+    def result(self, busy: BusyTime | None = None) -> None:
+        """A result arrived: written at most every RESULT_BEAT_S (the background beat writes the rest); `busy`: the
+        workers' busy time so far, where the evaluator keeps one."""
         if self.record is None:
             return
         now = time.time()
         with self._lock:
-            self.record = self.record.model_copy(update={"last_result_at": now, "updated_at": now})
+            update = {"last_result_at": now, "updated_at": now} | ({"busy": busy} if busy else {})
+            self.record = self.record.model_copy(update=update)
             if time.monotonic() - self.written_at >= RESULT_BEAT_S:
                 self._write()
 
-    def beat(self) -> None:
+    def beat(self, busy: BusyTime | None = None) -> None:
         """A sign of life worth writing now (a generation ended)."""
         if self.record is None:
             return
         with self._lock:
-            self.record = self.record.model_copy(update={"updated_at": time.time()})
+            update = {"updated_at": time.time()} | ({"busy": busy} if busy else {})
+            self.record = self.record.model_copy(update=update)
             self._write()
 
     def _start(self) -> None:
