@@ -264,7 +264,8 @@ def format_status(status: RunStatus) -> str:
         f"  {state_text(status)}",
     ]
     if status.workers_busy is not None:
-        lines.append(f"  workers busy {100 * status.workers_busy:.0f}% of the time ({status.workers} workers, as of the last result)")
+        busy = f"{100 * status.workers_busy:.0f}% of the time"
+        lines.append(f"  workers busy {busy} ({status.workers} workers, as of the last result)")
     if status.target_length is not None:  # job.json is written
         lines.append(
             f"  {status.original_length} -> {status.target_length} tokens ({status.factor} factors), "
