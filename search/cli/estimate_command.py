@@ -249,10 +249,11 @@ def device_lines(device: DeviceEstimate) -> list[str]:
     )
     if device.gpus_per_worker > 1:
         lines.append(f"  pipeline       {pipeline_text(device.gpus_per_worker)}")
-    if device.devices_in_parallel:
+    if device.wall_hours is not None:
+        busy = device.utilisation
         lines.append(
-            f"  wall           {_hours(device.hours / device.devices_in_parallel)} on the config's "
-            f"{device.devices_in_parallel:g} GPUs"
+            f"  wall           {_hours(device.wall_hours)} on the config's {device.devices_in_parallel:g} GPUs, "
+            f"busy {busy.value:.2f} of the time ({busy.basis})"
         )
     return lines + _rates_lines(device.rates, device)
 

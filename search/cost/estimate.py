@@ -23,6 +23,7 @@ from longrope.search.config.strict import JobConfigError
 from longrope.search.cost.architecture import Architecture, Frozen, parameter_count
 from longrope.search.cost.budget import (
     BACKWARD_ELEMENTWISE_PER_FORWARD,
+    backward_cost,
     backward_flops,
     gradient_steps,
     gradient_windows,
@@ -46,6 +47,7 @@ from longrope.search.cost.memory import (
     worker_dtype,
     worker_memory,
 )
+from longrope.search.cost.utilisation import Utilisation, utilisation
 from longrope.workers.device_plan import DevicePlan
 
 
@@ -81,7 +83,8 @@ class DeviceEstimate(Frozen):
     seconds_per_candidate: float | None  # at the target (last stage)
     hours: float | None  # device-hours of the whole job, every candidate on every window (upper bound)
     hours_racing: float | None  # with racing: the expected device-hours (docs/search-cost.md's racing share)
-    devices_in_parallel: float | None  # GPUs the config's workers use at once (wall hours = hours / this)
+    devices_in_parallel: float | None  # GPUs the config's workers use at once
+    utilisation: Utilisation | None = None  # their busy share (wall hours = hours / devices / this)
     gradient_memory: Memory | None = None  # gradient and hybrid: a gradient pass at the longest stage
     gradient_rows_per_forward: int | None = None
     seconds_per_backward_window: float | None = None  # at the target: a gradient pass beyond its forward
@@ -91,6 +94,14 @@ class DeviceEstimate(Frozen):
     # plan (`gpu_split.worker_plan`): the GPUs the weights need at 0.8 of each, max_memory, layers per GPU
     gpus_per_worker: int = 1
     device_plan: DevicePlan | None = None
+
+    @computed_field
+    @property
+    def wall_hours(self) -> float | None:
+        """Hours on the config's GPUs at once, their idle time included: hours / GPUs / utilisation."""
+        if self.hours is None or not self.devices_in_parallel or self.utilisation is None:
+            return None
+        return self.hours / self.devices_in_parallel / self.utilisation.value
 
     @computed_field
     @property
@@ -232,12 +243,19 @@ def device_estimate(
         hours=None if withheld else hours,
         hours_racing=None if withheld else hours_racing,
         devices_in_parallel=gpus if kind == "gpu" and gpus > 0 else None,
+        utilisation=busy_share(config, arch, original, longest.windows) if kind == "gpu" else None,
         gpus_per_worker=split,
         device_plan=worker_plan(memory, arch.num_layers, split, capacity_gib),
         **gradient_device_fields(
             config, arch, longest, dtype, kind, None if withheld else per_backward[-1], capacity_gib
         ),
     )
+
+
+def busy_share(config: JobConfig, arch: Architecture, original: int, windows: int) -> Utilisation:
+    """The workers' busy share; c (a backward window's cost) only matters where there are backward passes."""
+    c = backward_cost(config, arch, original) if gradient_steps(config) else 0.0
+    return utilisation(config, windows, c)
 
 
 def gradient_device_fields(

@@ -26,7 +26,6 @@ generation (and per polish step) goes to the reporter (`generation_log.py`); hea
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -54,6 +53,7 @@ from longrope.search.run.run_store import (
 )
 from longrope.search.run.search_problem import Evaluator, SearchProblem
 from longrope.search.run.tensorboard_scalars import TENSORBOARD_DIR, TensorBoardScalars
+from longrope.search.run.window_ranges import cut
 from longrope.workers.busy_clock import BusyTime
 from longrope.workers.scorer import CandidateScore
 from longrope.workers.task_failure import TaskFailure
@@ -347,14 +347,6 @@ class Coordinator:
     def _best_perplexity_text(self) -> str:
         best = best_of(self.history)
         return f"{best.perplexity:.4f}" if best else "-"
-
-
-def cut(windows: WindowRange, pieces: int) -> list[WindowRange]:
-    """[start, stop) cut into at most `pieces` contiguous ranges as even as windows allow (none when it is empty)."""
-    start, stop = windows
-    count = max(1, min(stop - start, pieces))
-    edges = [start + (stop - start) * k // count for k in range(count + 1)]
-    return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
 
 
 def history_record(task: _Task, status: str, problem: SearchProblem, error: str | None = None) -> HistoryRecord:

@@ -1,0 +1,49 @@
+"""The estimate's busy share of the workers (search/cost/utilisation.py), worked by hand: greedy list scheduling,
+the ranges a descent generation goes out in (the coordinator's own cut), a whole descent, and the wall line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from longrope.search.cli.main import main
+from longrope.search.cost.utilisation import MEASURED_GA, descent_time, generation_pieces, makespan, utilisation
+from longrope.search.optimizers.factory import load_job_config
+
+
+def descent_job(*overrides: str):
+    settings = ["target_length=256", "data.search_windows=8", "search.optimizer=gradient", "search.seeds=[pi]"]
+    return load_job_config(None, [*settings, "search.gradient.steps=2", "workers.num_workers=3", *overrides])
+
+
+def test_greedy_list_scheduling_by_hand():
+    """[3, 3, 2, 2, 2] on 2 workers: 3 | 3, then 2 to each (5 | 5), then the last 2 to the first free: 7."""
+    assert makespan([3, 3, 2, 2, 2], 2) == 7
+    assert makespan([5], 4) == 5 and makespan([1, 1, 1, 1], 4) == 1
+
+
+def test_a_step_goes_out_as_the_coordinator_cuts_it():
+    """8 windows, gradient [0, 6), 3 workers, c = 2: backward ranges [0, 2), [2, 4), [4, 6) cost 3 x 2 = 6 each,
+    the held-out [6, 7), [7, 8) 1 each; a lone forward candidate [0, 2), [2, 5), [5, 8); 3 seeds on 3 workers whole."""
+    assert generation_pieces(1, 8, 3, (0, 6), 2.0) == [6.0, 6.0, 6.0, 1.0, 1.0]
+    assert generation_pieces(1, 8, 3, None, 2.0) == [2.0, 3.0, 3.0]
+    assert generation_pieces(3, 8, 3, None, 2.0) == [8.0, 8.0, 8.0]
+
+
+def test_a_descent_s_utilisation_worked_by_hand():
+    """One seed, 2 steps, the rounding, on 3 workers, c = 2: the seed [2, 3, 3] lasts 3 (work 8); each step
+    [6, 6, 6, 1, 1] lasts 7 (work 20); the rounding 3 (work 8). 56 of work in 20, on 3 workers: 56 / 60."""
+    config = descent_job()
+    assert descent_time(config, 8, 3, 2.0, seeds=1, steps=2) == (56.0, 20.0)
+    assert utilisation(config, 8, 2.0).value == pytest.approx(56 / 60)
+    assert utilisation(descent_job("workers.num_workers=1"), 8, 2.0).value == 1.0
+
+
+def test_the_ga_takes_the_measured_share_and_the_wall_line_divides_by_it(capsys):
+    """The generational GA on 8 GPUs: the measured 0.807, and the wall hours are the device hours / 8 / 0.807."""
+    config = ["--gpu", "H100-SXM", "--json", "--set", "workers.num_workers=8", "--set", "target_length=16384"]
+    assert main(["estimate", "configs/llama3-8b-64k.yaml", *config]) == 0
+    device = json.loads(capsys.readouterr().out)["devices"][0]
+    assert device["utilisation"]["value"] == MEASURED_GA[("generational", False)]
+    assert device["wall_hours"] == pytest.approx(device["hours"] / 8 / 0.807)
