@@ -35,7 +35,9 @@
 3. cluster (only with --parts cluster): 8 Ray workers with fake GPUs score the tests' known problem on 8 windows
    (bench/known_problem.py: no model) with a latency of 20 ms per window, jittered uniformly by +-30%;
    worker utilisation = busy time / (workers x wall), generational vs steady (each with and without racing), at
-   the demo's search sizes.
+   the demo's search sizes; then gradient descent (20 steps, 2 held-out windows, on 8 and on 4 search windows,
+   250 ms a window, a backward window 3x, jittered by 0 and by +-30%) beside the utilisation `longrope estimate`
+   computes for it (search/cost/utilisation.py), and the pool's own busy clock (what `longrope status` prints).
 
 Run: .venv/bin/python bench/search_cost.py --seeds 0 1 2 3 4 [--seeds-16x 0 1 2] [--parts model 16x]
      [--variants official_ga gradient hybrid] [--out bench/results]
