@@ -16,9 +16,9 @@ from search_helpers import FunctionEvaluator, make_coordinator, replayed_state, 
 
 from longrope.search.cli.main import main
 from longrope.search.config.search_section import GradientConfig
+from longrope.search.optimizers.descent_space import Parametrization
 from longrope.search.optimizers.factory import load_job_config
 from longrope.search.optimizers.genome import Genome
-from longrope.search.optimizers.gradient import Parametrization
 from longrope.search.optimizers.objective import ObjectiveMix, objective_gradient, subset_mix
 from longrope.search.run.run_check import read_run
 from longrope.search.run.run_store import RunDir

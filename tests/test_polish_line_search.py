@@ -70,9 +70,11 @@ def hybrid_run(run_dir, evaluator, *extra: str):
     return config
 
 
-def polish_lines(run_dir, method: str, wobble: float) -> list[dict]:
+def polish_lines(run_dir, method: str, wobble: float, steps: int = 6, probes: int = 1) -> list[dict]:
     """The polish's lines (those with a gradient) of a finished hybrid run, in the order scored."""
-    hybrid_run(run_dir, FunctionEvaluator(windows=WINDOWS, wobble=wobble), f"search.gradient.polish_method={method}")
+    polish = [f"search.gradient.polish_method={method}", f"search.gradient.polish_steps={steps}"]
+    evaluator = FunctionEvaluator(windows=WINDOWS, wobble=wobble)
+    hybrid_run(run_dir, evaluator, *polish, f"search.gradient.polish_probes={probes}")
     records = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     return [r for r in records if "gradient" in r]
 
@@ -111,3 +113,58 @@ def test_mid_polish_the_anchor_is_the_best_step_told_and_alpha_follows_the_verdi
     assert line_search["anchor_score"] == best == min(scores)
     assert (line_search["accepted"], line_search["refused"]) == (accepted, len(scores) - 1 - accepted)
     assert line_search["alpha"] == pytest.approx(alpha, rel=1e-12)
+
+
+def test_trials_are_what_next_point_gives_after_each_refusal():
+    """From the anchor (1, 0) with gradient (2, 0) at alpha 0.5: trials (0.5, 0), (0.75, 0), (0.875, 0), the points
+    three refusals in a row give one at a time, bit for bit."""
+    search = BacktrackingLineSearch(alpha=0.5)
+    first = search.next_point(np.array([1.0, 0.0]), 1.0, np.array([2.0, 0.0]))
+    trials = search.trials(3)
+    np.testing.assert_allclose(trials, [[0.5, 0.0], [0.75, 0.0], [0.875, 0.0]], atol=1e-15)
+    one_at_a_time = [first]
+    for _ in range(2):
+        one_at_a_time.append(search.next_point(one_at_a_time[-1], 2.0, np.array([1.0, 0.0])))  # worse: refused
+    assert all(np.array_equal(a, b) for a, b in zip(trials, one_at_a_time, strict=True))
+
+
+def polish_states(run_dir, steps: int, probes: int) -> list[dict]:
+    """The hybrid's polish line search after each polish generation is told (watched, not changed)."""
+    settings = ["target_length=256", f"data.search_windows={WINDOWS}", "search.seed=5", "search.optimizer=hybrid"]
+    polish = [f"search.gradient.polish_steps={steps}", f"search.gradient.polish_probes={probes}"]
+    config = load_job_config(None, [*settings, "search.generations=4", *polish, f"output_dir={run_dir}"])
+    RunDir(run_dir).create(config)
+    evaluator = FunctionEvaluator(windows=WINDOWS, wobble=0.05)
+    coordinator = make_coordinator(config, RunDir(run_dir), evaluator, problem(WINDOWS))
+    searcher, states = coordinator.searcher, []
+    tell = searcher.tell
+
+    def watched_tell(results):
+        ends = tell(results)
+        polish_search = searcher.polish.line_search if searcher.polish is not None else None
+        if ends and ends[0].polish and polish_search is not None:
+            states.append(polish_search.state().model_dump())
+        return ends
+
+    searcher.tell = watched_tell
+    coordinator.run()
+    return states
+
+
+def test_probes_move_the_line_search_as_one_trial_at_a_time_does_in_fewer_generations(tmp_path):
+    """polish_probes 3: each polish generation scores 3 trials from the anchor at once and keeps the first the Armijo
+    test takes. A second formulation, the polish told one trial a step: every state the 3-trial polish passes
+    through (anchor, its score and gradient, alpha, the counts) is one the 1-trial polish passes through, in the
+    same order, and in 6 generations it judges more trials than the 1-trial polish does in 6 steps."""
+    one = polish_states(tmp_path / "one", steps=24, probes=1)
+    three = polish_states(tmp_path / "three", steps=6, probes=3)
+    assert len(three) == 6 and three[0] == one[0]  # the first step scores the start alone: the anchor
+    places = [one.index(state) for state in three]  # raises if a state is not one of the 1-trial polish's
+    assert places == sorted(places) and len(set(places)) == len(places)
+    judged = three[-1]["accepted"] + three[-1]["refused"]  # trials judged after the start: one[i] has judged i
+    assert judged == places[-1] > 5
+
+
+def test_probes_need_the_line_search():
+    with pytest.raises(ValueError, match="polish_probes: 3 trial steps at once need polish_method 'line_search'"):
+        GradientConfig(polish_probes=3, polish_method="adam")

@@ -47,3 +47,22 @@ def test_the_ga_takes_the_measured_share_and_the_wall_line_divides_by_it(capsys)
     device = json.loads(capsys.readouterr().out)["devices"][0]
     assert device["utilisation"]["value"] == MEASURED_GA[("generational", False)]
     assert device["wall_hours"] == pytest.approx(device["hours"] / 8 / 0.807)
+
+
+def test_line_search_trials_go_out_together():
+    """Two trials of a step on 3 workers: each cut in ceil(3 / 2) = 2, gradient [0, 6) as 2 x 3 windows at 1 + 2
+    each (9) and the held-out [6, 8) as 1 + 1: [9, 9, 1, 1] twice. Greedy on 3 workers: 9 | 9 | 1 + 1 + 9 = 11,
+    then the next 9 on a worker free at 9: 18 (the last two 1s go to the others): 18."""
+    pieces = generation_pieces(2, 8, 3, (0, 6), 2.0)
+    assert pieces == [9.0, 9.0, 1.0, 1.0] * 2
+    assert makespan(pieces, 3) == 18.0
+
+
+def test_the_plan_counts_each_polish_step_s_trials(capsys):
+    """A hybrid polished by 10 steps of 3 trials: its plan and backward steps count 3 points a step."""
+    settings = ["--set", "search.optimizer=hybrid", "--set", "search.gradient.polish_probes=3", "--json"]
+    assert main(["estimate", "configs/demo.yaml", *settings]) == 0
+    estimate = json.loads(capsys.readouterr().out)
+    steps = estimate["gradient_steps"]
+    assert main(["estimate", "configs/demo.yaml", "--set", "search.optimizer=hybrid", "--json"]) == 0
+    assert steps == 3 * json.loads(capsys.readouterr().out)["gradient_steps"] > 0

@@ -183,6 +183,14 @@ class GradientConfig(Strict):
         description="hybrid: line_search keeps a step only if it lowers the search NLL (never worse than the GA's "
         "best); adam: Adam's steps, kept whatever they score",
     )
+    polish_probes: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="hybrid, line_search: trial steps scored at once from the same point (alpha, alpha/2, ...); the "
+        "first that lowers the NLL enough is kept, as trying them one at a time would: set it to fill workers that "
+        "a step's windows leave idle",
+    )
 
     def polishes_after(self, generation: int, last: int, ending: bool = False) -> bool:
         """Whether the hybrid polishes its best after `generation` (done; 0 is the initial population, never
@@ -190,6 +198,15 @@ class GradientConfig(Strict):
         an early stop (`ending`). The one rule the hybrid follows and `status` counts the polishes still due by."""
         every = self.polish_every
         return generation > 0 and (bool(every and generation % every == 0) or generation >= last or ending)
+
+    @model_validator(mode="after")
+    def _probes_need_line_search(self) -> GradientConfig:
+        if self.polish_probes > 1 and self.polish_method != "line_search":
+            raise ValueError(
+                f"polish_probes: {self.polish_probes} trial steps at once need polish_method 'line_search' (Adam's "
+                f"next step depends on each result), got '{self.polish_method}'"
+            )
+        return self
 
     def polishes(self, generations: int) -> int:
         """The hybrid's polishes in a run of `generations` that is not stopped early: one after every

@@ -9,13 +9,13 @@ over workers x wall time, per optimizer:
   20 ms a window +-30% on the demo's sizes (3 seeds; bench/results/search_cost_ga_variants.json): generational
   0.807, steady 0.964, with racing 0.725 and 0.885. One worker is never idle (its queue holds the whole
   generation): 1.
-- descent (the gradient optimizer; the hybrid's polish steps): computed, generation by generation, the way the
-  coordinator sends it out. A generation of k candidates on W workers cuts each candidate's windows into
-  ceil(W / k) ranges where k < W (`window_ranges.cut`; a step's gradient windows and the windows around them cut
-  apart), and the pool gives each range to the first free worker, so a generation lasts what greedy list
-  scheduling of its ranges says (Graham 1966), a window's forward costing 1 and a window with a backward pass
-  1 + c (c: `budget.backward_cost`). Utilisation = the work / (W x the sum of the generations' lengths).
-  bench/search_cost.py `--parts cluster` checks the figure against a simulated cluster.
+- descent (the gradient optimizer; the hybrid's polish, each step `polish_probes` line-search trials): computed,
+  generation by generation, the way the coordinator sends it out. A generation of k candidates on W workers cuts
+  each candidate's windows into ceil(W / k) ranges where k < W (`window_ranges.cut`; a step's gradient windows and
+  the windows around them cut apart), and the pool gives each range to the first free worker, so a generation lasts
+  what greedy list scheduling of its ranges says (Graham 1966), a window's forward costing 1 and a window with a
+  backward pass 1 + c (c: `budget.backward_cost`). Utilisation = the work / (W x the sum of the generations'
+  lengths). bench/search_cost.py `--parts cluster` checks the figure against a simulated cluster.
 - the hybrid: the GA's generations at the GA's figure and its polishes as descent, weighed by their work.
 """
 
@@ -59,23 +59,28 @@ def makespan(pieces: Sequence[float], workers: int) -> float:
 def generation_pieces(
     candidates: int, windows: int, workers: int, gradient: tuple[int, int] | None, c: float
 ) -> list[float]:
-    """The costs of the ranges a generation of `candidates` goes out as (each scored on `windows` windows; with
-    `gradient`, one step's point with a backward pass on those windows)."""
+    """The costs of the ranges a generation of `candidates` goes out as, each scored on `windows` windows; with
+    `gradient`, each a step's point (or a line-search trial) with a backward pass on those windows."""
     spread = 1 if candidates >= workers else math.ceil(workers / candidates)
     if gradient is None:
         return [float(b - a) for a, b in cut((0, windows), spread)] * candidates
     first, last = gradient
     before, after = cut((0, first), spread), cut((last, windows), spread)
     backward = [(1 + c) * (b - a) for a, b in cut((first, last), spread)]
-    return [float(b - a) for a, b in before] + backward + [float(b - a) for a, b in after]
+    return ([float(b - a) for a, b in before] + backward + [float(b - a) for a, b in after]) * candidates
 
 
-def descent_time(config: JobConfig, windows: int, workers: int, c: float, *, seeds: int, steps: int) -> tuple:
-    """(work, time) of one descent, in window forwards: its seeds (none for a polish), `steps` steps, and its best
-    point rounded to the grid."""
+def descent_time(
+    config: JobConfig, windows: int, workers: int, c: float, *, seeds: int, steps: int, probes: int = 1
+) -> tuple[float, float]:
+    """(work, time) of one descent, in window forwards: its seeds (none for a polish), `steps` steps of `probes`
+    points each (a polish's line-search trials; the first step, from the start, is one), and its best point
+    rounded to the grid."""
     split = WindowSplit.of(config.search.gradient, windows)
     generations = [generation_pieces(seeds, windows, workers, None, c)] if seeds else []
-    generations += [generation_pieces(1, windows, workers, split.block(step), c) for step in range(1, steps + 1)]
+    for step in range(1, steps + 1):
+        points = 1 if step == 1 else probes
+        generations.append(generation_pieces(points, windows, workers, split.block(step), c))
     generations.append(generation_pieces(1, windows, workers, None, c))
     return sum(map(sum, generations)), sum(makespan(pieces, workers) for pieces in generations)
 
@@ -94,7 +99,9 @@ def utilisation(config: JobConfig, windows: int, c: float) -> Utilisation:
         work, time = descent_time(config, windows, workers, c, seeds=search.most_seeds(), steps=search.gradient.steps)
         return Utilisation(value=work / (workers * time), basis=f"descent's generations scheduled on {workers} workers")
     polishes = search.gradient.polishes(search.generations)
-    polish_work, polish_time = descent_time(config, windows, workers, c, seeds=0, steps=search.gradient.polish_steps)
+    gradient = search.gradient
+    polish = {"seeds": 0, "steps": gradient.polish_steps, "probes": gradient.polish_probes}
+    polish_work, polish_time = descent_time(config, windows, workers, c, **polish)
     ga_work = (search.population + search.generations * (search.mutations + search.crossovers)) * windows
     work = ga_work + polishes * polish_work
     time = ga_work / (workers * ga) + polishes * polish_time

@@ -3,15 +3,8 @@
 Perplexity depends on a factor only through cos/sin of p * theta^(-2i/d) / lambda_i (and on the attention factor,
 which multiplies cos and sin), so one backward pass through the model's input path gives d NLL / d lambda for
 every pair at once (the workers compute it: `Scorer.score_with_gradient`). Descent here is plain numpy over an
-unconstrained vector u, mapped to factors that always satisfy the official constraints (`Parametrization`):
-
-    lambda_i = 1 + (M - 1) * sum_{k <= i} softmax(u_0..u_P)_k      i = 0 .. P-1   (u_P: the slack logit)
-    attention = low + (high - low) * sigmoid(u_{P+1})               (only when the attention factor is searched)
-
-so the factors are non-decreasing across pairs and within [1, M] (M = search.max_factor, 1.25 x scale by default,
-the LongRoPE paper's bound), whatever u is; the slack logit lets the last pair stay below M. Adam (Kingma and Ba,
-arXiv 1412.6980, with its default betas 0.9 / 0.999 and eps 1e-8) steps u on the chain-ruled gradient
-(`Parametrization.pullback`).
+unconstrained vector u whose every point satisfies the official constraints, stepped by Adam or, in the hybrid's
+polish, judged by a backtracking line search (descent_space.py, line_search.py).
 
 `GradientDescent` is a `Searcher` (searcher.py) like the other optimizers, and its generations are: 0, the seeds
 scored on every search window (forward only, as the GA's generation 0); 1..steps, one point each, its factors
@@ -36,6 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from longrope.search.config.search_section import GradientConfig
+from longrope.search.optimizers.descent_space import Adam, Parametrization
 from longrope.search.optimizers.descent_state import DescentState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
 from longrope.search.optimizers.history_record import RECORDED_DECIMALS, HistoryRecord, recorded_factors
@@ -51,109 +45,6 @@ from longrope.search.optimizers.searcher import (
     best_score,
     json_score,
 )
-
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
-SMALLEST_SHARE = 1e-6  # the attention factor's share kept off 0 and 1, where a logit is infinite
-
-
-@dataclass(frozen=True)
-class Parametrization:
-    """u (pairs + 1 logits, + 1 for a searched attention factor) <-> factors within the official constraints."""
-
-    pairs: int
-    max_factor: float
-    attention_bounds: tuple[float, float] | None = None  # (low, high) when the attention factor is searched
-    # a seed's zero increments (PI's flat factors, YaRN's flat ends) start at this share of the range, half a grid
-    # step by default: a logit moves a share by a factor per step, so one at 1e-6 (ln -14) stays frozen for tens of
-    # steps (measured on the demo: 3.607 at the held-out stop with 1e-6, 3.564 with half a step), while an increment
-    # below half a grid step is one the grid cannot tell from zero anyway
-    smallest_increment: float = 0.005
-
-    @property
-    def size(self) -> int:
-        return self.pairs + 1 + (self.attention_bounds is not None)
-
-    def factors(self, u: np.ndarray) -> np.ndarray:
-        shares = _softmax(u[: self.pairs + 1])
-        return 1.0 + (self.max_factor - 1.0) * np.cumsum(shares)[: self.pairs]
-
-    def attention_factor(self, u: np.ndarray) -> float | None:
-        if self.attention_bounds is None:
-            return None
-        low, high = self.attention_bounds
-        return float(low + (high - low) * _sigmoid(u[self.pairs + 1]))
-
-    def pullback(self, u: np.ndarray, d_factors: np.ndarray, d_attention: float) -> np.ndarray:
-        """d loss / d u from d loss / d factors and d loss / d attention factor (the chain rule, by hand).
-
-        With s = softmax(u_0..u_P), C_i = sum_{m <= i} s_m and g_i = d loss / d lambda_i:
-        d lambda_i / d u_k = (M - 1) s_k ([k <= i] - C_i), so d loss / d u_k = (M - 1) s_k (sum_{i >= k} g_i -
-        sum_i g_i C_i). The attention factor: d a / d u = (high - low) sigma (1 - sigma)."""
-        shares = _softmax(u[: self.pairs + 1])
-        cumulative = np.cumsum(shares)[: self.pairs]
-        g = np.asarray(d_factors, dtype=np.float64)
-        tail = np.concatenate([np.cumsum(g[::-1])[::-1], [0.0]])  # sum_{i >= k} g_i, k = 0..P (none for the slack)
-        grad = np.zeros(self.size)
-        grad[: self.pairs + 1] = (self.max_factor - 1.0) * shares * (tail - float(g @ cumulative))
-        if self.attention_bounds is not None:
-            low, high = self.attention_bounds
-            sigma = _sigmoid(u[self.pairs + 1])
-            grad[self.pairs + 1] = d_attention * (high - low) * sigma * (1.0 - sigma)
-        return grad
-
-    def inverse(self, factors: np.ndarray, attention_factor: float | None) -> np.ndarray:
-        """A u whose point is `factors` clipped into [1, max_factor] and made non-decreasing, every increment at least
-        `smallest_increment` (so no logit is -inf or frozen), and the attention factor clipped into its bounds."""
-        clipped = np.maximum.accumulate(np.clip(np.asarray(factors, dtype=np.float64), 1.0, self.max_factor))
-        steps = np.diff(np.concatenate([[1.0], clipped, [self.max_factor]])) / (self.max_factor - 1.0)
-        shares = np.maximum(steps, self.smallest_increment / (self.max_factor - 1.0))
-        u = np.zeros(self.size)
-        u[: self.pairs + 1] = np.log(shares / shares.sum())
-        if self.attention_bounds is not None:
-            low, high = self.attention_bounds
-            value = attention_factor if attention_factor is not None else (low + high) / 2
-            share = float(np.clip((value - low) / (high - low), SMALLEST_SHARE, 1 - SMALLEST_SHARE))
-            u[self.pairs + 1] = math.log(share / (1 - share))
-        return u
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - np.max(x))
-    return e / e.sum()
-
-
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-
-
-@dataclass
-class Adam:
-    """Adam over a numpy vector; its state (moments, step) round-trips through JSON."""
-
-    learning_rate: float
-    m: np.ndarray
-    v: np.ndarray
-    t: int = 0
-
-    @classmethod
-    def fresh(cls, learning_rate: float, size: int) -> Adam:
-        return cls(learning_rate, np.zeros(size), np.zeros(size))
-
-    def step(self, u: np.ndarray, grad: np.ndarray) -> np.ndarray:
-        b1, b2 = ADAM_BETAS
-        self.t += 1
-        self.m = b1 * self.m + (1 - b1) * grad
-        self.v = b2 * self.v + (1 - b2) * grad * grad
-        m_hat, v_hat = self.m / (1 - b1**self.t), self.v / (1 - b2**self.t)
-        return u - self.learning_rate * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"m": self.m.tolist(), "v": self.v.tolist(), "t": self.t}
-
-    @classmethod
-    def from_state(cls, learning_rate: float, state: dict[str, Any]) -> Adam:
-        return cls(learning_rate, np.asarray(state["m"], float), np.asarray(state["v"], float), int(state["t"]))
 
 
 def point_key(factors: np.ndarray, attention_factor: float | None) -> str:
@@ -218,6 +109,7 @@ class GradientDescent(Searcher):
         start: Seed | None = None,
         patience: bool = True,
         line_search: bool = False,
+        probes: int = 1,
     ):
         super().__init__(settings, grid, seeds)
         self.mix = mix
@@ -235,6 +127,7 @@ class GradientDescent(Searcher):
         self.u: np.ndarray | None = None if start is None else self.param.inverse(start.factors, start.attention_factor)
         self.adam = Adam.fresh(self.learning_rate, self.param.size)
         self.line_search = BacktrackingLineSearch(self.learning_rate) if line_search else None  # instead of Adam
+        self.probes = probes if line_search else 1  # line-search trials a step scores at once
         self.scores: dict[str, float] = {}  # every told point's mean NLL on all search windows
         self.points: dict[str, list[Any]] = {}  # key -> [factors, attention] of every told point
         self.best_held_out = math.inf
@@ -263,7 +156,7 @@ class GradientDescent(Searcher):
 
     @property
     def budget(self) -> int:
-        return len(self.seed_genomes) + self.steps + 1
+        return len(self.seed_genomes) + self.steps * self.probes + 1
 
     @staticmethod
     def descent_steps(search) -> int | None:
@@ -296,7 +189,7 @@ class GradientDescent(Searcher):
         if self.u is None:
             batch = [self._grid_point(genome) for genome in self.seed_genomes]
         elif self._descending():
-            batch = [self._step_point()]
+            batch = [point for point, _ in self._step_points().values()]
         else:
             batch = [self._rounded_point()]
         self.pending = {point.key: point for point in batch}
@@ -314,15 +207,17 @@ class GradientDescent(Searcher):
             result = self._results[point.key]
             self.scores[point.key] = result.score
             self.points[point.key] = [list(result.factors), result.attention_factor]
-        step_result, self._results = self._results[told[0].key], {}
+        results, self._results = self._results, {}
         before = self.generation
         if self.u is None:
             best = min(told, key=lambda p: (self.scores[p.key], p.key))
             self.u = self.param.inverse(best.factors, best.attention_factor)
         elif not self._descending() or told[0].key in self._genomes:
             self.rounded, self.final = True, self._genomes[told[0].key]
+        elif len(told) > 1:
+            self._judge_trials(results)
         else:
-            self._descend(told[0], step_result)
+            self._descend(told[0], results[told[0].key])
         self.generation += 1
         return [self._generation_end(before, {point.key for point in told})]
 
@@ -352,16 +247,48 @@ class GradientDescent(Searcher):
     def stopped_early(self) -> bool:
         return self.patience is not None and self.since_gain >= self.patience and self.generation <= self.steps
 
-    def _step_point(self) -> Candidate:
-        factors = np.round(self.param.factors(self.u), RECORDED_DECIMALS)
-        attention = self.param.attention_factor(self.u)
+    def _step_points(self) -> dict[str, tuple[Candidate, np.ndarray]]:
+        """This step's point, or with line-search probes its trials from the anchor (`BacktrackingLineSearch.trials`;
+        trials that record as the same point scored once), each with its u, by key, in the order they are judged."""
+        if self.probes == 1 or self.line_search.anchor is None:
+            trials = [self.u]
+        else:
+            trials = self.line_search.trials(self.probes)
+        points: dict[str, tuple[Candidate, np.ndarray]] = {}
+        for u in trials:
+            point = self._step_point(u)
+            points.setdefault(point.key, (point, u))
+        return points
+
+    def _step_point(self, u: np.ndarray) -> Candidate:
+        factors = np.round(self.param.factors(u), RECORDED_DECIMALS)
+        attention = self.param.attention_factor(u)
         attention = None if attention is None else round(attention, RECORDED_DECIMALS)
         key = point_key(factors, attention)
         return Candidate(key, self.generation, factors, attention, gradient_windows=self.split.block(self.generation))
 
+    def _judge_trials(self, results: dict[str, HistoryRecord]) -> None:
+        """A step's line-search trials, judged in the order one at a time would have tried them, each as that step
+        would have been (its held-out NLL counted, its gradient pulled back at its own u), up to the first the
+        line search accepts; the rest are dropped. The trials are rebuilt from the state they were asked from
+        (nothing has changed it since), so a resumed run judges them alike."""
+        for key, (_, u) in self._step_points().items():
+            accepted, result = self.line_search.accepted, results[key]
+            if finite_gradient(result):
+                self._descend_from(u, result)
+            else:  # refused, as the line search refuses any non-finite trial: alpha halves, the anchor stays
+                self.u = self.line_search.next_point(u, math.inf, np.full(self.param.size, math.nan))
+            if self.line_search.accepted > accepted:
+                return
+
     def _descend(self, point: Candidate, result: HistoryRecord) -> None:
+        self._descend_from(self.u, result)
+
+    def _descend_from(self, u: np.ndarray, result: HistoryRecord) -> None:
+        """One step's result at u (its search NLL, its held-out NLL, its gradient): the held-out stop's count, then
+        u moved on by Adam or judged by the line search."""
         gradient = result.gradient
-        if gradient is None or not all(v is not None and math.isfinite(v) for v in gradient):
+        if not finite_gradient(result):
             self.since_gain = self.patience or self.steps  # no finite gradient: nothing to descend on
             return
         held_out = self._held_out_nll(result)
@@ -369,11 +296,11 @@ class GradientDescent(Searcher):
             self.best_held_out, self.since_gain = held_out, 0
         else:
             self.since_gain += 1
-        grad_u = self.param.pullback(self.u, np.asarray(gradient[: self.grid.pairs]), float(gradient[self.grid.pairs]))
+        grad_u = self.param.pullback(u, np.asarray(gradient[: self.grid.pairs]), float(gradient[self.grid.pairs]))
         if self.line_search is not None:
-            self.u = self.line_search.next_point(self.u, result.score, grad_u)
+            self.u = self.line_search.next_point(u, result.score, grad_u)
         else:
-            self.u = self.adam.step(self.u, grad_u)
+            self.u = self.adam.step(u, grad_u)
 
     def _held_out_nll(self, result: HistoryRecord) -> float:
         start, stop = self.split.held_out
@@ -433,6 +360,10 @@ class GradientDescent(Searcher):
             if descent.line_search is not None:
                 self.line_search.load_state(descent.line_search)
         self.pending, self._asked, self._results = {}, [], {}
+
+
+def finite_gradient(result: HistoryRecord) -> bool:
+    return result.gradient is not None and all(v is not None and math.isfinite(v) for v in result.gradient)
 
 
 def _unique_genomes(genomes: list[Genome]) -> list[Genome]:

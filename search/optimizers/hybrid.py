@@ -87,10 +87,10 @@ class HybridSearch(Searcher):
         ga, gradient = DimMonoEvolution.plan(search, seeds), search.gradient
         polishes = gradient.polishes(search.generations)
         word = "polish" if polishes == 1 else "polishes"
-        text = f"{ga.text} + {polishes} {word} x ({gradient.polish_steps} steps + 1 on the grid)"
-        return SearchPlan(
-            ga.candidates + polishes * (gradient.polish_steps + 1), polishes * gradient.polish_steps, text
-        )
+        steps, probes = gradient.polish_steps, gradient.polish_probes
+        trials = f"{steps} steps" if probes == 1 else f"{steps} steps of {probes} trials"
+        text = f"{ga.text} + {polishes} {word} x ({trials} + 1 on the grid)"
+        return SearchPlan(ga.candidates + polishes * (steps * probes + 1), polishes * steps * probes, text)
 
     # ---- the searcher interface ----
 
@@ -198,4 +198,5 @@ def polish_descent(settings: SearchConfig, grid: GenomeGrid, mix: ObjectiveMix, 
         start=Seed("polish", grid.factors(start), grid.attention_factor(start)),
         patience=False,
         line_search=gradient.polish_method == "line_search",
+        probes=gradient.polish_probes,
     )

@@ -81,6 +81,14 @@ class BacktrackingLineSearch:
             return self.anchor.copy()  # a stationary anchor: nothing to go down
         return self.anchor - self.alpha * self.anchor_gradient / norm
 
+    def trials(self, count: int) -> list[np.ndarray]:
+        """The next `count` trials from the anchor, alpha halved each: what `next_point` gives after each of them
+        is refused in turn (the first is the trial `next_point` gave last). Needs an anchor."""
+        norm = float(np.linalg.norm(self.anchor_gradient))
+        if norm == 0.0:
+            return [self.anchor.copy()]
+        return [self.anchor - self.alpha * SHRINK**k * self.anchor_gradient / norm for k in range(count)]
+
     def _accept(self, u: np.ndarray, score: float, gradient: np.ndarray, *, grow: bool) -> None:
         self.anchor, self.anchor_score, self.anchor_gradient = u.copy(), score, gradient.copy()
         if grow:
