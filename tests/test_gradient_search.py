@@ -316,11 +316,12 @@ def test_hybrid_stopped_early_resumes_into_its_final_polish(tmp_path, fail_on_ca
     assert [r["key"] for r in history(crashed)] == [r["key"] for r in history(tmp_path / "clean")]
 
 
-@pytest.mark.parametrize("fail_on_call", [3, 5, 7, 12])
-def test_hybrid_resumes_exactly_mid_polish(tmp_path, fail_on_call):
+@pytest.mark.parametrize(("fail_on_call", "probes"), [(3, 1), (5, 1), (7, 1), (12, 1), (5, 3), (6, 3), (11, 3)])
+def test_hybrid_resumes_exactly_mid_polish(tmp_path, fail_on_call, probes):
     """Calls: generations 0-2 (1-3), the first polish's steps (4-6) and rounding (7), generations 3-4 (8-9), the
-    second polish (10-13): killed in a generation, in a polish step and at a polish's rounding."""
-    config = hybrid(tmp_path / "clean")
+    second polish (10-13): killed in a generation, in a polish step and at a polish's rounding; with 3 line-search
+    trials a step, killed after the first of a step's trials landed."""
+    config = hybrid(tmp_path / "clean", f"search.gradient.polish_probes={probes}")
     clean_best, _ = run(config, tmp_path / "clean")
     crashed = tmp_path / "crash"
     config = config.model_copy(update={"output_dir": str(crashed)})
