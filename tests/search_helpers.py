@@ -91,7 +91,8 @@ def make_coordinator(
     searcher = built_searcher(config, search_problem)
     if resume:
         history, state, outstanding = restore(run_dir, searcher)
-        options |= {"history": history.records, "state": state, "outstanding": outstanding}
+        options |= {"history": history.records, "state": state, "outstanding": outstanding.candidates}
+        options |= {"outstanding_asked": outstanding.asked}
     return Coordinator(config.search, search_problem, run_dir, evaluator, searcher, **options)
 
 

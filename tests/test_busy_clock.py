@@ -45,4 +45,4 @@ def test_status_prints_the_busy_share_heartbeat_json_holds(tmp_path):
     store.file(HEARTBEAT).write_text(json.dumps(beat))
     status = run_status(store)
     assert (status.workers, status.workers_busy) == (8, pytest.approx(0.92))
-    assert "workers busy 92% of the time (8 workers" in format_status(status)
+    assert "workers busy 92% of the time (8 workers, in the run's latest process)" in format_status(status)

@@ -10,6 +10,7 @@ import pytest
 from longrope.search.cli.main import main
 from longrope.search.cost.utilisation import MEASURED_GA, descent_time, generation_pieces, makespan, utilisation
 from longrope.search.optimizers.factory import load_job_config
+from longrope.search.run.window_ranges import candidate_ranges
 
 
 def descent_job(*overrides: str):
@@ -24,19 +25,30 @@ def test_greedy_list_scheduling_by_hand():
 
 
 def test_a_step_goes_out_as_the_coordinator_cuts_it():
-    """8 windows, gradient [0, 6), 3 workers, c = 2: backward ranges [0, 2), [2, 4), [4, 6) cost 3 x 2 = 6 each,
-    the held-out [6, 7), [7, 8) 1 each; a lone forward candidate [0, 2), [2, 5), [5, 8); 3 seeds on 3 workers whole."""
-    assert generation_pieces(1, 8, 3, (0, 6), 2.0) == [6.0, 6.0, 6.0, 1.0, 1.0]
+    """8 windows, gradient [0, 6), 3 workers, c = 2: the gradient windows (weight 6 x 3 = 18) and the held-out [6, 8)
+    (2) get a piece each, the third goes to the heavier: [0, 3), [3, 6) with a backward pass (3 x 3 = 9 each) and
+    [6, 8) (2), costliest first; a lone forward candidate [0, 2), [2, 5), [5, 8); 3 seeds on 3 workers whole."""
+    assert candidate_ranges(8, (0, 6), 3) == [((0, 3), True), ((3, 6), True), ((6, 8), False)]
+    assert generation_pieces(1, 8, 3, (0, 6), 2.0) == [9.0, 9.0, 2.0]
     assert generation_pieces(1, 8, 3, None, 2.0) == [2.0, 3.0, 3.0]
     assert generation_pieces(3, 8, 3, None, 2.0) == [8.0, 8.0, 8.0]
 
 
+def test_more_pieces_than_parts_go_to_the_heaviest_part():
+    """16 windows, gradient [0, 14), 8 workers: the held-out [14, 16) keeps its one piece (weight 2) and the gradient
+    windows (weight 42) take the other 7, 2 windows each (6): no range weighs more than 6, and 8 ranges, one a
+    worker."""
+    ranges = candidate_ranges(16, (0, 14), 8)
+    assert len(ranges) == 8 and ranges[-1] == ((14, 16), False)
+    assert [r for r, backward in ranges if backward] == [(k, k + 2) for k in range(0, 14, 2)]
+
+
 def test_a_descent_s_utilisation_worked_by_hand():
     """One seed, 2 steps, the rounding, on 3 workers, c = 2: the seed [2, 3, 3] lasts 3 (work 8); each step
-    [6, 6, 6, 1, 1] lasts 7 (work 20); the rounding 3 (work 8). 56 of work in 20, on 3 workers: 56 / 60."""
+    [9, 9, 2] lasts 9 (work 20); the rounding 3 (work 8). 56 of work in 24, on 3 workers: 56 / 72."""
     config = descent_job()
-    assert descent_time(config, 8, 3, 2.0, seeds=1, steps=2) == (56.0, 20.0)
-    assert utilisation(config, 8, 2.0).value == pytest.approx(56 / 60)
+    assert descent_time(config, 8, 3, 2.0, seeds=1, steps=2) == (56.0, 24.0)
+    assert utilisation(config, 8, 2.0).value == pytest.approx(56 / 72)
     assert utilisation(descent_job("workers.num_workers=1"), 8, 2.0).value == 1.0
 
 
@@ -50,19 +62,19 @@ def test_the_ga_takes_the_measured_share_and_the_wall_line_divides_by_it(capsys)
 
 
 def test_line_search_trials_go_out_together():
-    """Two trials of a step on 3 workers: each cut in ceil(3 / 2) = 2, gradient [0, 6) as 2 x 3 windows at 1 + 2
-    each (9) and the held-out [6, 8) as 1 + 1: [9, 9, 1, 1] twice. Greedy on 3 workers: 9 | 9 | 1 + 1 + 9 = 11,
-    then the next 9 on a worker free at 9: 18 (the last two 1s go to the others): 18."""
+    """Two trials of a step on 3 workers: each cut in ceil(3 / 2) = 2, the gradient [0, 6) whole (6 x 3 = 18) and the
+    held-out [6, 8) (2): [18, 2] twice. Greedy on 3 workers: 18 | 2 | 18, the last 2 after the first 2: 18."""
     pieces = generation_pieces(2, 8, 3, (0, 6), 2.0)
-    assert pieces == [9.0, 9.0, 1.0, 1.0] * 2
+    assert pieces == [18.0, 2.0] * 2
     assert makespan(pieces, 3) == 18.0
 
 
 def test_the_plan_counts_each_polish_step_s_trials(capsys):
-    """A hybrid polished by 10 steps of 3 trials: its plan and backward steps count 3 points a step."""
+    """A hybrid polished by 10 steps of 3 trials: the first step scores the start alone, the other 9 three trials
+    each, 28 points a polish where one trial a step scores 10."""
     settings = ["--set", "search.optimizer=hybrid", "--set", "search.gradient.polish_probes=3", "--json"]
     assert main(["estimate", "configs/demo.yaml", *settings]) == 0
-    estimate = json.loads(capsys.readouterr().out)
-    steps = estimate["gradient_steps"]
+    steps = json.loads(capsys.readouterr().out)["gradient_steps"]
     assert main(["estimate", "configs/demo.yaml", "--set", "search.optimizer=hybrid", "--json"]) == 0
-    assert steps == 3 * json.loads(capsys.readouterr().out)["gradient_steps"] > 0
+    one = json.loads(capsys.readouterr().out)["gradient_steps"]
+    assert one > 0 and one % 10 == 0 and steps == one // 10 * 28

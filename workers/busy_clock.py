@@ -3,7 +3,9 @@
 A GPU that waits for the coordinator, for a generation's slowest candidate, or for the next descent step is paid
 for and idle; this is the figure that says how much (`longrope status` prints it from heartbeat.json). A worker
 counts as busy while it holds a scoring call (the pool keeps `calls_per_worker` queued on it, so the gap between
-two calls is a transfer, not a wait). The clock starts at the first scoring call: loading the model is not the
+two calls is a transfer, not a wait), from the call's send to its collection: a call that finished while the
+coordinator was recording another result counts until it is collected, so the share reads a little high where the
+coordinator is slow next to the calls. The clock starts at the first scoring call: loading the model is not the
 schedule's doing. Replacements of retired workers count in the workers' total busy time, against the workers the
 pool started.
 """

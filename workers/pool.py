@@ -224,22 +224,26 @@ class WorkerPool:
 
     def _dispatch(self) -> None:
         """Calls to the workers with room, one call a worker a round: every free worker gets its first call before
-        any gets its second, and a short queue is shared out (at most ceil(queued / workers with room) tasks a
-        call), so 8 tasks on 8 idle workers are 8 calls, not two full batches on two of them."""
+        any gets its second, and a second is queued on a busy worker only while the queue holds one for every
+        worker (else what is left goes to the first worker that frees up). A call takes `batch_size` tasks only
+        while the queue can fill every free call slot so; a shorter queue is shared out evenly over the slots, at
+        ceil(queued / free slots) tasks a call (one, for a descent step's ranges): 8 ranges on 8 idle workers are
+        8 calls, not two full batches on two of them."""
         now = time.monotonic()
         for worker in self.workers:
             if worker.failed_since is not None and not worker.dead:
                 self._probe_if_due(worker, now)
+        usable = [w for w in self.workers if w.usable]
+        slots = sum(self.spec.calls_per_worker - w.in_flight for w in usable)
+        size = max(1, min(self.spec.batch_size, math.ceil(len(self._queue) / max(1, slots))))
         for level in range(self.spec.calls_per_worker):
-            room = [w for w in self.workers if w.usable and w.in_flight <= level]
-            for place, worker in enumerate(room):
+            queued_ahead = level == 0 or len(self._queue) >= len(usable)  # else the rest waits for the first free
+            for worker in [w for w in usable if w.in_flight <= level]:
                 retry = self._retry_for(worker)
                 if retry is not None:
                     self._send(worker, [retry.task], retry)
-                elif self._queue:
-                    share = math.ceil(len(self._queue) / (len(room) - place))
-                    size = min(max(1, self.spec.batch_size), share)
-                    self._send(worker, [self._queue.popleft() for _ in range(size)])
+                elif self._queue and queued_ahead:
+                    self._send(worker, [self._queue.popleft() for _ in range(min(size, len(self._queue)))])
         self.busy.update(self._scoring_workers(), now)
 
     def _send(self, worker: _Worker, batch: list[Task], retry: _Retry | None = None) -> None:

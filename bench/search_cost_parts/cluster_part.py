@@ -140,13 +140,12 @@ def cluster_benchmark(seeds: list[int]) -> dict:
                     for schedule in ("generational", "steady"):
                         result = simulate(ga_config(schedule, racing, seed, Path(work)))
                         rows.append({"schedule": schedule, "racing": racing, "seed": seed, **result})
-                for windows in DESCENT_WINDOWS:
-                    config = descent_config(windows, seed, Path(work))
+                for windows, jitter in itertools.product(DESCENT_WINDOWS, (0.0, JITTER)):
+                    config = descent_config(windows, seed, Path(work) / f"jitter-{jitter:g}")
                     estimated = utilisation(config, windows, SIM_C).value
-                    result = simulate(config, DESCENT_LATENCY_PER_WINDOW_S)
-                    rows.append(
-                        {"schedule": "descent", "windows": windows, "seed": seed, "estimated": estimated, **result}
-                    )
+                    result = simulate(config, DESCENT_LATENCY_PER_WINDOW_S, jitter)
+                    row = {"schedule": "descent", "windows": windows, "jitter": jitter, "seed": seed}
+                    rows.append(row | {"estimated": estimated} | result)
     finally:
         ray.shutdown()
     return {"rows": rows, "c": SIM_C}
@@ -154,7 +153,7 @@ def cluster_benchmark(seeds: list[int]) -> dict:
 
 def print_cluster_table(result: dict) -> None:
     console = Console(width=WIDTH)
-    console.print("\n[bold]3. simulated cluster[/bold]: 8 workers (fake GPUs), 20 ms/window +-30%, demo sizes")
+    console.print("\n[bold]3. simulated cluster[/bold]: 8 workers (fake GPUs), the GA 20 ms/window +-30%, demo sizes")
     for racing in (False, True):
         utilisation = {}
         for schedule in ("generational", "steady"):

@@ -11,11 +11,13 @@ over workers x wall time, per optimizer:
   generation): 1.
 - descent (the gradient optimizer; the hybrid's polish, each step `polish_probes` line-search trials): computed,
   generation by generation, the way the coordinator sends it out. A generation of k candidates on W workers cuts
-  each candidate's windows into ceil(W / k) ranges where k < W (`window_ranges.cut`; a step's gradient windows and
-  the windows around them cut apart), and the pool gives each range to the first free worker, so a generation lasts
-  what greedy list scheduling of its ranges says (Graham 1966), a window's forward costing 1 and a window with a
-  backward pass 1 + c (c: `budget.backward_cost`). Utilisation = the work / (W x the sum of the generations'
-  lengths). bench/search_cost.py `--parts cluster` checks the figure against a simulated cluster.
+  each candidate's windows into about ceil(W / k) ranges where k < W (`window_ranges.candidate_ranges`: a step's
+  gradient windows and the windows around them apart, the pieces shared by weight, the costliest sent first), and
+  the pool gives each range to the first free worker (it queues a second call on a worker only while it holds one
+  for every worker), so a generation lasts what greedy list scheduling of its ranges says (Graham 1966), a
+  window's forward costing 1 and a window with a backward pass 1 + c (c: `budget.backward_cost`). Utilisation =
+  the work / (W x the sum of the generations' lengths). bench/search_cost.py `--parts cluster` checks the figure
+  against a simulated cluster.
 - the hybrid: the GA's generations at the GA's figure and its polishes as descent, weighed by their work.
 """
 
@@ -29,7 +31,7 @@ from longrope.search.config.job_config import JobConfig
 from longrope.search.cost.architecture import Frozen
 from longrope.search.optimizers.factory import searcher_class
 from longrope.search.optimizers.gradient import WindowSplit
-from longrope.search.run.window_ranges import cut
+from longrope.search.run.window_ranges import candidate_ranges
 
 # measured: (schedule, racing) -> utilisation on 8 workers (see the module docstring)
 MEASURED_GA = {
@@ -59,15 +61,12 @@ def makespan(pieces: Sequence[float], workers: int) -> float:
 def generation_pieces(
     candidates: int, windows: int, workers: int, gradient: tuple[int, int] | None, c: float
 ) -> list[float]:
-    """The costs of the ranges a generation of `candidates` goes out as, each scored on `windows` windows; with
-    `gradient`, each a step's point (or a line-search trial) with a backward pass on those windows."""
+    """The costs of the ranges a generation of `candidates` goes out as (`window_ranges.candidate_ranges`, as the
+    coordinator cuts them), each candidate scored on `windows` windows; with `gradient`, each a step's point (or a
+    line-search trial) with a backward pass on those windows."""
     spread = 1 if candidates >= workers else math.ceil(workers / candidates)
-    if gradient is None:
-        return [float(b - a) for a, b in cut((0, windows), spread)] * candidates
-    first, last = gradient
-    before, after = cut((0, first), spread), cut((last, windows), spread)
-    backward = [(1 + c) * (b - a) for a, b in cut((first, last), spread)]
-    return ([float(b - a) for a, b in before] + backward + [float(b - a) for a, b in after]) * candidates
+    ranges = candidate_ranges(windows, gradient, spread)
+    return [(b - a) * ((1 + c) if backward else 1.0) for (a, b), backward in ranges] * candidates
 
 
 def descent_time(

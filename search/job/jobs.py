@@ -8,7 +8,7 @@ there: no model, no windows, no Ray (not even imported: the pool is imported onl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,11 @@ from longrope.search.optimizers.factory import make_searcher, search_plan
 from longrope.search.optimizers.genome import Seed
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.objective import ObjectiveMix
-from longrope.search.optimizers.searcher import Candidate, Searcher
+from longrope.search.optimizers.searcher import Searcher
 from longrope.search.run.coordinator import Coordinator, SearchProblem
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.job_record import JOB_FILE, JobRecord, check_job_record
-from longrope.search.run.replay import rebuild
+from longrope.search.run.replay import Outstanding, rebuild
 from longrope.search.run.reporting import SearchReporter, SilentReporter
 from longrope.search.run.run_check import CheckedRun, read_run
 from longrope.search.run.run_store import CONFIG, RunDir, final_count, write_json_atomic
@@ -239,7 +239,7 @@ def _score(
     searcher: Searcher,
     checked: CheckedRun | None,
     options: _Options,
-    outstanding: Sequence[Candidate] = (),
+    outstanding: Outstanding | None = None,
 ) -> HistoryRecord:
     """Start the workers and search. heartbeat.json covers the workers' start too (Ray, model loads: minutes on a
     large model), so `status` sees the run alive then, and a worker that cannot start is its stop reason."""
@@ -281,7 +281,8 @@ def _score(
                 backward_cost=_backward_cost(config, options),
                 history=checked.records if checked else None,
                 state=checked.state if checked else None,
-                outstanding=outstanding,
+                outstanding=outstanding.candidates if outstanding else (),
+                outstanding_asked=outstanding.asked if outstanding else 0,
             )
             return coordinator.run()
         finally:

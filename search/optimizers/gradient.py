@@ -156,7 +156,7 @@ class GradientDescent(Searcher):
 
     @property
     def budget(self) -> int:
-        return len(self.seed_genomes) + self.steps * self.probes + 1
+        return len(self.seed_genomes) + step_points(self.steps, self.probes) + 1
 
     @staticmethod
     def descent_steps(search) -> int | None:
@@ -189,7 +189,7 @@ class GradientDescent(Searcher):
         if self.u is None:
             batch = [self._grid_point(genome) for genome in self.seed_genomes]
         elif self._descending():
-            batch = [point for point, _ in self._step_points().values()]
+            batch = list({point.key: point for point, _ in self._step_points()}.values())  # a repeat scored once
         else:
             batch = [self._rounded_point()]
         self.pending = {point.key: point for point in batch}
@@ -214,7 +214,7 @@ class GradientDescent(Searcher):
             self.u = self.param.inverse(best.factors, best.attention_factor)
         elif not self._descending() or told[0].key in self._genomes:
             self.rounded, self.final = True, self._genomes[told[0].key]
-        elif len(told) > 1:
+        elif self._trialled():
             self._judge_trials(results)
         else:
             self._descend(told[0], results[told[0].key])
@@ -247,18 +247,17 @@ class GradientDescent(Searcher):
     def stopped_early(self) -> bool:
         return self.patience is not None and self.since_gain >= self.patience and self.generation <= self.steps
 
-    def _step_points(self) -> dict[str, tuple[Candidate, np.ndarray]]:
-        """This step's point, or with line-search probes its trials from the anchor (`BacktrackingLineSearch.trials`;
-        trials that record as the same point scored once), each with its u, by key, in the order they are judged."""
-        if self.probes == 1 or self.line_search.anchor is None:
-            trials = [self.u]
-        else:
-            trials = self.line_search.trials(self.probes)
-        points: dict[str, tuple[Candidate, np.ndarray]] = {}
-        for u in trials:
-            point = self._step_point(u)
-            points.setdefault(point.key, (point, u))
-        return points
+    def _trialled(self) -> bool:
+        """Whether this step scores line-search trials (probes, from an anchor) rather than one point."""
+        return self.probes > 1 and self.line_search.anchor is not None
+
+    def _step_points(self) -> list[tuple[Candidate, np.ndarray]]:
+        """This step's point, or with line-search probes its trials from the anchor (`BacktrackingLineSearch.trials`),
+        each with its u, in the order they are judged. Trials that record as the same point (alpha halved below
+        the recorded decimals) are all kept here: one at a time would judge such a point again, at the smaller
+        alpha; `ask` sends it once."""
+        trials = self.line_search.trials(self.probes) if self._trialled() else [self.u]
+        return [(self._step_point(u), u) for u in trials]
 
     def _step_point(self, u: np.ndarray) -> Candidate:
         factors = np.round(self.param.factors(u), RECORDED_DECIMALS)
@@ -271,13 +270,12 @@ class GradientDescent(Searcher):
         """A step's line-search trials, judged in the order one at a time would have tried them, each as that step
         would have been (its held-out NLL counted, its gradient pulled back at its own u), up to the first the
         line search accepts; the rest are dropped. The trials are rebuilt from the state they were asked from
-        (nothing has changed it since), so a resumed run judges them alike."""
-        for key, (_, u) in self._step_points().items():
-            accepted, result = self.line_search.accepted, results[key]
-            if finite_gradient(result):
-                self._descend_from(u, result)
-            else:  # refused, as the line search refuses any non-finite trial: alpha halves, the anchor stays
-                self.u = self.line_search.next_point(u, math.inf, np.full(self.param.size, math.nan))
+        (nothing has changed it since), so a resumed run judges them alike. One at a time would also score each
+        trial on the next step's gradient windows: the two agree exactly when every step takes every gradient
+        window (`windows_per_step` null, the default)."""
+        for point, u in self._step_points():
+            accepted = self.line_search.accepted
+            self._descend_from(u, results[point.key])
             if self.line_search.accepted > accepted:
                 return
 
@@ -288,6 +286,9 @@ class GradientDescent(Searcher):
         """One step's result at u (its search NLL, its held-out NLL, its gradient): the held-out stop's count, then
         u moved on by Adam or judged by the line search."""
         gradient = result.gradient
+        if not finite_gradient(result) and self.line_search is not None:  # refused: alpha halves, the anchor stays
+            self.u = self.line_search.next_point(u, math.inf, np.full(self.param.size, math.nan))
+            return
         if not finite_gradient(result):
             self.since_gain = self.patience or self.steps  # no finite gradient: nothing to descend on
             return
@@ -360,6 +361,12 @@ class GradientDescent(Searcher):
             if descent.line_search is not None:
                 self.line_search.load_state(descent.line_search)
         self.pending, self._asked, self._results = {}, [], {}
+
+
+def step_points(steps: int, probes: int) -> int:
+    """Points `steps` steps score: one each, or with line-search probes the first (from the start, no anchor yet)
+    one and each later step `probes` trials."""
+    return steps if probes == 1 or steps == 0 else 1 + (steps - 1) * probes
 
 
 def finite_gradient(result: HistoryRecord) -> bool:

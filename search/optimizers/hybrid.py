@@ -20,7 +20,7 @@ from pydantic import Field
 from longrope.search.config.search_section import SearchConfig
 from longrope.search.optimizers.evolution import DimMonoEvolution, EvolutionState
 from longrope.search.optimizers.genome import Genome, GenomeGrid, Seed
-from longrope.search.optimizers.gradient import GradientDescent, GradientState
+from longrope.search.optimizers.gradient import GradientDescent, GradientState, step_points
 from longrope.search.optimizers.history_record import HistoryRecord
 from longrope.search.optimizers.labels import generation_label, polish_position
 from longrope.search.optimizers.objective import ObjectiveMix
@@ -88,9 +88,10 @@ class HybridSearch(Searcher):
         polishes = gradient.polishes(search.generations)
         word = "polish" if polishes == 1 else "polishes"
         steps, probes = gradient.polish_steps, gradient.polish_probes
-        trials = f"{steps} steps" if probes == 1 else f"{steps} steps of {probes} trials"
+        points = step_points(steps, probes)
+        trials = f"{steps} steps" if probes == 1 else f"{steps} steps, {points} line-search trials"
         text = f"{ga.text} + {polishes} {word} x ({trials} + 1 on the grid)"
-        return SearchPlan(ga.candidates + polishes * (steps * probes + 1), polishes * steps * probes, text)
+        return SearchPlan(ga.candidates + polishes * (points + 1), polishes * points, text)
 
     # ---- the searcher interface ----
 

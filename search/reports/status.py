@@ -265,7 +265,7 @@ def format_status(status: RunStatus) -> str:
     ]
     if status.workers_busy is not None:
         busy = f"{100 * status.workers_busy:.0f}% of the time"
-        lines.append(f"  workers busy {busy} ({status.workers} workers, as of the last result)")
+        lines.append(f"  workers busy {busy} ({status.workers} workers, in the run's latest process)")
     if status.target_length is not None:  # job.json is written
         lines.append(
             f"  {status.original_length} -> {status.target_length} tokens ({status.factor} factors), "

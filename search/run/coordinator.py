@@ -9,8 +9,10 @@ How a candidate is scored is decided here, where the workers are:
 - its windows go out in groups (`racing.window_groups`: all at once unless racing is on), and with racing a child
   that is clearly worse than the searcher's threshold (its worst parent) is stopped (`racing.clearly_worse`),
   recorded with status "stopped" and told as ranking last;
-- a candidate that asks for a gradient (`Candidate.gradient_windows`) sends those windows out with a backward pass,
-  one chunk per worker (data-parallel, each returning its windows' gradients), and the others forward only;
+- a generation with fewer candidates than workers (a descent step, its seeds, its point on the grid, a polish's
+  line-search trials) has each candidate's windows cut into ranges over the workers (`window_ranges`), recorded
+  once every range is in; a candidate that asks for a gradient (`Candidate.gradient_windows`) sends those windows
+  with a backward pass (data-parallel, each range returning its windows' gradients), the others forward only;
 - a candidate whose scoring raised on every worker it was retried on (the pool's `TaskFailure`) is recorded with
   status "failed" and its error, and told as ranking last: the run goes on;
 - every result is appended to history.jsonl as it arrives (one record type, `history_record`), so a crash loses
@@ -37,7 +39,7 @@ from longrope.search.optimizers.factory import search_plan
 from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
 from longrope.search.optimizers.objective import objective_gradient, subset_mix
 from longrope.search.optimizers.saved_state import OptimizerState
-from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher, WindowRange, keeps_state
+from longrope.search.optimizers.searcher import Candidate, GenerationEnd, Searcher, keeps_state
 from longrope.search.run.generation_log import generation_line, polish_line
 from longrope.search.run.heartbeat import HEARTBEAT, HeartbeatWriter
 from longrope.search.run.racing import clearly_worse, window_groups
@@ -53,7 +55,7 @@ from longrope.search.run.run_store import (
 )
 from longrope.search.run.search_problem import Evaluator, SearchProblem
 from longrope.search.run.tensorboard_scalars import TENSORBOARD_DIR, TensorBoardScalars
-from longrope.search.run.window_ranges import cut
+from longrope.search.run.window_ranges import candidate_ranges, cut
 from longrope.workers.busy_clock import BusyTime
 from longrope.workers.scorer import CandidateScore
 from longrope.workers.task_failure import TaskFailure
@@ -73,9 +75,13 @@ class _Task:
         return sum(len(part.nll) for part in self.parts.values())
 
     def assembled(self) -> tuple[list[float], list[int], list]:
-        """(nll, tokens, per-window gradients or None) of the windows scored so far, in window order."""
+        """(nll, tokens, per-window gradients or None) of the windows scored so far from window 0 on, in window
+        order: a failed candidate whose later ranges came back keeps only the windows before its first gap, so
+        every value stays at its window's place."""
         nll, tokens, gradients = [], [], []
         for start in sorted(self.parts):
+            if start != len(nll):
+                break
             part = self.parts[start]
             nll += [math.nan if v is None else float(v) for v in part.nll]
             tokens += [int(t) for t in part.tokens]
@@ -103,6 +109,7 @@ class Coordinator:
         history: Records | None = None,
         state: RunState | None = None,
         outstanding: Sequence[Candidate] = (),
+        outstanding_asked: int = 0,
     ):
         self.settings, self.problem, self.run_dir, self.evaluator = settings, problem, run_dir, evaluator
         self.searcher = searcher
@@ -115,6 +122,7 @@ class Coordinator:
         self.groups = window_groups(problem.windows, settings.racing)
         self.history: Records = dict(history or {})  # a resumed run's, as read and checked
         self.outstanding = list(outstanding)  # a resumed run's asks out when it stopped (`replay.rebuild`)
+        self.outstanding_asked = outstanding_asked or len(self.outstanding)  # the generation they were asked in
         self.tasks: dict[str, _Task] = {}
         self.generation_seconds = list(state.generation_seconds) if state else []
         self.polish_seconds = list(state.polish_seconds) if state else []  # a hybrid's polish steps: status's ETA
@@ -154,7 +162,7 @@ class Coordinator:
         # asked before a crash, not told: out again, those history.jsonl holds told first in the order of their
         # lines (the order they landed in, which is how a steady GA's resume reads what it was told)
         landed = {key: place for place, key in enumerate(k for k, record in self.history.items() if record.final)}
-        spread = self._spread(len(self.outstanding))
+        spread = self._spread(self.outstanding_asked)
         for candidate in sorted(self.outstanding, key=lambda c: landed.get(c.key, len(landed))):
             self._launch(candidate, spread)
         self._fill()
@@ -175,7 +183,7 @@ class Coordinator:
             if not batch:
                 break
             asked = True
-            spread = self._spread(len(batch))
+            spread = self._spread(len({candidate.key for candidate in batch}))
             for candidate in batch:
                 self._launch(candidate, spread)
         if asked:
@@ -184,9 +192,11 @@ class Coordinator:
     def _spread(self, asked: int) -> int:
         """Pieces each of `asked` candidates' windows are cut into: a generation with fewer candidates than workers
         (descent's step, its seeds, the point rounded to the grid) would leave the others idle, so each candidate's
-        windows go out in ceil(workers / asked) ranges, one to each free worker. Only for a generation asked whole
-        (every searcher but the steady GA, whose asks follow the results' timing): the cut depends on the config
-        and the cluster alone, so a rerun batches the same windows together and scores the same bits."""
+        windows go out in about ceil(workers / asked) ranges (`window_ranges.candidate_ranges`). Only for a
+        generation asked whole (every searcher but the steady GA, whose asks follow the results' timing), and
+        `asked` is the whole generation's size, a resumed run's too (`outstanding_asked`): the cut depends on the
+        config and the workers started alone, so a rerun puts the same windows in each forward. Racing sends one
+        group at a time instead, whatever this says."""
         workers = int(getattr(self.evaluator, "width", 1))
         steady = bool(getattr(self.searcher, "steady", False))
         return 1 if steady or asked >= workers else math.ceil(workers / max(1, asked))
@@ -194,6 +204,8 @@ class Coordinator:
     def _launch(self, candidate: Candidate, spread: int = 1) -> None:
         """Send a candidate out, or tell it at once when history.jsonl holds its final record (a resumed run):
         nothing is scored twice. A partial record continues from its next window."""
+        if candidate.key in self.tasks:  # asked twice in one generation (CMA-ES): scored once, told once
+            return
         record = self.history.get(candidate.key)
         if record is not None and record.final:  # told again (asked before a stop), or a repeat (CMA-ES)
             self._tell(record)
@@ -208,11 +220,12 @@ class Coordinator:
         self._submit(task)
 
     def _submit(self, task: _Task) -> None:
-        """The task's next window range(s): a gradient candidate's all at once (`_gradient_ranges`); else the next
-        racing group, or every remaining window when nothing can stop it early (no racing, or no threshold)."""
+        """The task's next window range(s): every remaining window when nothing can stop it early (no racing, or no
+        threshold), cut into `task.spread` ranges (a gradient candidate's by `candidate_ranges`); else the next
+        racing group. The ranges sent together are recorded together, once all are in (`task.out`)."""
         candidate, start = task.candidate, task.scored_windows()
         if candidate.gradient_windows is not None:
-            ranges = self._gradient_ranges(candidate.gradient_windows, task.spread)
+            ranges = candidate_ranges(self.problem.windows, candidate.gradient_windows, task.spread)
         elif self._threshold() is not None:
             ranges = [((start, next(end for _, end in self.groups if end > start)), False)]
         else:
@@ -224,16 +237,6 @@ class Coordinator:
                 self.evaluator.submit(item, windows=windows, gradient=True)
             else:
                 self.evaluator.submit(item, windows=windows)
-
-    def _gradient_ranges(self, gradient_windows: WindowRange, spread: int) -> list[tuple[WindowRange, bool]]:
-        """[start, stop) ranges covering the search windows: the gradient windows (backward) and the windows before
-        and after them (forward only, the held-out ones among them), each cut into `spread` pieces: a step is
-        data-parallel over the workers, each returning its windows' NLL and gradients."""
-        total, (first, last) = self.problem.windows, gradient_windows
-        before, after = cut((0, first), spread), cut((last, total), spread)
-        return (
-            [(r, False) for r in before] + [(r, True) for r in cut((first, last), spread)] + [(r, False) for r in after]
-        )
 
     def _threshold(self) -> str | None:
         return self.searcher.threshold() if self.settings.racing.enabled else None

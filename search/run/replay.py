@@ -17,6 +17,7 @@ replay is also the check of the history itself, done before the run's directory 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from longrope.search.optimizers.history_record import HistoryRecord, recorded_factors
 from longrope.search.optimizers.searcher import Candidate, Searcher, keeps_state
@@ -25,15 +26,25 @@ from longrope.search.run.run_store import HISTORY, STATE, History, Records, RunD
 ASK_ALL = 1 << 20  # a replay asks for everything a searcher hands out at once (a generational one ignores counts)
 
 
-def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history: History) -> list[Candidate]:
+@dataclass(frozen=True)
+class Outstanding:
+    """What a resumed searcher had asked for and not been told of (out when the run stopped), and how many
+    candidates it asked for with them: the generation's size, which decides the ranges each goes out in (the
+    coordinator's `_spread`), so a resumed run sends them as the uninterrupted one did. 0: their own count."""
+
+    candidates: list[Candidate] = field(default_factory=list)
+    asked: int = 0
+
+
+def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history: History) -> Outstanding:
     """Bring a fresh `searcher` to where the run stood: state.json's state with history.jsonl's final lines for a
     searcher that does not replay, else a replay of the history; one RunStoreError (the run directory is damaged)
     otherwise. Returns the candidates it had asked for and not been told of (out when the run stopped: the
-    coordinator sends them first). Writes nothing."""
+    coordinator sends them first), with their generation's size. Writes nothing."""
     if not keeps_state(searcher):
         return replay(run_dir, searcher, history.records)
     if state is None:
-        return []  # killed before generation 0 ended: the fresh searcher asks for it again
+        return Outstanding()  # killed before generation 0 ended: the fresh searcher asks for it again
     if state.searcher is None:
         raise RunStoreError(f"{run_dir.file(STATE)}: optimizer.state is null, but a steady search resumes from it")
     try:
@@ -43,21 +54,23 @@ def rebuild(run_dir: RunDir, searcher: Searcher, state: RunState | None, history
             f"{run_dir.file(STATE)}: the steady search's state does not rebuild with history.jsonl's lines ({exc}); "
             "the run directory is damaged"
         ) from exc
-    return searcher.outstanding()
+    return Outstanding(searcher.outstanding())
 
 
-def replay(run_dir: RunDir, searcher: Searcher, records: Records) -> list[Candidate]:
+def replay(run_dir: RunDir, searcher: Searcher, records: Records) -> Outstanding:
     """Tell a fresh `searcher` the recorded result of each candidate it asks for, as far as history.jsonl goes;
     returns those it asked for that history.jsonl does not hold as final. RunStoreError (one line) when a recorded
     line is not what the search asks for, or the search never asks for one. Writes nothing."""
     asked: set[str] = set()
     missing: list[Candidate] = []
+    batch_size = 0
     frontier = math.inf  # the generation of the first candidate the history does not hold
     while not searcher.done():
         batch = searcher.ask(ASK_ALL)
         if not batch:
             break
         asked.update(candidate.key for candidate in batch)
+        batch_size = len({candidate.key for candidate in batch})
         missing = [candidate for candidate in batch if not _told_from(run_dir, searcher, candidate, records)]
         if missing:
             frontier = max(candidate.generation for candidate in missing)
@@ -69,7 +82,7 @@ def replay(run_dir: RunDir, searcher: Searcher, records: Records) -> list[Candid
             "never asked for (the results recorded before it lead elsewhere: an edited line, or a line of another "
             "run?); the run directory is damaged"
         )
-    return missing
+    return Outstanding(missing, batch_size if missing else 0)
 
 
 def _told_from(run_dir: RunDir, searcher: Searcher, candidate: Candidate, records: Records) -> bool:
