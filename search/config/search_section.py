@@ -188,8 +188,8 @@ class GradientConfig(Strict):
         ge=1,
         le=16,
         description="hybrid, line_search: trial steps scored at once from the same point (alpha, alpha/2, ...); the "
-        "first that lowers the NLL enough is kept, as trying them one at a time would: set it to fill workers that "
-        "a step's windows leave idle",
+        "first that lowers the NLL enough is kept, as trying them one at a time would (exactly so with "
+        "windows_per_step null): set it to fill workers that a step's windows leave idle",
     )
 
     def polishes_after(self, generation: int, last: int, ending: bool = False) -> bool:
