@@ -85,8 +85,9 @@ def clean(tmp_path_factory):
     [
         pytest.param("raise 3", 2, 0, 0, id="a-task-raises-once"),  # both tasks of the call sent again
         pytest.param("die 3", 0, 1, 0, id="an-actor-killed-mid-task"),  # re-queued, not retried: not their fault
-        # 3 calls of 2 retried, then replaced (whether a call of it was still out then is up to timing)
-        pytest.param("broken", 6, None, 1, id="a-worker-fails-every-task"),
+        # 3 calls in a row fail, then it is replaced: their tasks are retried, at least one a call (a retry is sent
+        # alone; how many of the queue a call takes, and whether a fourth call's error lands first, is up to timing)
+        pytest.param("broken", 3, None, 1, id="a-worker-fails-every-task"),
     ],
 )
 def test_a_transient_failure_ends_as_the_uninterrupted_search(
@@ -98,7 +99,8 @@ def test_a_transient_failure_ends_as_the_uninterrupted_search(
     clean_best, clean_scores = clean
     assert best == clean_best
     assert scores(run_dir) == clean_scores, "every candidate scored once, as if it had succeeded the first time"
-    assert (workers.retried, workers.retired) == (retried, retired)
+    assert workers.retired == retired
+    assert workers.retried == retried if fault != "broken" else workers.retried >= retried
     assert died is None or workers.failures == died
 
 
