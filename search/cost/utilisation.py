@@ -24,14 +24,13 @@ over workers x wall time, per optimizer:
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 
 from longrope.search.config.job_config import JobConfig
 from longrope.search.cost.architecture import Frozen
 from longrope.search.optimizers.factory import searcher_class
 from longrope.search.optimizers.gradient import WindowSplit
-from longrope.search.run.window_ranges import candidate_ranges
+from longrope.search.run.window_ranges import candidate_ranges, pieces_per_candidate
 
 # measured: (schedule, racing) -> utilisation on 8 workers (see the module docstring)
 MEASURED_GA = {
@@ -64,8 +63,7 @@ def generation_pieces(
     """The costs of the ranges a generation of `candidates` goes out as (`window_ranges.candidate_ranges`, as the
     coordinator cuts them), each candidate scored on `windows` windows; with `gradient`, each a step's point (or a
     line-search trial) with a backward pass on those windows."""
-    spread = 1 if candidates >= workers else math.ceil(workers / candidates)
-    ranges = candidate_ranges(windows, gradient, spread)
+    ranges = candidate_ranges(windows, gradient, pieces_per_candidate(candidates, workers))
     return [(b - a) * ((1 + c) if backward else 1.0) for (a, b), backward in ranges] * candidates
 
 

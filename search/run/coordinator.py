@@ -55,7 +55,7 @@ from longrope.search.run.run_store import (
 )
 from longrope.search.run.search_problem import Evaluator, SearchProblem
 from longrope.search.run.tensorboard_scalars import TENSORBOARD_DIR, TensorBoardScalars
-from longrope.search.run.window_ranges import candidate_ranges, cut
+from longrope.search.run.window_ranges import candidate_ranges, cut, pieces_per_candidate
 from longrope.workers.busy_clock import BusyTime
 from longrope.workers.scorer import CandidateScore
 from longrope.workers.task_failure import TaskFailure
@@ -199,7 +199,7 @@ class Coordinator:
         group at a time instead, whatever this says."""
         workers = int(getattr(self.evaluator, "width", 1))
         steady = bool(getattr(self.searcher, "steady", False))
-        return 1 if steady or asked >= workers else math.ceil(workers / max(1, asked))
+        return 1 if steady else pieces_per_candidate(asked, workers)
 
     def _launch(self, candidate: Candidate, spread: int = 1) -> None:
         """Send a candidate out, or tell it at once when history.jsonl holds its final record (a resumed run):

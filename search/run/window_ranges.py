@@ -5,12 +5,19 @@ schedules them to price the workers' idle time (search/cost/utilisation.py)."""
 from __future__ import annotations
 
 import itertools
+import math
 
 from longrope.search.optimizers.searcher import WindowRange
 
 # what a window with a backward pass weighs against a forward one when the pieces are shared out: 1 + c, with c
 # 1.7 (mostly linear layers) to 3.5 (mostly flash attention) by search/cost/budget.py's `backward_cost`
 BACKWARD_WEIGHT = 3.0
+
+
+def pieces_per_candidate(candidates: int, workers: int) -> int:
+    """Ranges each of a generation's `candidates` goes out in: ceil(workers / candidates) where the generation is
+    smaller than the workers, else 1 (whole: the candidates alone keep every worker busy)."""
+    return 1 if candidates >= workers else math.ceil(workers / max(1, candidates))
 
 
 def cut(windows: WindowRange, pieces: int) -> list[WindowRange]:
