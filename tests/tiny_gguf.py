@@ -7,10 +7,8 @@ rows permuted, llama.* keys, a byte-level gpt2 tokenizer); `verify`'s llama.cpp 
 Variants of such a file (another architecture, rope scaling keys, a quantized tensor) are made by
 `rewritten_gguf`, which copies a GGUF through gguf's writer with keys and tensors changed.
 
-`tiny_gemma3_gguf` writes a random transformers `Gemma3ForCausalLM` as llama.cpp's convert_hf_to_gguf.py writes a
-Gemma 3 (`Gemma3Model`): gguf-py's gemma3 tensor names, every `*norm.weight` stored as weight + 1 (Gemma's RMSNorm
-multiplies by 1 + weight), no q/k permutation, tied embeddings (no output.weight), gemma3.* keys with the
-sliding window, and a sentencepiece ("llama") vocabulary of byte tokens.
+`tiny_gemma3_gguf` writes a random transformers `Gemma3ForCausalLM` as an F32 gemma3 GGUF by
+`search/export/gemma3_gguf.py`, the way llama.cpp's convert_hf_to_gguf.py writes a Gemma 3 (`Gemma3Model`).
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from longrope.search.export import gemma3_gguf
 from longrope.search.export.llama_gguf import vocab_size, write_llama_gguf
 from longrope.workers.random_llama import llama_config
 
@@ -141,18 +140,6 @@ def rewritten_gguf(
     return out
 
 
-GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]  # Gemma's ids 0..3: pad, eos, bos, unk
-
-
-def gemma_vocab() -> tuple[list[str], list[float], list[int]]:
-    """(tokens, scores, token types) of a tiny sentencepiece vocabulary: Gemma's four special tokens (control 3,
-    unknown 2), the 256 byte tokens (type 6) and a few pieces (normal 1)."""
-    pieces = ["\u2581", "\u2581t", "he", "\u2581the", "a", "e"]
-    tokens = [*GEMMA_SPECIAL, *(f"<0x{b:02X}>" for b in range(256)), *pieces]
-    types = [3, 3, 3, 2] + [6] * 256 + [1] * len(pieces)
-    return tokens, [-float(i) for i in range(len(tokens))], types
-
-
 def tiny_gemma3(*, layers: int = 6, window: int = 16, original: int = 128, seed: int = 0, std: float = 0.1):
     """A random float32 Gemma 3 text model, head_dim 256 (as Gemma 3 up to 12B; llama.cpp scales attention by
     1/sqrt(head_dim), transformers by query_pre_attn_scalar, 256), `window`-token sliding windows on 5 layers of 6,
@@ -160,7 +147,7 @@ def tiny_gemma3(*, layers: int = 6, window: int = 16, original: int = 128, seed:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        vocab_size=len(gemma_vocab()[0]),
+        vocab_size=gemma3_gguf.vocab_size(),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,
@@ -180,47 +167,7 @@ def tiny_gemma3(*, layers: int = 6, window: int = 16, original: int = 128, seed:
     return model
 
 
-def write_gemma3_gguf(model, path: Path) -> Path:
-    config = model.config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, config.num_hidden_layers)
-    writer = gguf.GGUFWriter(str(path), "gemma3")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(float(config.rope_parameters["full_attention"]["rope_theta"]))
-    writer.add_sliding_window(config.sliding_window)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = gemma_vocab()
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_pad_token_id(0)
-    writer.add_eos_token_id(1)
-    writer.add_bos_token_id(2)
-    writer.add_unk_token_id(3)
-    writer.add_add_bos_token(True)
-    for name, value in model.state_dict().items():
-        if name == "lm_head.weight":
-            continue
-        data = value.detach().float().numpy()
-        if name.endswith("norm.weight"):
-            data = data + 1.0
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(data))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(path)
-
-
 def tiny_gemma3_gguf(path: Path, **shape) -> tuple[Path, object]:
     """(the Gemma 3 GGUF written at `path`, the transformers model it holds)."""
     model = tiny_gemma3(**shape)
-    return write_gemma3_gguf(model, path), model
+    return gemma3_gguf.write_gemma3_gguf(model, path), model

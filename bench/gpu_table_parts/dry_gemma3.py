@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from longrope.search.export import gemma3_gguf
+
 ORIGINAL = 128
 TARGETS = (256, 512)
 WINDOW = 32
@@ -40,8 +42,6 @@ SHAPE = dict(
     max_position_embeddings=ORIGINAL,
     initializer_range=0.1,  # transformers' 0.02 makes attention nearly uniform: positions would hardly move the loss
 )
-SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]  # Gemma's ids 0..3
-PIECES = ["\u2581", "\u2581t", "he", "\u2581the", "a", "e"]
 # the GGUF's type of each tensor kind, as gemma-3-270m-q4_k_m.gguf has it
 QUANT = {
     "token_embd": "Q8_0",
@@ -53,13 +53,6 @@ QUANT = {
     "ffn_up": "Q5_0",
     "ffn_down": "Q6_K",
 }
-
-
-def vocabulary() -> tuple[list[str], list[float], list[int]]:
-    """(tokens, scores, token types): control 3, unknown 2, byte 6, normal 1."""
-    tokens = [*SPECIAL, *(f"<0x{b:02X}>" for b in range(256)), *PIECES]
-    types = [3, 3, 3, 2] + [6] * 256 + [1] * len(PIECES)
-    return tokens, [-float(i) for i in range(len(tokens))], types
 
 
 def random_k_blocks(rows: int, columns: int, qtype, rng: np.random.Generator) -> np.ndarray:
@@ -83,7 +76,7 @@ def tiny_model(seed: int = 0):
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    config = Gemma3TextConfig(vocab_size=len(vocabulary()[0]), **SHAPE)
+    config = Gemma3TextConfig(vocab_size=gemma3_gguf.vocab_size(), **SHAPE)
     torch.manual_seed(seed)
     model = Gemma3ForCausalLM(config).float().eval()
     with torch.no_grad():
@@ -98,47 +91,15 @@ def tiny_gguf(path: Path, seed: int = 0) -> Path:
     import gguf
 
     model = tiny_model(seed)
-    config = model.config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, config.num_hidden_layers)
-    writer = gguf.GGUFWriter(str(path), "gemma3")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(float(config.rope_parameters["full_attention"]["rope_theta"]))
-    writer.add_sliding_window(config.sliding_window)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    tokens, scores, types = vocabulary()
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_pad_token_id(0)
-    writer.add_eos_token_id(1)
-    writer.add_bos_token_id(2)
-    writer.add_unk_token_id(3)
-    writer.add_add_bos_token(True)
+    writer = gemma3_gguf.gemma3_writer(path, model.config, gguf.LlamaFileType.MOSTLY_Q4_K_M)
     rng = np.random.default_rng(seed)
-    for name, value in model.state_dict().items():
-        if name == "lm_head.weight":
-            continue  # tied: the embedding
-        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        data = value.detach().float().numpy()
+    for gguf_name, name, data in gemma3_gguf.stored_weights(model):
         if name.endswith("norm.weight"):
-            writer.add_tensor(gguf_name, np.ascontiguousarray(data + 1.0))  # llama.cpp stores 1 + weight, F32
+            writer.add_tensor(gguf_name, data)  # F32, as llama.cpp stores norms
             continue
         qtype = getattr(gguf.GGMLQuantizationType, QUANT[gguf_name.split(".")[-2]])
         if qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K):
             writer.add_tensor(gguf_name, random_k_blocks(*data.shape, qtype, rng), raw_dtype=qtype)
         else:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(np.ascontiguousarray(data), qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+            writer.add_tensor(gguf_name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    return gemma3_gguf.close(writer, path)
