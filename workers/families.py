@@ -47,6 +47,10 @@ class Family:
       absent (Phi's partial rotary factor 0.5): the RoPE read must be the one transformers builds.
     - `attention_softcap_key`: the config key of attention logit softcapping (Gemma 2 and 3), which transformers' SDPA
       path refuses; when it is set the model loads with the scorer's blockwise attention, which applies it.
+    - `serves_max_position`: the family's config holds the length it serves in `max_position_embeddings` even under
+      `linear` scaling, whose factor elsewhere multiplies it (Gemma 3 4B-27B: linear factor 8 and 131,072; vLLM
+      0.33 skips the factor for gemma3, vllm/config/model.py `_get_and_verify_max_len`). Its RoPE is then read as
+      pre-trained at max_position_embeddings / factor, what linear's definition (served / pre-trained) implies.
     - `refused`: why the scorer cannot reproduce the family; `validate` says so in one line.
     """
 
@@ -59,6 +63,7 @@ class Family:
     config_keys: Mapping[str, str] = field(default_factory=dict)
     rope_defaults: Mapping[str, Any] = field(default_factory=dict)
     attention_softcap_key: str | None = None
+    serves_max_position: bool = False
     refused: str | None = None
 
     def logit_transform(self, config: Any) -> LogitTransform:
@@ -93,7 +98,7 @@ FAMILIES: dict[str, Family] = {
         rope_defaults={"partial_rotary_factor": 0.25},
     ),
     "gemma2": Family(**GEMMA_SOFTCAPS),
-    "gemma3_text": Family(**GEMMA_SOFTCAPS, searched_layer_type="full_attention"),
+    "gemma3_text": Family(**GEMMA_SOFTCAPS, searched_layer_type="full_attention", serves_max_position=True),
     "cohere": Family(layout="interleaved", logit_scale_key="logit_scale"),
     "granite": Family(logit_divisor_key="logits_scaling"),
     "deepseek_v3": Family(
@@ -137,7 +142,18 @@ def rope_config(config: Mapping[str, Any], family: Family) -> dict[str, Any]:
     for key, value in family.rope_defaults.items():
         if key not in config and not (isinstance(params, Mapping) and key in params):
             config[key] = value
+    served = config.get("max_position_embeddings")
+    if family.serves_max_position and isinstance(params, Mapping) and linear_factor(params) and type(served) is int:
+        config["max_position_embeddings"] = max(1, round(served / linear_factor(params)))
     return config
+
+
+def linear_factor(params: Mapping[str, Any]) -> float | None:
+    """A `linear` block's factor, where it is a number above 1 (anything else is left to the block's validation)."""
+    factor = params.get("factor")
+    linear = (params.get("rope_type") or params.get("type")) == "linear"
+    number = isinstance(factor, int | float) and not isinstance(factor, bool) and factor > 1
+    return float(factor) if linear and number else None
 
 
 def model_family(model) -> Family:

@@ -41,8 +41,9 @@ class ModelRope:
 
     method: RopeMethod
     original_length: int  # the context the model was pre-trained at
-    # the context it serves as shipped: max_position_embeddings for a model whose config scales its RoPE (Llama 3.1's
-    # llama3, Phi-3-128k's longrope, Qwen2.5's yarn, linear, dynamic), else the original length
+    # the context it serves as shipped (`RopeMethod.serving_length`) for a model whose config scales its RoPE:
+    # max_position_embeddings for Llama 3.1's llama3 and Phi-3-128k's longrope, factor x the original for Qwen2.5's
+    # yarn, factor x max_position_embeddings for linear and dynamic; else the original length
     serving_length: int
 
     @property
@@ -92,7 +93,9 @@ def model_rope(config: dict[str, Any]) -> ModelRope:
     The original length is a top-level `original_max_position_embeddings` where the config has one: transformers
     gives it precedence over the block's (Phi-3; transformers 5.x modeling_rope_utils.py
     `RotaryEmbeddingConfigMixin.standardize_rope_params`), so the factors are searched for the length at which
-    transformers switches to them."""
+    transformers switches to them. A scaled model's lengths are its method's (`RopeMethod.pretrained_length`,
+    `serving_length`): a Qwen2.5 that ships YaRN at factor 4 over 32,768 tokens serves 131,072, and a linear or
+    dynamic one serves factor x max_position_embeddings."""
     config = rope_config(config, family_of(config))
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if params and not ("rope_type" in params or "type" in params or "rope_theta" in params):
@@ -105,13 +108,11 @@ def model_rope(config: dict[str, Any]) -> ModelRope:
         method = from_hf_config(config)
     except EncodingConfigError as exc:
         raise ModelLoadError(f"model config: {exc}") from exc
-    original = (
-        config.get("original_max_position_embeddings")
-        or getattr(method, "original_max_position_embeddings", None)
-        or config["max_position_embeddings"]
-    )
-    scaled = method.rope_type != "default" and method.max_position_embeddings > int(original)
-    serving = method.max_position_embeddings if scaled else int(original)
+    if method.rope_type == "default":
+        original = int(config.get("original_max_position_embeddings") or method.max_position_embeddings)
+    else:
+        original = method.pretrained_length
+    serving = method.serving_length if method.rope_type != "default" and method.serving_length > original else original
     return ModelRope(method=method, original_length=int(original), serving_length=serving)
 
 

@@ -65,6 +65,12 @@ class RopeMethod(BaseModel):
     # whether `factor` is the length served over the pre-training length, so that serving longer multiplies it
     # (linear, NTK-aware, YaRN, Llama 3); Dynamic NTK's factor and LongRoPE's factors hold at any length as they are
     factor_follows_length: ClassVar[bool] = False
+    # whether a model config's max_position_embeddings is the length it was pre-trained at, which it serves `factor`
+    # times (linear, dynamic: transformers' RoPE docs read factor x as "x times the original maximum pre-trained
+    # length", and vLLM 0.33 derives max_model_len = max_position_embeddings * factor for every rope_type but su,
+    # longrope, llama3 and the yarn ones, vllm/config/model.py `_get_and_verify_max_len`), rather than the length it
+    # serves (Llama 3, LongRoPE, YaRN, which hold the pre-trained one in original_max_position_embeddings)
+    max_position_is_pretrained: ClassVar[bool] = False
 
     head_dim: int = Field(gt=0)
     max_position_embeddings: int = Field(gt=0)
@@ -76,15 +82,30 @@ class RopeMethod(BaseModel):
         rotary_dim_for(self.head_dim, self.partial_rotary_factor)
         return self
 
+    @property
+    def pretrained_length(self) -> int:
+        """The context the model this method was read from was pre-trained at: `original_max_position_embeddings`
+        where the method keeps one, else `max_position_embeddings`."""
+        return getattr(self, "original_max_position_embeddings", None) or self.max_position_embeddings
+
+    @property
+    def serving_length(self) -> int:
+        """The context a model whose config holds this method serves as shipped: `max_position_embeddings`, or
+        `factor` times it where that is the pre-trained length (`max_position_is_pretrained`)."""
+        if self.max_position_is_pretrained:
+            return round(self.factor * self.max_position_embeddings)
+        return self.max_position_embeddings
+
     def moved_to(self, target: int) -> RopeMethod:
-        """This method serving `target` tokens instead of `max_position_embeddings`, as its own definition extends
-        it: a model that ships Llama 3 scaling with factor 4 to serve 4x its pre-training length serves 16x of it at
+        """This method serving `target` tokens instead of `serving_length`, as its own definition extends it: a
+        model that ships Llama 3 scaling with factor 4 to serve 4x its pre-training length serves 16x of it at
         factor 16 (transformers 5.x `_compute_llama3_parameters`, `_compute_yarn_parameters` and
-        `_compute_linear_scaling_rope_parameters` read `factor` as served / original). The starting point a search
-        of a scaled model begins from, and compare's row for it."""
-        update: dict[str, Any] = {"max_position_embeddings": target}
+        `_compute_linear_scaling_rope_parameters` read `factor` as served / original), so the factor becomes
+        `factor * target / serving_length`. Dynamic NTK's rule and LongRoPE's factors hold at any length as they are.
+        The starting point a search of a scaled model begins from, and compare's row for it."""
+        update: dict[str, Any] = {} if self.max_position_is_pretrained else {"max_position_embeddings": target}
         if self.factor_follows_length:
-            update["factor"] = self.factor * target / self.max_position_embeddings
+            update["factor"] = self.factor * target / self.serving_length
         return type(self).model_validate({**dict(self), **update})
 
     @classmethod

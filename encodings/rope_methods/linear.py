@@ -22,6 +22,7 @@ class LinearRope(RopeMethod):
 
     rope_type: ClassVar[str] = "linear"
     factor_follows_length: ClassVar[bool] = True
+    max_position_is_pretrained: ClassVar[bool] = True
     summary: ClassVar[str] = "Position Interpolation: every frequency / factor"
     hf_keys: ClassVar[tuple[str, ...]] = ("factor",)
     baseline: ClassVar[str | None] = "pi"

@@ -78,6 +78,7 @@ class DynamicNtkRope(RopeMethod):
     """
 
     rope_type: ClassVar[str] = "dynamic"
+    max_position_is_pretrained: ClassVar[bool] = True
     summary: ClassVar[str] = "Dynamic NTK: base grows with sequence length"
     hf_keys: ClassVar[tuple[str, ...]] = ("factor",)
     baseline: ClassVar[str | None] = "dynamic"

@@ -95,6 +95,14 @@ class YarnRope(RopeMethod):
         return self
 
     @property
+    def serving_length(self) -> int:
+        """`factor` times the pre-trained length: transformers reads YaRN's factor as "the ratio between the pre-yarn
+        and post-yarn context lengths" (`_validate_yarn_rope_parameters`), and Qwen2.5 ships factor 4 over 32,768
+        tokens with max_position_embeddings left at 32,768 to serve 131,072; a larger max_position_embeddings
+        (transformers warns that the factors disagree) is served too."""
+        return max(self.max_position_embeddings, round(self.factor * self.original_max_position_embeddings))
+
+    @property
     def attention_factor(self) -> float:
         if self.attention_factor_override is not None:
             return self.attention_factor_override
