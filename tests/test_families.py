@@ -17,12 +17,14 @@ from family_models import (
     FAMILY_CONFIGS,
     TARGET,
     VOCAB,
+    byte_job,
     exported_model,
     rising_candidate,
     save_family_model,
     transformers_window_nll,
 )
 
+from longrope.search.cli.main import main
 from longrope.search.config.factors_file import factors_file_for
 from longrope.workers.errors import ModelLoadError
 from longrope.workers.families import FAMILIES, family_of
@@ -172,3 +174,31 @@ def test_verify_checks_the_export_against_the_family_own_rotary_module(family, t
     # Gemma 3's reason is llama.cpp's own gemma3 graph's; the others', that the export writes the llama graph alone
     why = "src/models/gemma3.cpp" if family.startswith("gemma3") else "model_type"
     assert why in llama_cpp.source
+
+
+def test_validate_refuses_deepseek_v3_in_one_line_naming_it(tmp_path, capsys):
+    """transformers' own DeepseekV3Config (rotary on a qk_rope_head_dim slice, YaRN): `validate` exits non-zero
+    with one line naming the family and why, before any weight is read (the directory holds none)."""
+    import transformers
+    import yaml
+
+    config = transformers.DeepseekV3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    )
+    model_dir = tmp_path / "deepseek"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    documents = tmp_path / "docs"
+    documents.mkdir()
+    for index in range(2):
+        (documents / f"{index}.txt").write_text("w " * 2000)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(byte_job(model_dir, documents, 1024)))
+    capsys.readouterr()
+    assert main(["validate", str(path)]) != 0
+    error = capsys.readouterr().err.strip()
+    assert "model_type 'deepseek_v3'" in error and "qk_rope_head_dim" in error and "\n" not in error

@@ -9,6 +9,7 @@ and keep it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,3 +134,28 @@ def test_the_export_records_the_window_the_model_was_scored_with(setting, overri
 
     model = ModelConfig.model_validate({"path": "m", "sliding_window": setting, "config_overrides": overrides})
     assert model.scored_window() == exported
+
+
+@pytest.mark.parametrize("setting", ["keep", "full", None])
+def test_export_of_a_run_writes_the_window_its_config_scored_with(setting, tmp_path, capsys):
+    """`longrope export RUN` names the run's window decision in the factors JSON (none where it made none)."""
+    from search_helpers import known_problem_run
+
+    overrides = [] if setting is None else [f"model.sliding_window={setting}"]
+    run = known_problem_run(tmp_path / "run", *overrides)
+    out = tmp_path / "factors.json"
+    assert main(["export", str(run), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text()).get("sliding_window") == setting
+
+
+def test_the_shipped_phi3_config_says_which_window_it_scores():
+    """Phi-3-mini-4k's config.json has a 2047-token window on every layer: the shipped job for it must decide, and
+    decides `full`, as Microsoft's LongRoPE release scores it (`--attn-sliding-window 131072`)."""
+    from transformers import Phi3Config
+
+    from longrope.search.optimizers.factory import load_job_config
+
+    job = load_job_config(str(Path(__file__).parents[1] / "configs" / "phi3-mini-128k.yaml"), [])
+    phi3 = Phi3Config(sliding_window=2047, max_position_embeddings=4096).to_dict()
+    assert "sliding_window" in window_problem(phi3, job.target_length, None)
+    assert job.model.sliding_window == "full" and window_problem(phi3, job.target_length, "full") is None
