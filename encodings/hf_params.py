@@ -21,6 +21,7 @@ LEGACY_ROPE_TYPES = {"su": "longrope", "mrope": "default"}
 # Keys that only position ids other than 1D text use; they do not change the 1D frequencies.
 MULTI_AXIS_KEYS = frozenset({"mrope_section", "mrope_interleaved"})
 SHARED_KEYS = frozenset({"rope_theta", "partial_rotary_factor"})
+FLAG_TYPES = (bool, bool | None)  # the annotations of a method's yes/no keys (YaRN's `truncate`)
 
 
 def from_hf(rope_parameters: dict[str, Any], *, head_dim: int, max_position_embeddings: int) -> RopeMethod:
@@ -35,6 +36,7 @@ def from_hf(rope_parameters: dict[str, Any], *, head_dim: int, max_position_embe
     if unknown:
         warnings.warn(f"rope_parameters: ignoring keys unknown to rope_type {rope_type!r}: {unknown}", stacklevel=2)
     fields = {k: v for k, v in params.items() if k in known and k not in CONTEXT_FIELDS}
+    _reject_non_numbers(method_cls, fields)
     _reject_non_finite(fields)
     return _validate(
         method_cls, rope_type, head_dim=head_dim, max_position_embeddings=max_position_embeddings, **fields
@@ -77,6 +79,20 @@ def _rope_type(params: dict[str, Any]) -> str:
 
 def _aliases(method_cls: type[RopeMethod]) -> set[str]:
     return {f.alias for f in method_cls.model_fields.values() if f.alias}
+
+
+def _reject_non_numbers(method_cls: type[RopeMethod], fields: dict[str, Any]) -> None:
+    """A string or a bool where a number belongs ("8", true) is refused by name: pydantic's lax mode would read
+    "8" as 8.0 and true as 1.0 (a factor of 1: no scaling, silently), and transformers would fail on either later."""
+    kinds = {field.alias or name: field.annotation for name, field in method_cls.model_fields.items()}
+    flags = {key for key, annotation in kinds.items() if annotation in FLAG_TYPES}
+    for key, value in fields.items():
+        if not isinstance(value, list) and "list" in str(kinds.get(key)):
+            continue  # pydantic refuses anything but a list there, by name
+        for index, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, str) or (isinstance(item, bool) and key not in flags):
+                where = f"[{index}]" if isinstance(value, list) else ""
+                raise EncodingConfigError(f"rope_parameters.{key}{where}: expected a number, got {item!r}")
 
 
 def _reject_non_finite(fields: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from family_models import ORIGINAL, byte_job, save_family_model, with_config
 from longrope.search.cli.main import main
 from longrope.search.job.job_context import OWN_SCALING, SHIPPED, JobContext
 from longrope.search.optimizers.factory import load_job_config
+from longrope.workers.errors import ModelLoadError
 from longrope.workers.models import model_rope
 
 SHAPE = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128)
@@ -78,13 +79,14 @@ def test_dynamic_serves_factor_times_max_position_and_its_rule_holds_at_the_targ
 
 def test_gemma3_serves_its_max_position_under_linear_scaling():
     """Gemma 3 4B-27B: linear factor 8 on the global layers, max_position_embeddings 131072 already served."""
-    layers = {
-        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-    }
-    rope = read("Gemma3TextConfig", max_position_embeddings=131072, rope_parameters=layers)
+    rope = read("Gemma3TextConfig", max_position_embeddings=131072, rope_parameters=GEMMA3_LINEAR)
     assert (rope.original_length, rope.serving_length) == (16384, 131072)
-    assert rope.method.moved_to(262144).factor == 16.0
+    moved = rope.method.moved_to(262144)
+    assert moved.factor == 16.0
+    theirs, _ = hf_inv_freq(
+        {"rope_type": "linear", "factor": 16.0, "rope_theta": 1e6}, head_dim=128, max_position_embeddings=16384
+    )
+    torch.testing.assert_close(moved.inv_freq(262144).double(), theirs.double(), rtol=1e-6, atol=0)
 
 
 def test_plain_rope_starts_at_its_max_position():
@@ -111,3 +113,58 @@ def test_a_model_shipping_yarn_over_its_max_position_is_started_from_what_it_ser
     baselines = context.baselines()
     assert baselines[SHIPPED] == context.method and context.method.rope_type == "yarn"
     assert baselines[OWN_SCALING].factor == 16.0
+
+
+GEMMA3_LINEAR = {
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+}
+
+
+def gemma3_config(**changes) -> dict:
+    return {
+        "model_type": "gemma3_text",
+        "hidden_size": 256,
+        "num_attention_heads": 2,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "rope_parameters": GEMMA3_LINEAR,
+        **changes,
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"max_position_embeddings": 0}, "max_position_embeddings: expected a positive integer"),
+        ({"max_position_embeddings": 131071}, "max_position_embeddings: 131071 is not a whole multiple"),
+        ({"rope_parameters": {**GEMMA3_LINEAR, "full_attention": {"rope_type": "linear", "factor": "8"}}}, "factor"),
+        ({"rope_parameters": {**GEMMA3_LINEAR, "full_attention": {"rope_type": "linear", "factor": True}}}, "factor"),
+    ],
+    ids=["no length", "not a multiple", "a string factor", "a bool factor"],
+)
+def test_a_bad_length_or_factor_is_one_error_naming_it(changes, named):
+    with pytest.raises(ModelLoadError) as caught:
+        model_rope(gemma3_config(**changes))
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_linear_factor_moved_to_a_target_serves_exactly_that_target():
+    """2.5 x 4097 tokens is not whole: the moved factor divides the unrounded span, so it serves the target."""
+    rope = read("LlamaConfig", max_position_embeddings=4097, rope_parameters={"rope_type": "linear", "factor": 2.5})
+    assert rope.serving_length == round(2.5 * 4097)
+    moved = rope.method.moved_to(20484)
+    assert moved.factor == pytest.approx(20484 / 4097, rel=1e-15) and moved.serving_length == 20484
+
+
+def test_estimate_reads_the_pretrained_length_as_the_job_does():
+    from longrope.search.cost.architecture import Architecture
+
+    config = gemma3_config()
+    assert (
+        Architecture.from_hf_config(
+            {**config, "intermediate_size": 512, "num_hidden_layers": 6, "vocab_size": 300}
+        ).original_length
+        == model_rope(config).original_length
+        == 16384
+    )

@@ -13,6 +13,7 @@ transformers 5.x `models/<family>/modeling_<family>.py` and `configuration_<fami
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -142,17 +143,24 @@ def rope_config(config: Mapping[str, Any], family: Family) -> dict[str, Any]:
     for key, value in family.rope_defaults.items():
         if key not in config and not (isinstance(params, Mapping) and key in params):
             config[key] = value
-    served = config.get("max_position_embeddings")
-    if family.serves_max_position and isinstance(params, Mapping) and linear_factor(params) and type(served) is int:
-        config["max_position_embeddings"] = max(1, round(served / linear_factor(params)))
+    served, factor = config.get("max_position_embeddings"), linear_factor(params)
+    if family.serves_max_position and factor and type(served) is int and served > 0:
+        if served % factor:
+            raise ModelLoadError(
+                f"max_position_embeddings: {served} is not a whole multiple of the linear factor {factor:g}; "
+                f"model_type {config.get('model_type')!r} serves max_position_embeddings, pre-trained at it / factor"
+            )
+        config["max_position_embeddings"] = int(served // factor)
     return config
 
 
-def linear_factor(params: Mapping[str, Any]) -> float | None:
+def linear_factor(params: Any) -> float | None:
     """A `linear` block's factor, where it is a number above 1 (anything else is left to the block's validation)."""
+    if not isinstance(params, Mapping):
+        return None
     factor = params.get("factor")
     linear = (params.get("rope_type") or params.get("type")) == "linear"
-    number = isinstance(factor, int | float) and not isinstance(factor, bool) and factor > 1
+    number = isinstance(factor, int | float) and not isinstance(factor, bool) and 1 < factor < math.inf
     return float(factor) if linear and number else None
 
 

@@ -89,23 +89,29 @@ class RopeMethod(BaseModel):
         return getattr(self, "original_max_position_embeddings", None) or self.max_position_embeddings
 
     @property
-    def serving_length(self) -> int:
-        """The context a model whose config holds this method serves as shipped: `max_position_embeddings`, or
-        `factor` times it where that is the pre-trained length (`max_position_is_pretrained`)."""
+    def serving_span(self) -> float:
+        """The context a model whose config holds this method serves as shipped, unrounded: `max_position_embeddings`,
+        or `factor` times it where that is the pre-trained length (`max_position_is_pretrained`). What `moved_to`
+        divides by, so that a factor moved to a target serves exactly that target."""
         if self.max_position_is_pretrained:
-            return round(self.factor * self.max_position_embeddings)
-        return self.max_position_embeddings
+            return self.factor * self.max_position_embeddings
+        return float(self.max_position_embeddings)
+
+    @property
+    def serving_length(self) -> int:
+        """`serving_span` in whole tokens."""
+        return round(self.serving_span)
 
     def moved_to(self, target: int) -> RopeMethod:
         """This method serving `target` tokens instead of `serving_length`, as its own definition extends it: a
         model that ships Llama 3 scaling with factor 4 to serve 4x its pre-training length serves 16x of it at
         factor 16 (transformers 5.x `_compute_llama3_parameters`, `_compute_yarn_parameters` and
         `_compute_linear_scaling_rope_parameters` read `factor` as served / original), so the factor becomes
-        `factor * target / serving_length`. Dynamic NTK's rule and LongRoPE's factors hold at any length as they are.
+        `factor * target / serving_span`. Dynamic NTK's rule and LongRoPE's factors hold at any length as they are.
         The starting point a search of a scaled model begins from, and compare's row for it."""
         update: dict[str, Any] = {} if self.max_position_is_pretrained else {"max_position_embeddings": target}
         if self.factor_follows_length:
-            update["factor"] = self.factor * target / self.serving_length
+            update["factor"] = self.factor * target / self.serving_span
         return type(self).model_validate({**dict(self), **update})
 
     @classmethod

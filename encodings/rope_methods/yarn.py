@@ -95,12 +95,12 @@ class YarnRope(RopeMethod):
         return self
 
     @property
-    def serving_length(self) -> int:
+    def serving_span(self) -> float:
         """`factor` times the pre-trained length: transformers reads YaRN's factor as "the ratio between the pre-yarn
         and post-yarn context lengths" (`_validate_yarn_rope_parameters`), and Qwen2.5 ships factor 4 over 32,768
         tokens with max_position_embeddings left at 32,768 to serve 131,072; a larger max_position_embeddings
         (transformers warns that the factors disagree) is served too."""
-        return max(self.max_position_embeddings, round(self.factor * self.original_max_position_embeddings))
+        return max(float(self.max_position_embeddings), self.factor * self.original_max_position_embeddings)
 
     @property
     def attention_factor(self) -> float:

@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from longrope.search.config.strict import JobConfigError
+from longrope.workers.errors import ModelLoadError
 from longrope.workers.families import attention_window
-from longrope.workers.models import read_config_file
+from longrope.workers.models import model_rope, read_config_file
 
 
 class Frozen(BaseModel):
@@ -47,12 +48,7 @@ class Architecture(Frozen):
         """From a transformers config.json (as a dict); a missing key is one JobConfigError naming it."""
         try:
             hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-            rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-            original = (
-                rope.get("original_max_position_embeddings")
-                or config.get("original_max_position_embeddings")
-                or config.get("max_position_embeddings")
-            )
+            original = pretrained_length(config)
             bias = bool(config.get("attention_bias", False))
             local_layers, local_window = windowed_layers(config)
             return cls(
@@ -194,3 +190,20 @@ def model_config_path(path: str | Path) -> Path:
     """A config.json, or a directory holding one."""
     path = Path(path)
     return path / "config.json" if path.is_dir() else path
+
+
+def pretrained_length(config: dict[str, Any]) -> int | None:
+    """The pre-training context as the job reads it (`workers.models.model_rope`: a top-level
+    original_max_position_embeddings first, as transformers; a YaRN block's own; Gemma 3's linear scaling's
+    max_position_embeddings / factor), so that estimate and search agree; a config whose RoPE the scorer refuses
+    (a family it is not checked against, an estimate of a bare shape) falls back to its keys."""
+    try:
+        return model_rope(config).original_length
+    except ModelLoadError:
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        original = (
+            config.get("original_max_position_embeddings")
+            or (rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None)
+            or config.get("max_position_embeddings")
+        )
+        return int(original) if original else None
