@@ -168,3 +168,19 @@ def test_estimate_reads_the_pretrained_length_as_the_job_does():
         == model_rope(config).original_length
         == 16384
     )
+
+
+def test_validate_shows_a_short_factor_search_reading_windows_of_the_pretrained_length():
+    """The span starts where the model serves; a short-factor search's windows are of the pre-trained length."""
+    from longrope.search.cli.search_commands import validation_summary
+    from longrope.search.job.validation_checks import validation_check
+
+    config = load_job_config(None, ["target_length=1024", "search.factor=short", "search.long_factors=f.json"])
+    checks = [
+        validation_check("search.seeds", ["ones"], "ok", "resolved"),
+        validation_check("data.search_source", "docs", "ok", "3 documents"),
+        validation_check("data.test_source", "docs", "ok", "3 documents"),
+    ]
+    lines = validation_summary(config, {"original_length": 64, "serving_length": 256}, checks)
+    assert "256 -> 1024 tokens (scale 4)" in lines[0]
+    assert "search windows of 64 tokens" in lines[2]

@@ -178,8 +178,7 @@ def run_validate(args: argparse.Namespace) -> int:
         document = {"config_hash": config.hash(), **lengths, "checks": checks}
         print(json.dumps({**document, "config": config.model_dump(mode="json")}, indent=2))
     else:
-        start = lengths.get("serving_length") or lengths["original_length"]
-        print("\n".join(validation_summary(config, start, checks)))
+        print("\n".join(validation_summary(config, lengths, checks)))
     return 0
 
 
@@ -187,20 +186,22 @@ def _plan_text(plan) -> str:
     return f"{plan.candidates} candidates at most ({plan.text})"
 
 
-def validation_summary(config: JobConfig, original: int | None, checks: list[dict]) -> list[str]:
-    """`validate`'s verdict and the few facts a user checks by eye: the model and lengths, the search's size and
-    seeds, the data and its windows, and what --offline left unchecked."""
+def validation_summary(config: JobConfig, lengths: dict[str, int | None], checks: list[dict]) -> list[str]:
+    """`validate`'s verdict and the few facts a user checks by eye: the model and lengths (from the length the model
+    serves, for one that ships scaling), the search's size and seeds, the data and its windows (a short-factor
+    search reads windows of the pre-trained length), and what --offline left unchecked."""
     by_what = {check["what"]: check for check in checks}
     search, data = config.search, config.data
-    lengths = f"{original} -> {config.target_length} tokens" if original else f"-> {config.target_length} tokens"
-    scale = f" (scale {config.target_length / original:g})" if original else " (original_length: from the model)"
-    window_length = original if search.factor == "short" else config.target_length
+    start = lengths.get("serving_length") or lengths["original_length"]
+    span = f"{start} -> {config.target_length} tokens" if start else f"-> {config.target_length} tokens"
+    scale = f" (scale {config.target_length / start:g})" if start else " (original_length: from the model)"
+    window_length = lengths["original_length"] if search.factor == "short" else config.target_length
     seeds = by_what["search.seeds"]["value"]  # resolved: seed files and other runs included
     count = len(seeds)
     if by_what["search.seeds"]["result"] != "ok":  # --offline: the config's names, and at most as many seeds
         seeds, count = [*search.seeds, *(f"file:{Path(path).name}" for path in search.seed_files)], search.most_seeds()
     lines = [
-        f"validate: ok — {config.name}: model {config.model.path}, {lengths}{scale}",
+        f"validate: ok — {config.name}: model {config.model.path}, {span}{scale}",
         f"  search: {search.optimizer}, {_plan_text(search_plan(search, count))}, "
         f"{search.factor} factors, seeds {', '.join(seeds)}",
         f"  search data: {_source_line(by_what['data.search_source'])}; {data.search_windows} search windows of "
