@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longrope.encodings import LongRope, RopeMethod
 from longrope.workers.families import LogitTransform, decoder_of, family_of
+from longrope.workers.host_memory import return_freed_memory
 from longrope.workers.rope_patch import patched_rotary
 from longrope.workers.sequence_chunks import DEFAULT_MLP_CHUNK_TOKENS, chunked_mlps, wrapped_forwards
 
@@ -158,6 +159,7 @@ class Scorer:
         self.checkpoints = checkpoints
         self.decoder = decoder_of(model)
         self.logits = family_of(model.config.to_dict()).logit_transform(model.config)
+        return_freed_memory()  # a long pass's freed activations leave the process (workers/host_memory.py)
 
     @property
     def context_length(self) -> int:
