@@ -12,9 +12,11 @@ machine's limit and was killed, while the tensors it held at any time sum to a t
 
 Setting the threshold once (`mallopt(M_MMAP_THRESHOLD, 1 MiB)`, which also turns the dynamic rise off) sends every
 tensor of a megabyte or more to mmap, returned on free, and leaves the small ones on the heap. bench/host_memory.py
-measures the peak resident memory of the same gradient pass both ways, side by side. The setting is per process;
-the scorer sets it when it is built, so a Ray worker, compare's in-process scorer and the benchmarks all run with
-it. Other C libraries (musl, macOS) have no such threshold: nothing is changed there.
+measures the same gradient pass both ways, side by side: at 8k tokens on Gemma 3 270M the peak fell to 0.72 of the
+default's with the same NLL and gradient, and the pass took 1.18 times as long (fresh pages are mapped and zeroed
+for each large tensor). So the scorer sets it on its first gradient pass, where the holes cost most, and a process
+that only runs forwards keeps glibc's default. The setting is per process and stays for the process's life. Other C
+libraries (musl, macOS) have no such threshold: nothing is changed there.
 """
 
 from __future__ import annotations

@@ -159,7 +159,6 @@ class Scorer:
         self.checkpoints = checkpoints
         self.decoder = decoder_of(model)
         self.logits = family_of(model.config.to_dict()).logit_transform(model.config)
-        return_freed_memory()  # a long pass's freed activations leave the process (workers/host_memory.py)
 
     @property
     def context_length(self) -> int:
@@ -228,6 +227,7 @@ class Scorer:
         is the forward's plus one hidden state per layer, and the backward recomputes each layer's forward once."""
         begin, end = self.window_range(windows)
         self.check_differentiable(method)
+        return_freed_memory()  # the backward's freed activations leave the process (workers/host_memory.py)
         pairs = method.rotary_dim // 2
         dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         values = torch.tensor([*method.long_factor, method.attention_factor], dtype=dtype, device=self.device)
