@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from longrope.search.export import gemma3_gguf
-from longrope.search.export.llama_gguf import vocab_size, write_llama_gguf
+from longrope.search.export.llama_gguf import finish, vocab_size, write_llama_gguf
 from longrope.workers.random_llama import llama_config
 
 REQUIRE_LLAMA_CPP = "LONGROPE_REQUIRE_LLAMA_CPP"  # set by `make test`: llama-cpp-python missing there fails
@@ -133,11 +133,7 @@ def rewritten_gguf(
             writer.add_tensor(tensor.name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return finish(writer, out)
 
 
 def tiny_gemma3(*, layers: int = 6, window: int = 16, original: int = 128, seed: int = 0, std: float = 0.1):

@@ -30,7 +30,14 @@ def tiny_gguf(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import LlamaForCausalLM
 
-    from longrope.search.export.llama_gguf import LLAMA, add_hyperparameters, add_tokenizer, gguf_tensors, vocab_size
+    from longrope.search.export.llama_gguf import (
+        LLAMA,
+        add_hyperparameters,
+        add_tokenizer,
+        finish,
+        gguf_tensors,
+        vocab_size,
+    )
     from longrope.workers.random_llama import llama_config
 
     config = llama_config(vocab_size=vocab_size(), max_position_embeddings=ORIGINAL, **SHAPE)
@@ -45,11 +52,7 @@ def tiny_gguf(path: Path, seed: int = 0) -> Path:
             continue
         qtype = gguf.GGMLQuantizationType.Q8_0 if name == "token_embd.weight" else gguf.GGMLQuantizationType.Q4_1
         writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return finish(writer, path)
 
 
 def reference_dir(gguf_path: Path, folder: Path) -> Path:

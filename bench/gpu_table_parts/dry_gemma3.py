@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from longrope.search.export import gemma3_gguf
+from longrope.search.export.llama_gguf import finish
 
 ORIGINAL = 128
 TARGETS = (256, 512)
@@ -102,4 +103,4 @@ def tiny_gguf(path: Path, seed: int = 0) -> Path:
             writer.add_tensor(gguf_name, random_k_blocks(*data.shape, qtype, rng), raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    return gemma3_gguf.close(writer, path)
+    return finish(writer, path)

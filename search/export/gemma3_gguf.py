@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from longrope.search.export.llama_gguf import finish
+
 GEMMA3 = "gemma3"
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]  # Gemma's ids 0..3
 PIECES = ["\u2581", "\u2581t", "he", "\u2581the", "a", "e"]
@@ -94,14 +96,6 @@ def stored_weights(model):
         yield names.get_name(name, try_suffixes=(".weight", ".bias")), name, np.ascontiguousarray(data)
 
 
-def close(writer, path: Path) -> Path:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(path)
-
-
 def write_gemma3_gguf(model, path: Path) -> Path:
     """Write `model` (a Gemma3ForCausalLM with vocab_size() tokens) to `path` as an F32 GGUF."""
     import gguf  # the gguf extra
@@ -111,4 +105,4 @@ def write_gemma3_gguf(model, path: Path) -> Path:
     writer = gemma3_writer(path, model.config, gguf.LlamaFileType.ALL_F32)
     for gguf_name, _, data in stored_weights(model):
         writer.add_tensor(gguf_name, data)
-    return close(writer, path)
+    return finish(writer, path)

@@ -123,6 +123,11 @@ def write_llama_gguf(model, path: Path, *, context_length: int | None = None) ->
     add_tokenizer(writer)
     for name, data in gguf_tensors(model).items():
         writer.add_tensor(name, data)
+    return finish(writer, path)
+
+
+def finish(writer, path: Path) -> Path:
+    """Write a GGUFWriter's header, keys and tensors (added with `add_tensor`) to its file and close it: `path`."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
