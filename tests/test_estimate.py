@@ -411,6 +411,39 @@ def test_cli_says_in_one_line_why_no_time(capsys, monkeypatch):
     assert device["seconds_per_candidate"] is None and device["time_withheld"].startswith("at 32 tokens")
 
 
+@pytest.mark.parametrize(
+    ("tokens", "rows", "replayed"),
+    [(65536, 1, (8192, 1)), (8192, 1, (8192, 1)), (1024, 4, (1024, 4)), (4096, 4, (4096, 2)), (16384, 3, (8192, 1))],
+)
+def test_a_long_forward_is_replayed_at_8192_positions(tokens, rows, replayed):
+    """Worked by hand: a row is cut to 8192 positions, and rows of one length are dropped until they hold 8192."""
+    from longrope.search.cost.cpu_rates import replay_shape
+
+    shape = replay_shape(ForwardShape(tokens=tokens, rows=rows))
+    assert (shape.tokens, shape.rows) == replayed
+
+
+def test_rates_divide_the_replayed_forwards_flops_by_its_time(monkeypatch):
+    """A 1M-token job's rates are its replay's FLOPs and bytes over the replay's time: counting the job's own
+    FLOPs over a shorter replay's seconds would overstate every rate (by 128x for linear at 1M / 8192)."""
+    from longrope.search.cost import cpu_rates as cpu_rates_module
+
+    replayed = []
+
+    def timed(arch, shape, dtype, causal, repeats, clock):
+        replayed.append(shape)
+        return {"linear": 2.0, "attention": 3.0, "elementwise": 5.0}
+
+    monkeypatch.setattr(cpu_rates_module, "forward_seconds", timed)
+    arch = Architecture.from_hf_config(read_model_config(reference_model_dir()))
+    rates = cpu_rates_module.measure_cpu_rates(arch, ForwardShape(tokens=2**20, rows=1), "float32", threads=1)
+    assert replayed == [ForwardShape(tokens=8192, rows=1)]
+    flops = forward_flops(arch, 8192, causal=0.5)
+    assert rates.linear == pytest.approx(flops.linear / 2.0) and rates.attention == pytest.approx(flops.attention / 3)
+    assert rates.memory == pytest.approx(elementwise_bytes(arch, 8192, 4) / 5.0)
+    assert "1 x 8192 positions" in rates.source
+
+
 @pytest.mark.parametrize("name", ["reference", *KNOWN_MODELS])
 def test_forward_fixed_cost_is_measured_for_each_family(name):
     """The toy-width model builds and scores for the reference model and every known architecture (Llama,

@@ -114,7 +114,8 @@ def device_rates(
     config: JobConfig, arch: Architecture, settings: dict[str, Any], names: list[str], mfu: float
 ) -> list[tuple[str, Rates, float | None]]:
     """(name, rates, memory GiB) per --gpu: a GPU's datasheet peak x MFU, or this CPU measured at the shapes of
-    the job's longest forward (`settings`: the model's config.json, for the fixed cost of a forward)."""
+    the job's longest forward, cut to 8192 positions (`cpu_rates.replay_shape`); `settings`: the model's
+    config.json, for the fixed cost of a forward."""
     if not 0 < mfu <= 1:
         raise JobConfigError(f"--mfu = {mfu}: must be in (0, 1]")
     devices = []

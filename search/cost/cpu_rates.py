@@ -49,6 +49,13 @@ STOPWATCH_KINDS = ("linear", "attention", "elementwise", "outside")
 # Distinct layer weights the replay cycles through at most: more than a CPU's last-level cache (480 MiB of L3 on
 # this machine's Xeon, lscpu), so a model too big to replay whole still meets its weights from memory.
 REPLAY_WEIGHT_BYTES = 2**30
+# Positions a replayed forward holds at most. The rates are per FLOP and per byte, and from a few thousand
+# positions up every kind runs at its steady rate (the projections are [T, d] x [d, n] GEMMs whose row count no
+# longer matters, SDPA's CPU kernel works in fixed query and key blocks, the elementwise tensors are far past the
+# caches), so a longer job is timed on this many positions and its own FLOP and byte counts are divided by those
+# rates. Replaying 64k positions instead took over 40 minutes for Gemma 3 270M here (every layer as full
+# attention, 4 passes), for the same rates; bench/estimate_accuracy.py checks the figure past this length.
+REPLAY_POSITIONS = 8192
 TOY_TOKENS = 8
 
 
@@ -204,6 +211,13 @@ def replayed_layers(arch: Architecture, dtype: str) -> int:
     return max(1, min(arch.num_layers, REPLAY_WEIGHT_BYTES // layer_bytes))
 
 
+def replay_shape(shape: ForwardShape) -> ForwardShape:
+    """The forward the rates are timed on: the job's, shortened to REPLAY_POSITIONS positions a row and holding
+    at most that many in all (fewer rows of the same length first)."""
+    tokens = min(shape.tokens, REPLAY_POSITIONS)
+    return ForwardShape(tokens=tokens, rows=max(1, min(shape.rows, REPLAY_POSITIONS // tokens)))
+
+
 def forward_seconds(
     arch: Architecture, shape: ForwardShape, dtype: str, causal: float, repeats: int, clock: Clock = time.perf_counter
 ) -> dict[str, float]:
@@ -317,13 +331,14 @@ def measure_cpu_rates(
     clock: Clock | None = None,
 ) -> Rates:
     """Every rate `hardware.seconds` needs, timed on this CPU with `threads` torch threads (a worker's): each
-    kind's FLOPs (or elementwise bytes) in one forward of `shape` over its time in the replayed forward, and, from
+    kind's FLOPs (or elementwise bytes) in one forward of `replay_shape(shape)` over its time in the replayed
+    forward, and, from
     the model's config.json (`model_config`), the fixed cost of a forward.
 
     The clock (None: `worker_clock(threads)`) decides what load on the machine does to the figures: a worker
     holds its own CPUs (Ray reserves them), so the time to predict is the time on a core of its own."""
     clock = clock or worker_clock(threads)
-    causal = attention_fraction(attn_implementation)
+    causal, shape = attention_fraction(attn_implementation), replay_shape(shape)
     with torch_threads(threads):
         spent = forward_seconds(arch, shape, dtype, causal, repeats, clock)
         chunk, positions = loss_chunk_seconds(arch, shape.rows, dtype, repeats, clock)
@@ -340,7 +355,7 @@ def measure_cpu_rates(
     clock_note = ", in thread CPU time" if clock is time.thread_time else ""
     return Rates(
         source=f"this CPU, measured ({threads} torch thread{plural} as a worker runs, {dtype}, the forward replayed "
-        f"at the job's shapes{clock_note}{note})",
+        f"at {shape.rows} x {shape.tokens} positions{clock_note}{note})",
         linear=flops.linear / spent["linear"],
         attention=flops.attention / spent["attention"],
         lm_head=2.0 * positions * arch.hidden_size * arch.vocab_size / chunk,
