@@ -16,7 +16,9 @@ Parts:
 - `table`: scores what the log lacks, then writes bench/results/smollm2_16k/ (compare.json, compare.md, plots)
   and smollm2_16k.json (the table with provenance and the search's cost, read from the run directory); `--config`
   another target's config (configs/smollm2-135m-32k-cpu.yaml: 8k, 16k and 32k, its own log smollm2_32k_scores.jsonl
-  and table smollm2_32k), `--factors` once per searched row (several arms in one table);
+  and table smollm2_32k), `--factors` once per searched row (several arms in one table; none while the search
+  still runs: the baselines' and the tuning's scores land in the log, and a later table with the factors reuses
+  them);
 - `ranking`: does bfloat16 rank the table's methods as float32 does (the search keeps the lowest score, so the
   order is what must hold)? The methods again on the first `--windows` test windows at the target in float32,
   against their bfloat16 scores from the log (`bench/rank_agreement.py`: Kendall's tau, the best the same,
@@ -68,7 +70,10 @@ def stem(config) -> str:
 
 
 def score_log(results: str, context: JobContext, read_only: bool = False) -> ScoreLog:
-    """The target's score log (`read_only`: as it stands, beside a run that may be adding to it)."""
+    """The target's score log (`read_only`: as it stands, beside a run that may be adding to it), in `results`,
+    made if it is not there yet."""
+    if not read_only:
+        Path(results).mkdir(parents=True, exist_ok=True)
     return ScoreLog(Path(results) / f"{stem(context.config)}_scores.jsonl", LogSetup.of(context), read_only)
 
 
@@ -295,7 +300,10 @@ def main() -> None:
     table = parts.add_parser("table")
     table.add_argument("--config", default=str(CONFIG), help="the search's config: its model, data and lengths")
     table.add_argument(
-        "--factors", action="append", required=True, help="a search's export (longrope export RUN -o FILE); repeatable"
+        "--factors",
+        action="append",
+        default=[],
+        help="a search's export (longrope export RUN -o FILE); repeatable; none: the baselines alone",
     )
     table.add_argument("--run", help="the search's run directory, for its cost")
     table.add_argument("--windows", type=int, default=8, help="test windows at the target length")
