@@ -4,8 +4,8 @@ Cases:
 - the reference model as configs/demo.yaml scores it (1024 tokens, 8 windows, 2 candidates a call, 4 forwards
   of 2 rows a candidate);
 - a random-weight Llama (d_model 1024, 2 layers, 8 heads x 128, 4 key/value heads, MLP 2816, 32k vocabulary),
-  one candidate on one window of 2048, 4096, 8192, 16384 and 32768 tokens (the last two past the 8192
-  positions `estimate` replays at most: their rates come from an 8192-position replay);
+  one candidate on one window of 2048, 4096, 8192, 16384 and 32768 tokens (past 8192 `estimate`
+  times attention on the first 8192 positions only);
 - small forwards, where a forward's fixed cost (Python, module calls, op dispatch) is a large share: the
   reference model, one candidate on one window of 16, 32, 64, 128 and 256 tokens (original_length 8). These justify
   FIXED_COST_SHARE_LIMIT (search/cost/hardware.py): above it `longrope estimate` withholds the time, and this

@@ -173,6 +173,7 @@ def gradient_flops(arch: Architecture, tokens: int) -> float:
     backward = (
         forward.linear * BACKWARD_PER_FORWARD["linear"]
         + forward.attention * BACKWARD_PER_FORWARD["attention_flash"]
+        + forward.local_attention * BACKWARD_PER_FORWARD["attention_eager"]
         + forward.lm_head * BACKWARD_PER_FORWARD["lm_head"]
     )
     return forward.total + recompute_flops(arch, forward, tokens).total + backward

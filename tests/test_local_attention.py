@@ -78,8 +78,8 @@ def test_the_estimate_counts_the_keys_blockwise_attention_reads():
     assert (arch.local_layers, arch.local_window) == (15, 512)
     tokens = 65536
     per_key = 4 * 4 * 256 * tokens
-    expected = 3 * per_key * tokens / 2 + 15 * per_key * (1024 + 512 - 1)
-    assert forward_flops(arch, tokens).attention == expected
+    flops = forward_flops(arch, tokens)
+    assert flops.attention == 3 * per_key * tokens / 2 and flops.local_attention == 15 * per_key * (1024 + 512 - 1)
     assert forward_flops(Architecture.from_hf_config({**config, "sliding_window": None}), tokens).attention == (
         18 * per_key * tokens / 2
     )

@@ -114,8 +114,8 @@ def device_rates(
     config: JobConfig, arch: Architecture, settings: dict[str, Any], names: list[str], mfu: float
 ) -> list[tuple[str, Rates, float | None]]:
     """(name, rates, memory GiB) per --gpu: a GPU's datasheet peak x MFU, or this CPU measured at the shapes of
-    the job's longest forward, cut to 8192 positions (`cpu_rates.replay_shape`); `settings`: the model's
-    config.json, for the fixed cost of a forward."""
+    the job's longest forward, cut to 32768 positions and attention to 8192 (`cpu_rates.replay_shape`);
+    `settings`: the model's config.json, for the fixed cost of a forward."""
     if not 0 < mfu <= 1:
         raise JobConfigError(f"--mfu = {mfu}: must be in (0, 1]")
     devices = []
@@ -160,6 +160,11 @@ def run_estimate_command(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------------- text
 
 
+def local_share(flops) -> str:
+    """The windowed layers' share of a candidate's FLOPs, where the model has any."""
+    return f", windowed-layer attention {flops.local_attention / flops.total:.0%}" if flops.local_attention else ""
+
+
 def _count(value: float) -> str:
     for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if value >= size:
@@ -186,7 +191,7 @@ def format_estimate(estimate: JobEstimate, config: JobConfig) -> str:
         lines.append(
             f"FLOPs/cand.    {flops.total:.3g} at {stage.length} tokens x {stage.windows} windows (linear "
             f"{flops.linear / flops.total:.0%}, attention {flops.attention / flops.total:.0%} "
-            f"[{config.model.attn_implementation}], lm_head {flops.lm_head / flops.total:.0%})"
+            f"[{config.model.attn_implementation}]{local_share(flops)}, lm_head {flops.lm_head / flops.total:.0%})"
         )
     stages = f" x {len(estimate.stages)} stages" if len(estimate.stages) > 1 else ""
     lines.append(
@@ -314,13 +319,14 @@ def _rates_lines(rates: Rates, device: DeviceEstimate | None = None) -> list[str
     if not rates.square_matmul:
         return []
     square = rates.square_matmul
+    local = f" (windowed layers {rates.local_attention / 1e9:.1f})" if rates.local_attention else ""
     fixed = ""
     if rates.forward_fixed_cost is not None:
         fixed = f"; a forward's fixed cost {rates.forward_fixed_cost * 1e3:.2g} ms"
         if device is not None and device.fixed_cost_share is not None:
             fixed += f" ({device.forwards_per_candidate:.3g} a candidate, {device.fixed_cost_share:.0%} of its time)"
     return [
-        f"  rates          linear {rates.linear / 1e9:.1f}, attention {rates.attention / 1e9:.1f}, "
+        f"  rates          linear {rates.linear / 1e9:.1f}, attention {rates.attention / 1e9:.1f}{local}, "
         f"lm_head+loss {rates.lm_head / 1e9:.1f} GFLOP/s ({rates.linear / square:.2f}, "
         f"{rates.attention / square:.2f}, {rates.lm_head / square:.2f} of a 2048^2 matmul's "
         f"{square / 1e9:.1f}); elementwise {rates.memory / 1e9:.1f} GB/s{fixed}"

@@ -135,7 +135,8 @@ def backward_flops(config: JobConfig, arch: Architecture, stage: StageBudget, or
     """FLOPs a window's gradient pass spends beyond its forward (`recompute_flops` + the backward proper,
     BACKWARD_PER_FORWARD), less what autograd never runs: the first layer's input (the frozen embeddings) carries no
     gradient, so its q, k and v projections have no backward, and with eager attention neither has A V's value
-    side (v gets no rotation, so no gradient reaches it there; a flash kernel is counted whole). A whole gradient
+    side (v gets no rotation, so no gradient reaches it there; a flash kernel is counted whole). Windowed layers'
+    blockwise attention is eager arithmetic, autograd's backward twice its forward. A whole gradient
     pass comes to about 2.7 forwards (mostly linear) to 4.5 (mostly flash attention). Exact against torch's FLOP
     counter on the scorer with eager attention (tests/test_estimate.py)."""
     d, length, layers = arch.hidden_size, stage.length, arch.num_layers
@@ -149,6 +150,7 @@ def backward_flops(config: JobConfig, arch: Architecture, stage: StageBudget, or
         linear=recompute.linear + forward.linear * BACKWARD_PER_FORWARD["linear"] - first_qkv,
         attention=recompute.attention + forward.attention * attention - first_values,
         lm_head=recompute.lm_head + forward.lm_head * BACKWARD_PER_FORWARD["lm_head"],
+        local_attention=recompute.local_attention + forward.local_attention * BACKWARD_PER_FORWARD["attention_eager"],
     )
 
 

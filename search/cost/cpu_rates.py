@@ -37,7 +37,7 @@ from contextlib import contextmanager
 
 from longrope.encodings import default_inv_freq, rotary_cos_sin
 from longrope.search.cost.architecture import Architecture, linear_weights_per_layer
-from longrope.search.cost.flops import LOSS_CHUNK_TOKENS, attention_fraction, elementwise_bytes, forward_flops
+from longrope.search.cost.flops import LOSS_CHUNK_TOKENS, Flops, attention_fraction, elementwise_bytes, forward_flops
 from longrope.search.cost.hardware import Rates
 from longrope.search.cost.memory import DTYPE_BYTES, ForwardShape
 from longrope.workers.errors import one_line
@@ -45,17 +45,20 @@ from longrope.workers.models import model_rope
 from longrope.workers.timing import Clock, least_seconds
 
 # the stopwatch's kinds: the three of the time model, and "outside" the layers (embedding, cos/sin, final norm)
-STOPWATCH_KINDS = ("linear", "attention", "elementwise", "outside")
+STOPWATCH_KINDS = ("linear", "attention", "local_attention", "elementwise", "outside")
 # Distinct layer weights the replay cycles through at most: more than a CPU's last-level cache (480 MiB of L3 on
 # this machine's Xeon, lscpu), so a model too big to replay whole still meets its weights from memory.
 REPLAY_WEIGHT_BYTES = 2**30
-# Positions a replayed forward holds at most. The rates are per FLOP and per byte, and from a few thousand
-# positions up every kind runs at its steady rate (the projections are [T, d] x [d, n] GEMMs whose row count no
-# longer matters, SDPA's CPU kernel works in fixed query and key blocks, the elementwise tensors are far past the
-# caches), so a longer job is timed on this many positions and its own FLOP and byte counts are divided by those
-# rates. Replaying 64k positions instead took over 40 minutes for Gemma 3 270M here (every layer as full
-# attention, 4 passes), for the same rates; bench/estimate_accuracy.py checks the figure past this length.
-REPLAY_POSITIONS = 8192
+# Positions a replayed forward holds at most, and the first positions its attention runs on. The rates are per
+# FLOP and per byte, and each kind reaches its steady rate at some length: here the projections' GEMMs and the
+# elementwise ops settled from 32k positions (below it their tensors sit in the caches: bfloat16 projections ran
+# 700-800 GFLOP/s at 4-8k positions against 540-570 from 16k to 128k, elementwise 40 against 4-5 GB/s), and causal
+# SDPA from 8k (its kernel works in fixed query and key blocks: 150-190 GFLOP/s at 8k, 16k and 32k for SmolLM2's
+# and Gemma 3's heads). So a longer job is timed on these many positions, and its own FLOP and byte counts are
+# divided by those rates. The cut is what makes long targets affordable: attention is O(T^2), and replaying
+# Gemma 3 270M's 64k positions ran over 40 minutes; bench/estimate_accuracy.py checks the figure past both.
+REPLAY_POSITIONS = 32768
+ATTENTION_POSITIONS = 8192
 TOY_TOKENS = 8
 
 
@@ -133,12 +136,27 @@ def apply_rope(x, cos, sin):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def decoder_layer(arch: Architecture, weights: dict, hidden, cos, sin, causal: float, watch: Stopwatch):
+def decoder_layer(
+    arch: Architecture,
+    weights: dict,
+    hidden,
+    cos,
+    sin,
+    causal: float,
+    watch: Stopwatch,
+    attended: int | None = None,
+    window: int | None = None,
+):
     """One Llama decoder layer as transformers 5 runs it for the scorer (modeling_llama LlamaDecoderLayer with
-    sdpa_attention_forward: no mask, is_causal, enable_gqa; eager when causal = 1), each op charged to its kind."""
+    sdpa_attention_forward: no mask, is_causal, enable_gqa; eager when causal = 1), each op charged to its kind.
+    `attended`: attention runs on the first that many positions only (causal, so their outputs are the full layer's);
+    the other rows take q's values, untimed, so every op after it runs at the full length. `window`: a windowed
+    layer, whose attention is the scorer's blockwise kernel (workers/local_attention.py), charged apart."""
+    import torch  # torch: only when measuring (`estimate` on a GPU needs none)
     import torch.nn.functional as F  # torch: only when measuring
 
     rows, tokens, _ = hidden.shape
+    attended = tokens if attended is None else min(attended, tokens)
     heads = (rows, tokens, -1, arch.head_dim)
     normed = rms_norm(hidden, weights["norm_1"])
     watch.lap("elementwise")
@@ -148,11 +166,17 @@ def decoder_layer(arch: Architecture, weights: dict, hidden, cos, sin, causal: f
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     watch.lap("elementwise")
-    if causal < 1:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=arch.num_heads != arch.num_kv_heads)
+    prefix = tuple(x[:, :, :attended] for x in (q, k, v))
+    if window is not None:
+        out = windowed_attention(arch, *prefix, window)
+    elif causal < 1:
+        out = F.scaled_dot_product_attention(*prefix, is_causal=True, enable_gqa=arch.num_heads != arch.num_kv_heads)
     else:
-        out = eager_attention(arch, q, k, v)
-    watch.lap("attention")
+        out = eager_attention(arch, *prefix)
+    watch.lap("attention" if window is None else "local_attention")
+    if attended < tokens:
+        out = torch.cat((out, q[:, :, attended:]), dim=2)
+        watch.restart()
     out = out.transpose(1, 2).reshape(rows, tokens, -1).contiguous()
     watch.lap("elementwise")
     out = F.linear(out, weights["o"], weights.get("o_bias"))
@@ -169,6 +193,27 @@ def decoder_layer(arch: Architecture, weights: dict, hidden, cos, sin, causal: f
     hidden = hidden + down
     watch.lap("elementwise")
     return hidden
+
+
+def windowed_attention(arch: Architecture, q, k, v, window: int):
+    """A windowed layer's attention as the scorer runs it: `blockwise_attention` (its output is [B, T, H, D],
+    transposed inside; handed back as [B, H, T, D], a view)."""
+    from types import SimpleNamespace
+
+    from longrope.workers.local_attention import blockwise_attention  # torch
+
+    module = SimpleNamespace(head_dim=arch.head_dim)
+    return blockwise_attention(module, q, k, v, None, sliding_window=window)[0].transpose(1, 2)
+
+
+def windowed_replay(arch: Architecture, replayed: int) -> int:
+    """How many of the `replayed` layers replay as windowed: the model's share of them, at least one where it has
+    any (and at least one full layer left where it has those); none where a single layer is replayed of a model
+    with both kinds (then its windowed layers are priced at the full layers' rate)."""
+    if not arch.local_layers:
+        return 0
+    full = arch.num_layers - arch.local_layers
+    return min(replayed - (full > 0), max(1, round(arch.local_layers * replayed / arch.num_layers)))
 
 
 def eager_attention(arch: Architecture, q, k, v):
@@ -213,35 +258,46 @@ def replayed_layers(arch: Architecture, dtype: str) -> int:
 
 def replay_shape(shape: ForwardShape) -> ForwardShape:
     """The forward the rates are timed on: the job's, shortened to REPLAY_POSITIONS positions a row and holding
-    at most that many in all (fewer rows of the same length first)."""
+    at most that many in all (fewer rows of the same length first); its attention runs on the first
+    ATTENTION_POSITIONS of each row."""
     tokens = min(shape.tokens, REPLAY_POSITIONS)
     return ForwardShape(tokens=tokens, rows=max(1, min(shape.rows, REPLAY_POSITIONS // tokens)))
 
 
 def forward_seconds(
-    arch: Architecture, shape: ForwardShape, dtype: str, causal: float, repeats: int, clock: Clock = time.perf_counter
+    arch: Architecture,
+    shape: ForwardShape,
+    dtype: str,
+    causal: float,
+    repeats: int,
+    clock: Clock = time.perf_counter,
+    attended: int | None = None,
 ) -> dict[str, float]:
     """Seconds of one forward by kind (linear, attention, elementwise): the forward's inputs, `replayed_layers`
     decoder layers in sequence and the final norm, replayed `repeats` times after a warm-up pass; each kind's
-    least time, the layers' scaled to the model's count, the inputs and final norm charged once (as elementwise)."""
+    least time, the layers' scaled to the model's count, the inputs and final norm charged once (as elementwise);
+    attention on the first `attended` positions of each row (None: all)."""
     import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     layers = [layer_weights(arch, dtype) for _ in range(replayed_layers(arch, dtype))]
+    windowed = windowed_replay(arch, len(layers))
+    windows = [arch.local_window] * windowed + [None] * (len(layers) - windowed)
     passes = []
     with torch.inference_mode():
         for _ in range(repeats + 1):
             watch = Stopwatch(clock)
             hidden, cos, sin = forward_inputs(arch, shape, dtype, watch)
-            for weights in layers:
-                hidden = decoder_layer(arch, weights, hidden, cos, sin, causal, watch)
+            for weights, window in zip(layers, windows, strict=True):
+                hidden = decoder_layer(arch, weights, hidden, cos, sin, causal, watch, attended, window)
             rms_norm(hidden, layers[-1]["norm_2"])  # the model's final norm
             watch.lap("outside")
             passes.append(watch.spent)
     least = {kind: min(spent[kind] for spent in passes[1:]) for kind in STOPWATCH_KINDS}
-    scale = arch.num_layers / len(layers)
+    scale, full = arch.num_layers / len(layers), len(layers) - windowed
     return {
         "linear": scale * least["linear"],
-        "attention": scale * least["attention"],
+        "attention": (arch.num_layers - arch.local_layers) / full * least["attention"] if full else 0.0,
+        "local_attention": arch.local_layers / windowed * least["local_attention"] if windowed else 0.0,
         "elementwise": scale * least["elementwise"] + least["outside"],
     }
 
@@ -332,15 +388,17 @@ def measure_cpu_rates(
 ) -> Rates:
     """Every rate `hardware.seconds` needs, timed on this CPU with `threads` torch threads (a worker's): each
     kind's FLOPs (or elementwise bytes) in one forward of `replay_shape(shape)` over its time in the replayed
-    forward, and, from
+    forward (attention's over its first ATTENTION_POSITIONS; windowed layers' blockwise attention a rate of its
+    own), and, from
     the model's config.json (`model_config`), the fixed cost of a forward.
 
     The clock (None: `worker_clock(threads)`) decides what load on the machine does to the figures: a worker
     holds its own CPUs (Ray reserves them), so the time to predict is the time on a core of its own."""
     clock = clock or worker_clock(threads)
     causal, shape = attention_fraction(attn_implementation), replay_shape(shape)
+    attended = min(shape.tokens, ATTENTION_POSITIONS)
     with torch_threads(threads):
-        spent = forward_seconds(arch, shape, dtype, causal, repeats, clock)
+        spent = forward_seconds(arch, shape, dtype, causal, repeats, clock, attended)
         chunk, positions = loss_chunk_seconds(arch, shape.rows, dtype, repeats, clock)
         square = square_matmul_rate(repeats, clock)
         fixed_cost, note = None, ""
@@ -350,16 +408,27 @@ def measure_cpu_rates(
             except Exception as exc:  # no transformers, or a config it cannot build at toy width: said, left out
                 note = f"; a forward's fixed cost not measured: {type(exc).__name__}: {one_line(exc)}"
     flops = forward_flops(arch, shape.tokens, causal=causal) * shape.rows
+    local, full = attention_rates(forward_flops(arch, attended, causal=causal) * shape.rows, spent)
     traffic = elementwise_bytes(arch, shape.rows * shape.tokens, DTYPE_BYTES[dtype])
     plural = "s" if threads > 1 else ""
     clock_note = ", in thread CPU time" if clock is time.thread_time else ""
     return Rates(
         source=f"this CPU, measured ({threads} torch thread{plural} as a worker runs, {dtype}, the forward replayed "
-        f"at {shape.rows} x {shape.tokens} positions{clock_note}{note})",
+        f"at {shape.rows} x {shape.tokens} positions, attention on {attended}{clock_note}{note})",
         linear=flops.linear / spent["linear"],
-        attention=flops.attention / spent["attention"],
+        attention=full,
         lm_head=2.0 * positions * arch.hidden_size * arch.vocab_size / chunk,
         memory=traffic / spent["elementwise"],
         square_matmul=square,
         forward_fixed_cost=fixed_cost,
+        local_attention=local,
     )
+
+
+def attention_rates(attended: Flops, spent: dict[str, float]) -> tuple[float | None, float]:
+    """(windowed layers' rate, full layers' rate) from the attended positions' FLOPs and the replay's seconds: None
+    for the windowed layers where none was replayed (then they go at the full layers' rate); a model with no full
+    layer takes the windowed rate for both (its full-attention FLOPs are 0)."""
+    local = attended.local_attention / spent["local_attention"] if spent["local_attention"] else None
+    full = attended.attention / spent["attention"] if spent["attention"] else local
+    return local, full

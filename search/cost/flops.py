@@ -7,6 +7,8 @@ training, the forward being a third, 2N + 4 L H Q T, with the full T x T attenti
 
     linear    = 2 T L (d H Q + 2 d K Q + H Q d + 3 d I)           (q, k, v, o and the gated MLP's 3 matrices)
     attention = 4 L H Q T^2 f                                     (Q K^T and A V; f = 1/2 causal, 1 eager)
+    local     = 4 L_w H Q T min(T f, B + W - 1)                     (L_w windowed layers: each query block of B
+                                                                   reads its own keys and the window's W)
     lm_head   = 2 T_loss d V                                      (the chunked loss; T_loss = predicted positions)
 
 with d the hidden size, L layers, H query heads and K key/value heads of size Q, I the MLP width, V the
@@ -30,19 +32,27 @@ LOSS_CHUNK_TOKENS = 1024
 
 
 class Flops(Frozen):
-    """FLOPs of one sequence's forward, by kind (each kind runs at its own rate on a CPU)."""
+    """FLOPs of one sequence's forward, by kind (each kind runs at its own rate on a CPU). `attention` is the full
+    layers' (SDPA's causal kernel), `local_attention` the windowed layers' (the scorer's blockwise attention,
+    workers/local_attention.py: eager arithmetic in query blocks, a rate of its own)."""
 
     linear: float
     attention: float
     lm_head: float
+    local_attention: float = 0.0
 
     @computed_field
     @property
     def total(self) -> float:
-        return self.linear + self.attention + self.lm_head
+        return self.linear + self.attention + self.local_attention + self.lm_head
 
     def __mul__(self, times: float) -> Flops:
-        return Flops(linear=self.linear * times, attention=self.attention * times, lm_head=self.lm_head * times)
+        return Flops(
+            linear=self.linear * times,
+            attention=self.attention * times,
+            lm_head=self.lm_head * times,
+            local_attention=self.local_attention * times,
+        )
 
 
 def attention_fraction(attn_implementation: str) -> float:
@@ -65,7 +75,8 @@ def forward_flops(arch: Architecture, tokens: int, *, loss_tokens: int | None = 
     local = arch.local_layers * per_layer * min(tokens * causal, local_keys(arch, tokens))
     return Flops(
         linear=2.0 * tokens * arch.num_layers * linear_weights_per_layer(arch),
-        attention=(arch.num_layers - arch.local_layers) * per_layer * tokens * causal + local,
+        attention=(arch.num_layers - arch.local_layers) * per_layer * tokens * causal,
+        local_attention=local,
         lm_head=2.0 * (tokens if loss_tokens is None else loss_tokens) * arch.hidden_size * arch.vocab_size,
     )
 
@@ -110,4 +121,4 @@ def recompute_flops(arch: Architecture, forward: Flops, length: int) -> Flops:
     early_stop), and a frozen linear layer's output is saved by nothing after the MLP's product, so down_proj is
     never rerun (2 T d I FLOPs a layer)."""
     down = 2.0 * length * arch.hidden_size * arch.intermediate_size * arch.num_layers
-    return Flops(linear=forward.linear - down, attention=forward.attention, lm_head=forward.lm_head)
+    return forward.model_copy(update={"linear": forward.linear - down})

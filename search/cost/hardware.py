@@ -76,6 +76,7 @@ class Rates(Frozen):
     memory: float | None = None  # None: the elementwise traffic is folded into the MFU (GPUs)
     square_matmul: float | None = None  # CPU: a 2048 x 2048 float32 matmul's rate, the efficiencies' yardstick
     forward_fixed_cost: float | None = None  # CPU: seconds every forward costs whatever its size (cpu_rates.py)
+    local_attention: float | None = None  # CPU: windowed layers' blockwise attention; None: at `attention`'s rate
 
 
 def gpu_rates(gpu: Gpu, mfu: float) -> Rates:
@@ -89,5 +90,6 @@ def seconds(flops: Flops, rates: Rates, traffic_bytes: float = 0.0, forwards: fl
     """Each kind of work at its own rate, plus the elementwise traffic at the memory rate and `forwards` times the
     fixed cost of a forward (each when the rates give one)."""
     time = flops.linear / rates.linear + flops.attention / rates.attention + flops.lm_head / rates.lm_head
+    time += flops.local_attention / (rates.local_attention or rates.attention)
     time += traffic_bytes / rates.memory if rates.memory else 0.0
     return time + forwards * (rates.forward_fixed_cost or 0.0)
