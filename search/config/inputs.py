@@ -18,7 +18,7 @@ from longrope.workers.reference_recipe import REFERENCE_MODEL_DIR
 class ModelConfig(Strict):
     path: PathText = Field(
         default=REFERENCE_MODEL,
-        description='a local model directory, a llama-architecture .gguf file (converted once, cached), or "reference" '
+        description='a local model directory, a llama or gemma3 .gguf file (converted once, cached), or "reference" '
         "for the shipped reference model",
     )
     device: str = Field(
