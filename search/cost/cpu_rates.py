@@ -44,7 +44,7 @@ from longrope.workers.errors import one_line
 from longrope.workers.models import model_rope
 from longrope.workers.timing import Clock, least_seconds
 
-# the stopwatch's kinds: the three of the time model, and "outside" the layers (embedding, cos/sin, final norm)
+# the stopwatch's kinds: the four of the time model, and "outside" the layers (embedding, cos/sin, final norm)
 STOPWATCH_KINDS = ("linear", "attention", "local_attention", "elementwise", "outside")
 # Distinct layer weights the replay cycles through at most: more than a CPU's last-level cache (480 MiB of L3 on
 # this machine's Xeon, lscpu), so a model too big to replay whole still meets its weights from memory.
@@ -273,7 +273,8 @@ def forward_seconds(
     clock: Clock = time.perf_counter,
     attended: int | None = None,
 ) -> dict[str, float]:
-    """Seconds of one forward by kind (linear, attention, elementwise): the forward's inputs, `replayed_layers`
+    """Seconds of one forward by kind (linear, attention, local_attention, elementwise): the forward's inputs,
+    `replayed_layers`
     decoder layers in sequence and the final norm, replayed `repeats` times after a warm-up pass; each kind's
     least time, the layers' scaled to the model's count, the inputs and final norm charged once (as elementwise);
     attention on the first `attended` positions of each row (None: all)."""
