@@ -12,11 +12,12 @@ the folder `ModelSpec.model_dir` (its first word, then its arguments):
 - `slow S`: every call takes S seconds more (a call is still out when the test pulls its node away);
 - `poison M`: every call holding a candidate whose key's hash is 0 modulo M raises, on any actor (the candidate's
   own fault: `is_poisoned` says which).
-Each call is logged to `calls` in the same folder, so counts hold across actors and restarts. Ray ships this
-module and known_problem to its workers by value: they cannot import tests/ or bench/."""
+Each call is logged to `calls` in the same folder, under a lock, so counts hold across actors and restarts. Ray
+ships this module and known_problem to its workers by value: they cannot import tests/ or bench/."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sys
@@ -71,9 +72,7 @@ class FunctionWorker:
         return {"pid": os.getpid(), "device": "cpu", "node": ray.get_runtime_context().get_node_id()}
 
     def score(self, batch):
-        with open(self.folder / "calls", "a") as log:
-            log.write(f"{os.getpid()}\n")
-        number = score_calls(self.folder)
+        number = self._log_call()
         kind, args = self.fault[0], [int(a) for a in self.fault[1:] if a.isdigit()]
         if self.broken or (kind == "raise" and number == args[0]):
             raise RuntimeError(f"CUDA out of memory (simulated, call {number})")
@@ -84,6 +83,15 @@ class FunctionWorker:
         if kind == "poison" and any(is_poisoned(task[0][0], args[0]) for task in batch):
             raise ValueError("a candidate this worker cannot score (simulated)")
         return [(task[0], self._score(task[1], task[2])) for task in batch]
+
+    def _log_call(self) -> int:
+        """This call's number over every actor: the log is locked from the append to the count, or two actors
+        appending at once would both read the later count, and a fault set for the earlier number never fires."""
+        with open(self.folder / "calls", "a") as log:
+            fcntl.flock(log, fcntl.LOCK_EX)
+            log.write(f"{os.getpid()}\n")
+            log.flush()
+            return score_calls(self.folder)
 
     def _score(self, method, windows) -> CandidateScore:
         start, stop = windows or (0, self.windows)

@@ -10,9 +10,12 @@ import sys
 
 from longrope.workers.host_memory import return_freed_memory
 
-# One 16 MiB tensor freed (glibc's threshold rises to it), then 64 tensors of about 2 MiB, each a little larger than
-# the last so no hole is reused, each freed after a 64 KiB tensor is kept: the pattern of a checkpointed backward,
-# which frees a layer's activations while smaller tensors stay. Prints the growth of resident memory in MiB.
+# One 16 MiB tensor freed (glibc's threshold rises to it), then 64 tensors of 2 MiB, each followed by a 64 KiB tensor
+# that is kept, and then the 2 MiB ones freed: the pattern of a checkpointed backward, which frees a layer's
+# activations while smaller tensors allocated after them stay. Each freed 2 MiB chunk lies between two kept ones, so
+# glibc can neither merge it into the heap's top nor hand it back; nothing is freed before the kept tensors are all
+# placed, so where they land does not depend on the allocator's choice among holes. Prints the growth of resident
+# memory in MiB.
 FRAGMENTING = """
 import sys
 import torch
@@ -24,11 +27,11 @@ def resident():
 start = resident()
 first = torch.ones(4 << 20)
 del first
-kept = []
+large, kept = [], []
 for i in range(64):
-    large = torch.ones((2 << 20) // 4 + i * 1024)
+    large.append(torch.ones((2 << 20) // 4))
     kept.append(torch.ones(16384))
-    del large
+del large
 print((resident() - start) / 2**20)
 """
 KEPT_MIB = 64 * 16384 * 4 / 2**20  # 4 MiB held at the end
