@@ -115,8 +115,10 @@ class WindowScorer:
         countdown = Countdown(len(todo))
         for window, name in todo:
             key = (kind, length, name, ids[window])
-            if self.log.copied_twin(key, methods):
+            twin = self.log.copied_twin(key, methods)
+            if twin is not None:
                 countdown.skip()
+                print(f"{kind} {length} window {window} {name}: the same numbers as {twin}, its score", flush=True)
                 continue
             start = time.perf_counter()
             (score,) = scorer.score([methods[name]], (window, window + 1))

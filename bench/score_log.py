@@ -151,12 +151,13 @@ class ScoreLog:
         with self.path.open("a") as out:
             out.write(json.dumps({**row, "seconds": round(seconds, 1)}) + "\n")
 
-    def copied_twin(self, key: tuple, methods: dict) -> bool:
+    def copied_twin(self, key: tuple, methods: dict) -> str | None:
         """Log, under `key`, the score of a method that applies the same numbers on the same set, length and window,
-        instead of scoring it again; whether there was one. The same numbers: a label of the same fingerprint, of
-        this run or recorded before (a tuned pick logged under its bare name by older code), or a method of this run
-        whose frequencies and attention factor in force at that length are equal (`applied`: tuned YaRN's pick is
-        often YaRN itself, or YaRN's factors with LongRoPE's attention factor, a LongRope of another fingerprint)."""
+        instead of scoring it again; that method's label, or None where there was none. The same numbers: a label of
+        the same fingerprint, of this run or recorded before (a tuned pick logged under its bare name by older code),
+        or a method of this run whose frequencies and attention factor in force at that length are equal (`applied`:
+        tuned YaRN's pick is often YaRN itself, or YaRN's factors with LongRoPE's attention factor, a LongRope of
+        another fingerprint)."""
         kind, length, label, window = key
         mine = applied(methods[label], length)
         for other, known in self.setup.methods.items():
@@ -165,9 +166,8 @@ class ScoreLog:
                 continue
             if known == self.setup.methods[label] or (other in methods and applied(methods[other], length) == mine):
                 self.add(key, *self.scores[twin], seconds=0.0)
-                print(f"{kind} {length} {window} {label}: the same numbers as {other}, its score", flush=True)
-                return True
-        return False
+                return other
+        return None
 
     def means(self, kind: str, length: int, method: str, ids: list[str]) -> list[float] | None:
         """Mean NLL per token of each window, or None while any is missing."""

@@ -10,6 +10,8 @@ import json
 import pytest
 from score_log import LogSetup, ScoreLog
 
+from longrope.encodings.rope_methods.linear import LinearRope
+
 SETUP = LogSetup(
     model="m",
     dtype="bfloat16",
@@ -73,3 +75,21 @@ def test_a_reader_reads_beside_the_writer_and_changes_nothing(tmp_path):
         reader.add(("perplexity", 32, "pi", "doc@0"), 12.0, 5, 1.0)
     reader.check_methods({"ntk": SETUP})  # a label new to the log: not recorded by a reader
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+
+
+def test_a_method_applying_the_same_numbers_takes_its_twins_score_and_names_it(tmp_path):
+    """Two PI methods that differ only in the length they declare apply the same frequencies at 32 tokens: the
+    second is not scored again but logged with the first's score, and the table's line names the first."""
+    shape = {"head_dim": 8, "rope_theta": 10000.0}
+    methods = {
+        "pi": LinearRope(max_position_embeddings=32, factor=4.0, **shape),
+        "pi declared longer": LinearRope(max_position_embeddings=64, factor=4.0, **shape),
+        "pi x2": LinearRope(max_position_embeddings=32, factor=2.0, **shape),
+    }
+    log = ScoreLog(tmp_path / "x_scores.jsonl", SETUP)
+    log.check_methods(methods)
+    log.add(("perplexity", 32, "pi", "doc@0"), 10.0, 5, 1.0)
+    assert log.copied_twin(("perplexity", 32, "pi declared longer", "doc@0"), methods) == "pi"
+    assert log.scores[("perplexity", 32, "pi declared longer", "doc@0")] == (10.0, 5)
+    assert log.copied_twin(("perplexity", 32, "pi x2", "doc@0"), methods) is None  # other frequencies
+    assert log.copied_twin(("perplexity", 32, "pi declared longer", "doc@1"), methods) is None  # no score there yet

@@ -46,8 +46,8 @@ from longrope.workers.timing import Clock, least_seconds
 
 # the stopwatch's kinds: the four of the time model, and "outside" the layers (embedding, cos/sin, final norm)
 STOPWATCH_KINDS = ("linear", "attention", "local_attention", "elementwise", "outside")
-# Distinct layer weights the replay cycles through at most: more than a CPU's last-level cache (480 MiB of L3 on
-# this machine's Xeon, lscpu), so a model too big to replay whole still meets its weights from memory.
+# Distinct layer weights the replay cycles through at most: more than a CPU's last-level cache (tens to a few hundred
+# MiB of L3, lscpu), so a model too big to replay whole still meets its weights from memory.
 REPLAY_WEIGHT_BYTES = 2**30
 # Positions a replayed forward holds at most, and the first positions its attention runs on. The rates are per
 # FLOP and per byte, and each kind reaches its steady rate at some length: here the projections' GEMMs and the
