@@ -196,10 +196,11 @@ def test_the_guardian_goes_when_what_it_guards_is_gone():
     assert guardian.wait(timeout=10) == 0
 
 
-def test_a_failed_start_is_cleaned_up_at_once():
+@pytest.mark.parametrize("fails_after_s", [0.5, 0.0], ids=["after-a-poll", "before-the-first-poll"])
+def test_a_failed_start_is_cleaned_up_at_once(fails_after_s):
     with pytest.raises(RuntimeError, match="init failed"), guarded():
         child = subprocess.Popen(["sleep", "300"])
-        time.sleep(0.5)
+        time.sleep(fails_after_s)
         raise RuntimeError("init failed")
     try:
         assert child.wait(timeout=10) == -signal.SIGTERM

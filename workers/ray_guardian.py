@@ -28,10 +28,10 @@ what the driver starts later: Python opens it close-on-exec). It tracks processe
 - once the driver writes a byte (init returned), only those and their descendants: every process of that Ray
   instance (workers included), and never another cluster's (a `ray start` cluster is no descendant of the
   driver; a cluster we only connect to starts no process and gets no guardian).
-On EOF (the driver is gone) it sends SIGTERM to the tracked processes still alive, then SIGKILL after a grace
-period. When they are all gone (`ray.shutdown`) it exits by itself. It reads /proc, so it runs on Linux only,
-where Ray's fate-sharing does too; elsewhere nothing is started. It imports nothing but the standard library, so
-it starts in milliseconds.
+On EOF (the driver is gone, or its init failed) it tracks once more, then sends SIGTERM to the tracked processes
+still alive, then SIGKILL after a grace period. When they are all gone (`ray.shutdown`) it exits by itself. It
+reads /proc, so it runs on Linux only, where Ray's fate-sharing does too; elsewhere nothing is started. It imports
+nothing but the standard library, so it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def guard(driver: int, older: Tracked) -> None:
         tracked = track(tracked, process_table(), driver if initialising else None, older)
         if not initialising and not tracked:
             return  # Ray was shut down
-    stop(track(tracked, process_table(), None, {}))
+    # a failed init closes the pipe at once, maybe before the first poll: its children are still the driver's now
+    stop(track(tracked, process_table(), driver if initialising else None, older))
 
 
 if __name__ == "__main__":
