@@ -8,8 +8,10 @@ Four formulations of the same block are compared on the model's own shape:
 - transformers: the model's own rotary class, built by plain transformers from a temporary copy of the model's
   config.json with the block in force (`export.config_with_block`), at a short prompt (L0 positions: short
   factors) and at the target length (long factors), since transformers switches on `max(position_ids) + 1 > L0`;
-  and, unless `--no-logits`, the model's logits on one window of random token ids at the target length with
-  each rotary module in place;
+  and, unless `--no-logits`, the model's logits with each rotary module in place, on one window of random token
+  ids at the target length, at its last LOGITS_POSITIONS positions (`logits_to_keep`): each attends to every
+  earlier one, so a rotary difference anywhere in the window reaches them, while the whole [T, vocab] logits of
+  Gemma 3 (262,144 tokens) at 64k would take 64 GiB;
 - vLLM: its `get_rope(...)` tables when vLLM is importable. Otherwise a stand-in for vLLM: its tables rebuilt
   from the keys vLLM 0.33 reads, by a copy of the formula of its `Phi3LongRoPEScaledRotaryEmbedding`
   (`vllm_stand_in_tables`; short table: L0 rows of short factors x short_mscale; long table:
@@ -47,6 +49,7 @@ COS_SIN_TOLERANCE = 1e-5
 GGUF_MODEL_TYPES = ("llama",)
 LOGITS_RELATIVE_TOLERANCE = 1e-3
 LOGITS_SEED = 0
+LOGITS_POSITIONS = 256  # the window's last positions whose logits are compared (the module docstring says why)
 
 
 class RuntimeCheck(BaseModel):
@@ -227,8 +230,9 @@ def compare_cos_sin(runtime: str, source: str, mine: dict, theirs: dict) -> Runt
 def with_logits(
     check: RuntimeCheck, model_dir: Path, ours: LongRope, their_rotary, length: int, device: str
 ) -> RuntimeCheck:
-    """The model's logits on one window of random ids at `length`, with transformers' rotary module for the
-    block and with the scorer's, on the same weights (loaded once, float32, on `device`)."""
+    """The model's logits at the last LOGITS_POSITIONS positions of one window of random ids at `length`, with
+    transformers' rotary module for the block and with the scorer's, on the same weights (loaded once, float32,
+    on `device`)."""
     from longrope.workers.rope_patch import patched_rotary  # torch: only for the logits check
 
     model, rope = load_model(model_dir, device=device, dtype="float32")
@@ -237,10 +241,10 @@ def with_logits(
     their_rotary = their_rotary.to(model.device)
     with torch.no_grad(), patched_rotary(model, rope.method.original_inv_freq()) as patched:
         patched.set_candidates([ours], seq_len=length)
-        mine = model(input_ids=ids).logits.float()
+        mine = model(input_ids=ids, logits_to_keep=LOGITS_POSITIONS).logits.float()
     decoder_of(model).rotary_emb = their_rotary
     with torch.no_grad():
-        theirs = model(input_ids=ids).logits.float()
+        theirs = model(input_ids=ids, logits_to_keep=LOGITS_POSITIONS).logits.float()
     diff = float((mine - theirs).abs().max())
     tolerance = LOGITS_RELATIVE_TOLERANCE * max(1.0, float(theirs.abs().max()))
     return check.model_copy(
