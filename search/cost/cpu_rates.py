@@ -274,10 +274,9 @@ def forward_seconds(
     attended: int | None = None,
 ) -> dict[str, float]:
     """Seconds of one forward by kind (linear, attention, local_attention, elementwise): the forward's inputs,
-    `replayed_layers`
-    decoder layers in sequence and the final norm, replayed `repeats` times after a warm-up pass; each kind's
-    least time, the layers' scaled to the model's count, the inputs and final norm charged once (as elementwise);
-    attention on the first `attended` positions of each row (None: all)."""
+    `replayed_layers` decoder layers in sequence and the final norm, replayed `repeats` times after a warm-up pass;
+    each kind's least time, the layers' scaled to the model's count, the inputs and final norm charged once (as
+    elementwise); attention on the first `attended` positions of each row (None: all)."""
     import torch  # torch: only when measuring (`estimate` on a GPU needs none)
 
     layers = [layer_weights(arch, dtype) for _ in range(replayed_layers(arch, dtype))]
